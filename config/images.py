@@ -1,0 +1,78 @@
+"""The one pinned catalogue of images and charts. Charts, ECR repositories, the mirror tool and
+preflight all read these entries, so what is mirrored is exactly what is deployed.
+
+Every image is pinned by tag AND digest (the multi-arch index digest, which `skopeo copy --all`
+preserves, so `repo:tag@digest` resolves in ECR too). Never `latest`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .regions import RegionFacts
+
+MIRROR_PREFIX = "kvcache"
+
+
+@dataclass(frozen=True)
+class Image:
+    key: str
+    source: str     # registry/repository, e.g. docker.io/lmcache/vllm-openai
+    tag: str
+    digest: str | None  # sha256:<64 hex> of the multi-arch index
+    purpose: str
+
+    @property
+    def mirror_repository(self) -> str:
+        """ECR repository name: the source path under our prefix (registry host dropped)."""
+        return f"{MIRROR_PREFIX}/{self.source.split('/', 1)[1]}"
+
+    @property
+    def pin(self) -> str:
+        return f"{self.tag}@{self.digest}" if self.digest else self.tag
+
+    @property
+    def source_ref(self) -> str:
+        return f"{self.source}:{self.pin}"
+
+
+IMAGES: dict[str, Image] = {i.key: i for i in (
+    # No public record ties a digest to an lmcache/vllm-openai tag yet: `digest=None` makes
+    # the mirror tool resolve and print it, and synth warns until it is filled in here.
+    Image("vllm-lmcache", "docker.io/lmcache/vllm-openai", "v0.5.4", None,
+          "vLLM 0.27.1 + LMCache 0.5.4: the workers"),
+    Image("valkey", "docker.io/valkey/valkey", "9.0.2-alpine",
+          "sha256:68677f85c863830af7836ff07c4a13b7f085ebeff62f4dedb71499ca27d229f2",
+          "self-hosted L2 cache"),
+    Image("aws-cli", "docker.io/amazon/aws-cli", "2.37.5",
+          "sha256:fb7ccfc7b4e3a05017e6c9ded4ba959b99af622130e211fb976c68c2f4d3f224",
+          "init containers: stage weights from S3, fetch the cache secret"),
+    Image("python", "docker.io/library/python", "3.12.13-slim-bookworm",
+          "sha256:8a7e7cc04fd3e2bd787f7f24e22d5d119aa590d429b50c95dfe12b3abe52f48b",
+          "base of the router image built from the pinned vllm-router wheel"),
+    Image("nvidia-device-plugin", "nvcr.io/nvidia/k8s-device-plugin", "v0.18.2",
+          "sha256:b5788e29e7ae5272de8de863ebe386d6611e608421a6ecc5b4e7d5952aba637f",
+          "exposes nvidia.com/gpu on AL2023 NVIDIA nodes"),
+)}
+
+
+@dataclass(frozen=True)
+class ImageResolver:
+    """Turns a catalogue key into the reference a pod pulls: the account's ECR mirror where the
+    environment uses it (always in China), otherwise the upstream registry; pinned either way."""
+
+    use_ecr: bool
+    account: str
+    facts: RegionFacts
+
+    @property
+    def registry(self) -> str | None:
+        return f"{self.account}.{self.facts.ecr_host_suffix}" if self.use_ecr else None
+
+    def uri(self, key: str) -> str:
+        image = IMAGES[key]
+        if not self.use_ecr:
+            return image.source_ref
+        return f"{self.registry}/{image.mirror_repository}:{image.pin}"
+
+# Installed by CDK's AlbController from the region's EKS add-on registry (not mirrored).
+ALB_CONTROLLER_VERSION = "v2.13.3"

@@ -1,0 +1,113 @@
+"""Per-region facts, in one table: partition, registries, and what each region offers.
+
+Instance and cache node offerings come from cfn-lint's region data (refreshed with each pinned
+cfn-lint release) so the check does not rot as a hand-kept list would. Neither CloudFormation nor
+CDK validates `AWS::EKS::Nodegroup` instance types or cache node types, so we must.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+CHINA_REGIONS = ("cn-north-1", "cn-northwest-1")
+
+# EKS add-on and controller images (aws-load-balancer-controller etc.) are published per region
+# by AWS. Source: EKS user guide "Amazon container image registries"; ../shared/FACTS.md.
+_EKS_ADDON_ACCOUNTS = {
+    "cn-north-1": "918309763551",
+    "cn-northwest-1": "961992271922",
+}
+_EKS_ADDON_ACCOUNT_DEFAULT = "602401143452"
+
+
+@dataclass(frozen=True)
+class RegionFacts:
+    """What constructs need to know about a region, so none of them asks "is this China?"."""
+
+    region: str
+    partition: str
+    domain_suffix: str
+    china: bool
+
+    @property
+    def ecr_host_suffix(self) -> str:
+        return f"dkr.ecr.{self.region}.{self.domain_suffix}"
+
+    @property
+    def eks_addon_registry(self) -> str:
+        account = _EKS_ADDON_ACCOUNTS.get(self.region, _EKS_ADDON_ACCOUNT_DEFAULT)
+        return f"{account}.{self.ecr_host_suffix}"
+
+    @property
+    def ec2_service_principals(self) -> tuple[str, ...]:
+        """`iam:PassedToService` must name the .com.cn principal in China (FACTS.md)."""
+        if self.china:
+            return ("ec2.amazonaws.com", "ec2.amazonaws.com.cn")
+        return ("ec2.amazonaws.com",)
+
+    @property
+    def managed_observability(self) -> bool:
+        """AMP and Amazon Managed Grafana exist in global regions only."""
+        return not self.china
+
+
+def region_facts(region: str) -> RegionFacts:
+    china = region in CHINA_REGIONS
+    return RegionFacts(
+        region=region,
+        partition="aws-cn" if china else "aws",
+        domain_suffix="amazonaws.com.cn" if china else "amazonaws.com",
+        china=china,
+    )
+
+
+def _cfnlint_enum(resource_dir: str, file: str) -> dict[str, tuple[str, ...]]:
+    base = resources.files("cfnlint.data.schemas.extensions") / resource_dir / file
+    data = json.loads(base.read_text())
+    out = {}
+    for region, value in data.items():
+        values = value.get("enum", []) if isinstance(value, dict) else value
+        out[region] = tuple(values)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _ec2_offerings() -> dict[str, tuple[str, ...]]:
+    return _cfnlint_enum("aws_ec2_instance", "instancetype_enum.json")
+
+
+@lru_cache(maxsize=None)
+def _cache_offerings() -> dict[str, tuple[str, ...]]:
+    return _cfnlint_enum("aws_elasticache_cachecluster", "cachenodetype_enum.json")
+
+
+def known_regions() -> tuple[str, ...]:
+    return tuple(sorted(r for r in _ec2_offerings() if r != "all"))
+
+
+def instance_types_in(region: str) -> frozenset[str]:
+    return frozenset(_ec2_offerings().get(region, ()))
+
+
+def cache_node_types_in(region: str) -> frozenset[str]:
+    return frozenset(_cache_offerings().get(region, ()))
+
+
+def families(types: frozenset[str], prefix: str = "") -> str:
+    """A short 'allowed' list for messages: the families, not hundreds of sizes."""
+    fams = sorted({t.removeprefix(prefix).split(".")[0] for t in types if t.startswith(prefix)})
+    return ", ".join(f"{prefix}{f}.*" for f in fams)
+
+
+# Interface endpoints private GPU nodes need (names of CDK's InterfaceVpcEndpointAwsService
+# constants, which carry the China `cn.com.amazonaws` service-name prefix where it applies).
+_ENDPOINTS_EVERYWHERE = ("ECR", "ECR_DOCKER", "STS", "CLOUDWATCH_LOGS", "EC2",
+                         "ELASTIC_LOAD_BALANCING", "SECRETS_MANAGER", "KMS")
+_ENDPOINTS_GLOBAL_ONLY = ("EKS", "EKS_AUTH")
+
+
+def interface_endpoints(facts: RegionFacts) -> tuple[str, ...]:
+    """EKS and EKS Auth endpoints are not confirmed in China: traffic takes the NAT there."""
+    return _ENDPOINTS_EVERYWHERE + (() if facts.china else _ENDPOINTS_GLOBAL_ONLY)

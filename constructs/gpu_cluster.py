@@ -1,0 +1,190 @@
+"""EKS (aws_eks_v2) with a CPU system node group and tainted GPU node groups.
+
+Managed node groups, not Auto Mode: Auto Mode and node auto-repair are not confirmed in China,
+and one code path for both partitions is the point of this product.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import (
+    Duration, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
+    aws_kms as kms,
+)
+from aws_cdk.lambda_layer_kubectl_v34 import KubectlV34Layer
+from constructs import Construct
+
+from config import NodeGroupConfig, RegionFacts
+from constructs.nag import acknowledge, managed_policy, wildcard
+from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
+from config.contracts import (
+    GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
+    NODE_ROLE_SYSTEM,
+)
+
+# Bottlerocket mounts its data volume on xvdb; AL2023 has one root volume on xvda.
+_DATA_DEVICE = {"BOTTLEROCKET": "/dev/xvdb"}
+DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"  # only where the AMI lacks one
+
+
+@dataclass(frozen=True)
+class GpuClusterProps:
+    vpc: ec2.IVpc
+    kubernetes_version: str
+    facts: RegionFacts
+    public_endpoint_cidrs: tuple[str, ...]   # empty: private endpoint only
+    admin_role_names: tuple[str, ...]
+    system_nodes: NodeGroupConfig
+    gpu_node_groups: tuple[NodeGroupConfig, ...]
+    alb_controller_version: str
+    removal_policy: RemovalPolicy
+
+
+class GpuCluster(Construct):
+    def __init__(self, scope: Construct, id: str, *, props: GpuClusterProps) -> None:
+        super().__init__(scope, id)
+        stack = Stack.of(self)
+        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
+                                   removal_policy=props.removal_policy,
+                                   description="EKS envelope encryption of Kubernetes secrets")
+        endpoint = (eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*props.public_endpoint_cidrs)
+                    if props.public_endpoint_cidrs else eks.EndpointAccess.PRIVATE)
+        private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.cluster = eks.Cluster(
+            self, "Cluster",
+            version=eks.KubernetesVersion.of(props.kubernetes_version),
+            vpc=props.vpc, vpc_subnets=[private],
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP, default_capacity=0,
+            endpoint_access=endpoint,
+            secrets_encryption_key=self.secrets_key,
+            cluster_logging=[eks.ClusterLoggingTypes.API, eks.ClusterLoggingTypes.AUDIT,
+                             eks.ClusterLoggingTypes.AUTHENTICATOR,
+                             eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+                             eks.ClusterLoggingTypes.SCHEDULER],
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=KubectlV34Layer(self, "KubectlLayer"),
+            ),
+            removal_policy=props.removal_policy,
+        )
+        for i, name in enumerate(props.admin_role_names):
+            self.cluster.grant_access(
+                f"Admin{i}",
+                stack.format_arn(service="iam", region="", resource="role", resource_name=name),
+                [eks.AccessPolicy.from_access_policy_name(
+                    "AmazonEKSClusterAdminPolicy",
+                    access_scope_type=eks.AccessScopeType.CLUSTER)],
+            )
+
+        self.node_role = iam.Role(
+            self, "NodeRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(n) for n in (
+                "AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",
+                "AmazonEKS_CNI_Policy", "AmazonSSMManagedInstanceCore")],
+        )
+        self.system_nodegroup = self._nodegroup(props.system_nodes, private, {
+            NODE_ROLE_LABEL: NODE_ROLE_SYSTEM}, taints=[])
+        self.gpu_nodegroups: dict[str, eks.Nodegroup] = {}
+        for group in props.gpu_node_groups:
+            labels = {NODE_ROLE_LABEL: NODE_ROLE_GPU}
+            if not group.ami_type.startswith("BOTTLEROCKET"):
+                labels[DEVICE_PLUGIN_LABEL] = "daemonset"
+            self.gpu_nodegroups[group.name] = self._nodegroup(group, private, labels, taints=[
+                eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY,
+                              value=GPU_TAINT_VALUE)])
+
+        for addon in ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent"):
+            eks.Addon(self, _camel(addon), cluster=self.cluster, addon_name=addon,
+                      preserve_on_delete=False)
+        ebs_role = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
+            cluster=self.cluster, namespace="kube-system",
+            service_account="ebs-csi-controller-sa")).role
+        ebs_role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(
+            "service-role/AmazonEBSCSIDriverPolicy"))
+        ebs = eks.Addon(self, "AwsEbsCsiDriver", cluster=self.cluster,
+                        addon_name="aws-ebs-csi-driver", preserve_on_delete=False)
+        ebs.node.add_dependency(self.system_nodegroup)
+
+        # The controller image comes from the region's EKS add-on registry, which China can pull.
+        self.alb_controller = eks.AlbController(
+            self, "AlbController", cluster=self.cluster,
+            # A version CDK knows ships its matching IAM policy.
+            version=getattr(eks.AlbControllerVersion,
+                            "V" + props.alb_controller_version.lstrip("v").replace(".", "_")),
+            repository=f"{props.facts.eks_addon_registry}/amazon/aws-load-balancer-controller",
+            additional_helm_chart_values={
+                "region": props.facts.region, "vpcId": props.vpc.vpc_id,
+                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
+            },
+        )
+        self.alb_controller.node.add_dependency(self.system_nodegroup)
+        _acknowledge_cluster_findings(self)
+
+    def _nodegroup(self, group: NodeGroupConfig, subnets: ec2.SubnetSelection,
+                   labels: dict[str, str], taints: list[eks.TaintSpec]) -> eks.Nodegroup:
+        device = _DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda")
+        template = ec2.LaunchTemplate(
+            self, f"{_camel(group.name)}Template",
+            require_imdsv2=True, http_put_response_hop_limit=2,
+            block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
+                group.disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
+        )
+        return self.cluster.add_nodegroup_capacity(
+            _camel(group.name),
+            instance_types=[ec2.InstanceType(t) for t in group.instance_types],
+            ami_type=getattr(eks.NodegroupAmiType, group.ami_type),
+            capacity_type=getattr(eks.CapacityType, group.capacity_type),
+            min_size=group.min_size, max_size=group.max_size, desired_size=group.desired_size,
+            labels={**labels, NODE_GROUP_LABEL: group.name}, taints=taints,
+            subnets=subnets, node_role=self.node_role,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=template.launch_template_id, version=template.latest_version_number),
+        )
+
+
+def _camel(name: str) -> str:
+    return "".join(p.capitalize() for p in name.split("-"))
+
+
+_NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",
+                  "AmazonEKS_CNI_Policy", "AmazonSSMManagedInstanceCore")
+_ALB_RESOURCES = (
+    "*", "arn:<AWS::Partition>:ec2:*:*:security-group/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:targetgroup/*/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:loadbalancer/net/*/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:loadbalancer/app/*/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:listener/net/*/*/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:listener/app/*/*/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:listener-rule/net/*/*/*",
+    "arn:<AWS::Partition>:elasticloadbalancing:*:*:listener-rule/app/*/*/*",
+)
+
+
+def _acknowledge_cluster_findings(c: GpuCluster) -> None:
+    acknowledge(c.node_role, {managed_policy(p): (
+        "The AWS-managed node policies are what EKS documents for managed node groups and "
+        "track new API needs; workloads get their own Pod Identity roles instead.")
+        for p in _NODE_POLICIES})
+    acknowledge(c.cluster, {
+        managed_policy("AmazonEKSClusterPolicy"): "The EKS service role policy AWS requires.",
+        managed_policy("service-role/AWSLambdaBasicExecutionRole"):
+            "CDK's kubectl provider Lambda: logs only.",
+        managed_policy("service-role/AWSLambdaVPCAccessExecutionRole"):
+            "CDK's kubectl provider Lambda runs in the VPC to reach the private endpoint.",
+        managed_policy("AmazonEC2ContainerRegistryReadOnly"):
+            "CDK's kubectl provider pulls its layer images read-only.",
+        'AwsSolutions::AwsSolutions-IAM4[Policy::{"Fn::If":["GpuClusterKubectlProviderHandler'
+        'HasEcrPublicA05F4FCD",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":iam::aws:'
+        'policy/AmazonElasticContainerRegistryPublicReadOnly"]]},{"Ref":"AWS::NoValue"}]}]':
+            "CDK adds ECR Public read only in partitions that have ECR Public (not China).",
+        "AwsSolutions::AwsSolutions-L1": "CDK pins the kubectl provider's runtime to the one "
+            "its kubectl layer is built for.",
+        wildcard("<GpuClusterKubectlProviderHandlerCAE0D238.Arn>:*"):
+            "The provider framework invokes its own handler's versions.",
+    })
+    acknowledge(c.alb_controller, {wildcard(r): (
+        "The AWS Load Balancer Controller policy CDK ships for this version: it manages load "
+        "balancers it creates, named at run time; tag conditions scope the writes.")
+        for r in _ALB_RESOURCES})
+    acknowledge(c, {managed_policy("service-role/AmazonEBSCSIDriverPolicy"): (
+        "The EBS CSI driver policy AWS maintains, bound to its one service account by Pod "
+        "Identity.")})

@@ -1,0 +1,43 @@
+"""AMP workspace and Amazon Managed Grafana reading it: global regions only (neither exists in
+China, where the in-cluster Prometheus and Grafana replace them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import RemovalPolicy, aws_aps as aps, aws_grafana as grafana, aws_iam as iam
+from constructs import Construct
+from constructs.nag import acknowledge, wildcard
+
+
+@dataclass(frozen=True)
+class ManagedObservabilityProps:
+    removal_policy: RemovalPolicy
+
+
+class ManagedObservability(Construct):
+    def __init__(self, scope: Construct, id: str, *, props: ManagedObservabilityProps) -> None:
+        super().__init__(scope, id)
+        self.workspace = aps.CfnWorkspace(self, "Prometheus")
+        self.workspace.apply_removal_policy(props.removal_policy)
+        self.grafana_role = iam.Role(
+            self, "GrafanaRole", assumed_by=iam.ServicePrincipal("grafana.amazonaws.com"),
+            description="Amazon Managed Grafana reads the AMP workspace")
+        self.grafana_role.add_to_policy(iam.PolicyStatement(
+            actions=["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels",
+                     "aps:GetMetricMetadata", "aps:DescribeWorkspace"],
+            resources=[self.workspace.attr_arn]))
+        self.grafana_role.add_to_policy(iam.PolicyStatement(
+            actions=["aps:ListWorkspaces"], resources=["*"]))
+        acknowledge(self.grafana_role, {wildcard("*"): (
+            "aps:ListWorkspaces supports no resource-level permissions; every other action is "
+            "scoped to this workspace.")})
+        self.grafana = grafana.CfnWorkspace(
+            self, "Grafana",
+            account_access_type="CURRENT_ACCOUNT",
+            authentication_providers=["AWS_SSO"],
+            permission_type="CUSTOMER_MANAGED",
+            role_arn=self.grafana_role.role_arn,
+            data_sources=["PROMETHEUS"],
+            description="KV cache and routing dashboards",
+        )
+        self.grafana.apply_removal_policy(props.removal_policy)

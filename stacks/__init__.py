@@ -1,0 +1,1 @@
+"""Stacks follow deployment lifecycles; each composes constructs and wires object references."""

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2
+from constructs import Construct
+
+from config import EnvironmentConfig
+from config.images import ALB_CONTROLLER_VERSION
+from constructs.gpu_cluster import GpuCluster, GpuClusterProps
+from stacks.common import removal_policy
+
+
+class ClusterStack(Stack):
+    def __init__(self, scope: Construct, id: str, *, cfg: EnvironmentConfig, vpc: ec2.IVpc,
+                 **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        built = GpuCluster(self, "Gpu", props=GpuClusterProps(
+            vpc=vpc, kubernetes_version=cfg.kubernetes_version, facts=cfg.facts,
+            public_endpoint_cidrs=(cfg.cluster_endpoint.public_cidrs
+                                   if cfg.cluster_endpoint.public else ()),
+            admin_role_names=cfg.admin_role_names, system_nodes=cfg.system_nodes,
+            gpu_node_groups=cfg.gpu_node_groups, alb_controller_version=ALB_CONTROLLER_VERSION,
+            removal_policy=removal_policy(cfg),
+        ))
+        self.gpu_cluster = built
+        self.cluster = built.cluster
+        CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

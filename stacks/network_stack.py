@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from aws_cdk import Stack
+from constructs import Construct
+
+from config import EnvironmentConfig
+from config.regions import interface_endpoints
+from constructs.network import Network, NetworkProps
+from stacks.common import log_retention, removal_policy
+
+
+class NetworkStack(Stack):
+    def __init__(self, scope: Construct, id: str, *, cfg: EnvironmentConfig, **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        self._zones = list(cfg.availability_zones)
+        self.vpc = Network(self, "Network", props=NetworkProps(
+            availability_zones=cfg.availability_zones, nat_gateways=cfg.nat_gateways,
+            flow_log_retention=log_retention(cfg), removal_policy=removal_policy(cfg),
+            interface_endpoints=interface_endpoints(cfg.facts),
+        )).vpc
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The zones come from config: synth makes no AZ lookup and stays deterministic."""
+        return self._zones

@@ -1,0 +1,119 @@
+"""Bad input: one clear message naming environment, field, value and what is allowed."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from config import ConfigError, resolve_environment
+from tests.conftest import ROOT, context_for
+
+
+def _ctx(env: str = "dev", **edits) -> dict:
+    ctx = copy.deepcopy(context_for(env=env))
+    raw = ctx["environments"][env]
+    for path, value in edits.items():
+        *parents, leaf = path.split("__")
+        node = raw
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        if value is _DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return ctx
+
+
+_DELETE = object()
+
+
+def _error(ctx: dict) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        resolve_environment(ctx)
+    return info.value
+
+
+def test_shipped_environments_resolve():
+    dev = resolve_environment(context_for())
+    assert (dev.name, dev.region, dev.facts.partition) == ("dev", "us-west-2", "aws")
+    china = resolve_environment(context_for(env="china"))
+    assert (china.facts.partition, china.use_ecr_images, china.observability) == (
+        "aws-cn", True, "self-hosted")
+
+
+def test_china_flag_switches_dev_to_its_china_variant():
+    cfg = resolve_environment(context_for(env="dev", china="true"))
+    assert cfg.name == "dev-cn" and cfg.region == "cn-northwest-1"
+    assert cfg.facts.china and cfg.use_ecr_images and cfg.observability == "self-hosted"
+
+
+@pytest.mark.parametrize("case, ctx, field, value, allowed", [
+    ("unknown environment", {**context_for(), "env": "prod"}, "env", "prod", "china, dev"),
+    ("china flag on a China region set false", context_for(env="china", china="false"),
+     "china", False, "true (region cn-northwest-1"),
+    ("malformed china flag", context_for(env="dev", china="yes"), "china", "yes", "true, false"),
+    ("GPU type not offered in China",
+     _ctx("china", nodeGroups__gpu__0__instanceTypes=["g6e.12xlarge"]),
+     "nodeGroups.gpu[0].instanceTypes[0]", "g6e.12xlarge", "g4dn.*, g5.*, p3.*, p4d.*"),
+    ("GPU type we cannot size", _ctx("dev", nodeGroups__gpu__0__instanceTypes=["m5.large"]),
+     "nodeGroups.gpu[0].instanceTypes[0]", "m5.large", "GPU types we can size"),
+    ("system type not in region", _ctx("china", nodeGroups__system__instanceTypes=["m7i.xlarge"]),
+     "nodeGroups.system.instanceTypes[0]", "m7i.xlarge", "offered in cn-northwest-1"),
+    ("cache node type not in China", _ctx("china", cache__nodeType="cache.r6gd.xlarge"),
+     "cache.nodeType", "cache.r6gd.xlarge", "cache.r7g.*"),
+    ("min above max", _ctx("dev", nodeGroups__gpu__0__minSize=5),
+     "nodeGroups.gpu[0].minSize", 5, "at most maxSize (4)"),
+    ("desired outside min..max", _ctx("dev", nodeGroups__gpu__0__desiredSize=9),
+     "nodeGroups.gpu[0].desiredSize", 9, "from 0 to 4"),
+    ("missing required field", _ctx("dev", account=_DELETE), "account", None, "required"),
+    ("malformed account", _ctx("dev", account="1234"), "account", "1234", "12-digit"),
+    ("zone of another region", _ctx("dev", availabilityZones=["us-east-1a", "us-east-1b"]),
+     "availabilityZones[0]", "us-east-1a", "zones of us-west-2"),
+    ("unknown field (typo)", _ctx("dev", natGateway=2), "natGateway", 2, "known fields"),
+    ("bad CIDR", _ctx("dev", clusterEndpoint={"public": True, "publicCidrs": ["10.0.0.0/33"]}),
+     "clusterEndpoint.publicCidrs[0]", "10.0.0.0/33", "an IPv4 CIDR"),
+    ("AMP/AMG asked for in China", _ctx("china", observability="managed"),
+     "observability", "managed", "self-hosted (AMP and Amazon Managed Grafana do not exist"),
+    ("public registries in China", _ctx("china", useEcrImages=False),
+     "useEcrImages", False, "true (public registries are unreachable"),
+    ("unsupported Kubernetes version", _ctx("dev", kubernetesVersion="1.29"),
+     "kubernetesVersion", "1.29", "1.34"),
+    ("wrong type", _ctx("dev", natGateways="two"), "natGateways", "two", "an integer"),
+    ("unknown region", _ctx("dev", region="mars-east-1"), "region", "mars-east-1", "region name"),
+    ("bad cache kind", _ctx("dev", cache={"kind": "memcached"}), "cache.kind", "memcached",
+     "elasticache, self-hosted, none"),
+])
+def test_bad_input_is_one_clear_error(case, ctx, field, value, allowed):
+    err = _error(ctx)
+    assert err.field == field, case
+    assert err.value == value, case
+    assert allowed in err.allowed, (case, err.allowed)
+    assert field in str(err) and "environment '" in str(err)
+
+
+def test_china_flag_on_a_global_environment_without_a_variant():
+    ctx = _ctx("dev", chinaVariant=_DELETE)
+    ctx["china"] = "true"
+    err = _error(ctx)
+    assert (err.field, err.value) == ("china", True)
+    assert "chinaVariant" in err.allowed
+
+
+@pytest.mark.parametrize("overrides", [
+    {"env": "nope"},
+    {"env": "china", "china": "false"},
+])
+def test_cli_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides):
+    ctx = {**context_for(), **overrides}
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(ctx), "CDK_OUTDIR": str(tmp_path / "out")}
+    proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: environment '")
+    assert "Traceback" not in proc.stderr and "jsii" not in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,37 @@
+"""Quality gates on every synthesized template: cdk-nag, CDK's own validation, cfn-lint."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SHIPPED
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_cdk_nag_and_cdk_validation_report_no_unacknowledged_findings(synths, name):
+    report = json.loads((synths[name].outdir / "validation-report.json").read_text())
+    plugins = {r["pluginName"]: r for r in report["pluginReports"]}
+    assert "AwsSolutions" in plugins  # the nag pack really ran
+    for plugin, rep in plugins.items():
+        assert rep["conclusion"] == "success", (plugin, rep["violations"])
+        assert rep["violations"] == [], plugin
+
+
+def test_validation_is_configured_as_errors():
+    flags = json.loads((ROOT / "cdk.json").read_text())["context"]
+    assert flags["@aws-cdk/core:validateAgainstDefaultRules"] is True
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_cfn_lint_has_no_errors_or_warnings(synths, name):
+    s = synths[name]
+    templates = sorted(str(p) for p in s.outdir.glob("*.template.json"))
+    assert len(templates) == len(s.templates)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), "--regions", s.cfg.region, "--", *templates],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,180 @@
+"""What must hold in the synthesized templates, for the global and the China environment."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
+from config.images import IMAGES
+from tests.conftest import dumps, resources
+
+ENVS = ["dev", "china", "dev-cn"]
+
+
+@pytest.fixture(scope="module", params=ENVS)
+def synth(request, synths):
+    return synths[request.param]
+
+
+def test_stack_set_follows_the_variant(dev, china):
+    assert set(dev.templates) == {f"KvCache-dev-{s}" for s in
+                                  ("Network", "Storage", "Cluster", "Cache", "Observability")}
+    assert set(china.templates) == {f"KvCache-china-{s}" for s in
+                                    ("Network", "Storage", "Cluster", "Cache")}
+
+
+def test_no_hand_written_aws_partition_anywhere(synth):
+    for name, template in synth.templates.items():
+        assert "arn:aws:" not in dumps(template), name
+        assert "arn:aws-cn:" not in dumps(template), name
+
+
+def test_china_has_no_managed_observability_hyperpod_or_auto_mode(china, synths):
+    for s in (china, synths["dev-cn"]):
+        text = "".join(dumps(t) for t in s.templates.values())
+        for forbidden in ("AWS::APS::", "AWS::Grafana::", "AWS::SageMaker::"):
+            assert forbidden not in text
+        cluster = next(iter(resources(s.template("Cluster"), "AWS::EKS::Cluster").values()))
+        assert cluster["Properties"].get("ComputeConfig", {}).get("Enabled") in (None, False)
+        for ng in resources(s.template("Cluster"), "AWS::EKS::Nodegroup").values():
+            assert "NodeRepairConfig" not in ng["Properties"]
+
+
+def test_global_has_amp_and_grafana(dev):
+    t = dev.template("Observability")
+    assert len(resources(t, "AWS::APS::Workspace")) == 1
+    (ws,) = resources(t, "AWS::Grafana::Workspace").values()
+    assert ws["Properties"]["DataSources"] == ["PROMETHEUS"]
+
+
+def test_network(synth):
+    t = synth.template("Network")
+    subnets = resources(t, "AWS::EC2::Subnet").values()
+    assert len(subnets) == 2 * len(synth.cfg.availability_zones)
+    assert {s["Properties"]["AvailabilityZone"] for s in subnets} == set(
+        synth.cfg.availability_zones)
+    assert len(resources(t, "AWS::EC2::NatGateway")) == synth.cfg.nat_gateways
+    assert len(resources(t, "AWS::EC2::FlowLog")) == 1
+    endpoints = resources(t, "AWS::EC2::VPCEndpoint").values()
+    gateway = [e for e in endpoints if e["Properties"].get("VpcEndpointType") != "Interface"]
+    assert len(gateway) == 1 and "s3" in dumps(gateway[0]["Properties"]["ServiceName"])
+    names = dumps([e["Properties"]["ServiceName"] for e in endpoints])
+    for service in ("ecr.api", "ecr.dkr", "sts", "logs", "secretsmanager"):
+        assert f".{service}" in names, service
+    if synth.cfg.facts.china:
+        assert "cn.com.amazonaws" in names  # China ECR endpoint service names
+
+
+def test_model_bucket_is_encrypted_private_tls_only_versioned_logged_and_retained(synth):
+    t = synth.template("Storage")
+    buckets = resources(t, "AWS::S3::Bucket")
+    (model,) = [b for b in buckets.values() if "VersioningConfiguration" in b["Properties"]]
+    p = model["Properties"]
+    assert p["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert p["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+        "ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "aws:kms"
+    assert all(p["PublicAccessBlockConfiguration"][k] for k in (
+        "BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"))
+    assert "LoggingConfiguration" in p
+    for bucket in buckets.values():
+        assert bucket["DeletionPolicy"] == "Retain" and bucket["UpdateReplacePolicy"] == "Retain"
+    policies = dumps(resources(t, "AWS::S3::BucketPolicy"))
+    assert '"aws:SecureTransport": "false"' in policies
+
+
+def test_ecr_repository_per_catalogue_image(synth):
+    repos = resources(synth.template("Storage"), "AWS::ECR::Repository").values()
+    assert {r["Properties"]["RepositoryName"] for r in repos} == {
+        i.mirror_repository for i in IMAGES.values()}
+    for r in repos:
+        p = r["Properties"]
+        assert p["ImageScanningConfiguration"] == {"ScanOnPush": True}
+        assert p["ImageTagMutability"] == "IMMUTABLE"
+        assert "LifecyclePolicy" in p and r["DeletionPolicy"] == "Retain"
+
+
+def test_stateful_logical_ids_are_stable(dev):
+    """Renaming these would replace the resource (and lose data): change them on purpose only."""
+    assert "ModelsBucket970C6ADA" in dev.template("Storage")["Resources"]
+    assert "L2ReplicationGroupEBA81C34" in dev.template("Cache")["Resources"]
+
+
+def test_cluster(synth):
+    t = synth.template("Cluster")
+    (cluster,) = resources(t, "AWS::EKS::Cluster").values()
+    p = cluster["Properties"]
+    assert p["Version"] == synth.cfg.kubernetes_version
+    assert p["EncryptionConfig"][0]["Resources"] == ["secrets"]
+    assert len(p["Logging"]["ClusterLogging"]["EnabledTypes"]) == 5
+    access = p["ResourcesVpcConfig"]
+    assert access["EndpointPrivateAccess"] is True
+    if synth.cfg.cluster_endpoint.public:
+        assert access["EndpointPublicAccess"] is True
+        assert access["PublicAccessCidrs"] == list(synth.cfg.cluster_endpoint.public_cidrs)
+    else:
+        assert access["EndpointPublicAccess"] is False
+
+
+def test_node_groups(synth):
+    t = synth.template("Cluster")
+    groups = resources(t, "AWS::EKS::Nodegroup").values()
+    gpu = [g["Properties"] for g in groups if g["Properties"]["Labels"].get(
+        NODE_ROLE_LABEL) == NODE_ROLE_GPU]
+    assert len(gpu) == len(synth.cfg.gpu_node_groups)
+    for props, want in zip(sorted(gpu, key=lambda g: g["Labels"]["kvcache.io/node-group"]),
+                           sorted(synth.cfg.gpu_node_groups, key=lambda g: g.name)):
+        assert props["AmiType"].upper() == want.ami_type and props["AmiType"].endswith("NVIDIA")
+        assert props["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": GPU_TAINT_KEY,
+                                    "Value": "present"}]
+        assert props["InstanceTypes"] == list(want.instance_types)
+        assert props["ScalingConfig"] == {"MinSize": want.min_size, "MaxSize": want.max_size,
+                                          "DesiredSize": want.desired_size}
+    system = [g["Properties"] for g in groups if not g["Properties"].get("Taints")]
+    assert len(system) == 1
+    for template in resources(t, "AWS::EC2::LaunchTemplate").values():
+        data = template["Properties"]["LaunchTemplateData"]
+        assert data["MetadataOptions"]["HttpTokens"] == "required"
+        assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+    subnets = dumps([g["Properties"]["Subnets"] for g in groups])
+    assert "public" not in subnets.lower()  # imports of private subnets only
+
+
+def test_addons_and_pod_identity(synth):
+    t = synth.template("Cluster")
+    names = {a["Properties"]["AddonName"] for a in resources(t, "AWS::EKS::Addon").values()}
+    assert {"vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent",
+            "aws-ebs-csi-driver"} <= names
+    assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) >= 1
+    assert len(resources(t, "AWS::EKS::AccessEntry")) >= len(synth.cfg.admin_role_names)
+
+
+def test_alb_controller_image_comes_from_the_region_addon_registry(synth):
+    text = dumps(synth.template("Cluster"))
+    assert synth.cfg.facts.eks_addon_registry + "/amazon/aws-load-balancer-controller" in text
+    if synth.cfg.facts.china:
+        assert "us-west-2" not in text
+
+
+def test_cache(synth):
+    t = synth.template("Cache")
+    (rg,) = resources(t, "AWS::ElastiCache::ReplicationGroup").values()
+    p, c = rg["Properties"], synth.cfg.cache
+    assert p["TransitEncryptionEnabled"] is True and p["AtRestEncryptionEnabled"] is True
+    assert p["Engine"] == c.engine and p["CacheNodeType"] == c.node_type
+    assert p["NumCacheClusters"] == 1 + c.replicas
+    assert p["MultiAZEnabled"] is c.multi_az and p["AutomaticFailoverEnabled"] is c.multi_az
+    assert rg["DeletionPolicy"] == "Snapshot"
+    assert "resolve:secretsmanager" in dumps(p["AuthToken"])  # a reference, never the value
+    (sg,) = resources(t, "AWS::EC2::SecurityGroup").values()
+    assert "SecurityGroupIngress" not in sg["Properties"] or all(
+        "CidrIp" not in r for r in sg["Properties"]["SecurityGroupIngress"])
+    ingress = resources(t, "AWS::EC2::SecurityGroupIngress").values()
+    assert len(ingress) == 1 and "SourceSecurityGroupId" in next(iter(ingress))["Properties"]
+
+
+def test_tags_applied(synth):
+    t = synth.template("Storage")
+    tags = json.dumps(t)
+    for key, value in synth.cfg.tags.items():
+        assert f'"Key": "{key}", "Value": "{value}"' in tags

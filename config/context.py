@@ -9,9 +9,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
-from .environment import EnvironmentConfig, resolve_environment
 from .errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,10 +32,11 @@ def cli_context(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     return json.loads(raw) if raw else cdk_json_context()
 
 
-def load_or_exit(context: Mapping[str, Any] | None = None) -> EnvironmentConfig:
-    """Resolve the environment or print one clear line and exit 2 (no jsii, nothing written)."""
+@contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """Bad input: one clear line on stderr, exit 2, before jsii starts and anything is written."""
     try:
-        return resolve_environment(cli_context() if context is None else context)
+        yield
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

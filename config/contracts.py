@@ -14,6 +14,8 @@ NODE_GROUP_LABEL = "kvcache.io/node-group"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
 GPU_RESOURCE = "nvidia.com/gpu"
+# On AL2023 NVIDIA nodes, which lack a device plugin (Bottlerocket NVIDIA ships one)
+DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"
 
 # Namespaces
 SERVING_NAMESPACE = "kvcache-serving"

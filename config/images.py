@@ -76,3 +76,16 @@ class ImageResolver:
 
 # Installed by CDK's AlbController from the region's EKS add-on registry (not mirrored).
 ALB_CONTROLLER_VERSION = "v2.13.3"
+
+# Worker images able to publish KV events (vLLM >= 0.9 `--kv-events-config`) for kvaware.
+KV_EVENT_IMAGES = frozenset({"vllm-lmcache"})
+
+
+def catalogue_key_for(reference: str) -> str | None:
+    """Match an image as HyperPod files write it (`lmcache/vllm-openai:v0.5.4`) to the catalogue."""
+    repo, _, tag = reference.partition("@")[0].rpartition(":")
+    for image in IMAGES.values():
+        path = image.source.split("/", 1)[1]
+        if tag == image.tag and repo in (image.source, path, f"docker.io/{path}"):
+            return image.key
+    return None

@@ -12,19 +12,20 @@ from aws_cdk import (
     aws_kms as kms,
 )
 from aws_cdk.lambda_layer_kubectl_v34 import KubectlV34Layer
+import cdk8s
 from constructs import Construct
 
 from config import NodeGroupConfig, RegionFacts
+from k8s.device_plugin import DevicePluginChart
 from constructs.nag import acknowledge, managed_policy, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.contracts import (
-    GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
+    DEVICE_PLUGIN_LABEL,    GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
     NODE_ROLE_SYSTEM,
 )
 
 # Bottlerocket mounts its data volume on xvdb; AL2023 has one root volume on xvda.
 _DATA_DEVICE = {"BOTTLEROCKET": "/dev/xvdb"}
-DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"  # only where the AMI lacks one
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class GpuClusterProps:
     system_nodes: NodeGroupConfig
     gpu_node_groups: tuple[NodeGroupConfig, ...]
     alb_controller_version: str
+    device_plugin_image: str
     removal_policy: RemovalPolicy
 
 
@@ -117,6 +119,8 @@ class GpuCluster(Construct):
             },
         )
         self.alb_controller.node.add_dependency(self.system_nodegroup)
+        self.cluster.add_cdk8s_chart("NvidiaDevicePlugin", DevicePluginChart(
+            cdk8s.App(), "nvidia-device-plugin", image=props.device_plugin_image))
         _acknowledge_cluster_findings(self)
 
     def _nodegroup(self, group: NodeGroupConfig, subnets: ec2.SubnetSelection,

@@ -21,3 +21,7 @@ def managed_policy(name: str) -> str:
 
 def wildcard(resource: str) -> str:
     return f"AwsSolutions::AwsSolutions-IAM5[Resource::{resource}]"
+
+
+def wildcard_action(action: str) -> str:
+    return f"AwsSolutions::AwsSolutions-IAM5[Action::{action}]"

@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from config import EnvironmentConfig
+from config.images import ImageResolver
+from k8s.endpoint_spec import EndpointSpec
 from stacks.cache_stack import CacheStack
 from stacks.cluster_stack import ClusterStack
 from stacks.network_stack import NetworkStack
 from stacks.observability_stack import ObservabilityStack
+from stacks.serving_stack import ServingStack
 from stacks.storage_stack import StorageStack
 
 
@@ -21,13 +25,15 @@ class EnvironmentStacks:
     cluster: ClusterStack
     cache: CacheStack | None
     observability: ObservabilityStack | None
+    serving: ServingStack
 
     def all(self) -> list[cdk.Stack]:
         return [s for s in (self.network, self.storage, self.cluster, self.cache,
-                            self.observability) if s is not None]
+                            self.observability, self.serving) if s is not None]
 
 
-def build(app: cdk.App, cfg: EnvironmentConfig) -> EnvironmentStacks:
+def build(app: cdk.App, cfg: EnvironmentConfig,
+          endpoints: tuple[EndpointSpec, ...]) -> EnvironmentStacks:
     env = cdk.Environment(account=cfg.account, region=cfg.region)
     p = cfg.stack_prefix
     network = NetworkStack(app, f"{p}-Network", cfg=cfg, env=env)
@@ -38,10 +44,45 @@ def build(app: cdk.App, cfg: EnvironmentConfig) -> EnvironmentStacks:
              if cfg.cache.kind == "elasticache" else None)
     observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, env=env)
                      if cfg.observability == "managed" else None)
-    stacks = EnvironmentStacks(network, storage, cluster, cache, observability)
+    l2 = cache.cache if cache else None
+    serving = ServingStack(
+        app, f"{p}-Serving", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
+        model_bucket=storage.model_bucket, model_key=storage.model_key,
+        l2_url=l2.url_without_credentials if l2 else None,
+        l2_secret_arn=l2.auth_secret.secret_arn if l2 else None, l2_key=l2.key if l2 else None,
+        router_base_image=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts).uri("python"),
+        env=env)
+    stacks = EnvironmentStacks(network, storage, cluster, cache, observability, serving)
 
     cdk.Tags.of(app).add("kvcache:environment", cfg.name)
     for key, value in sorted(cfg.tags.items()):
         cdk.Tags.of(app).add(key, value)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stacks
+
+
+def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
+                    outdir: Path) -> list[Path]:
+    """Plain YAML per chart for review and GitOps, with ${...} where AWS assigns a value."""
+    import cdk8s
+    import yaml
+
+    from k8s.serving import ServingFacts, build_charts, worker_service_account
+    from k8s.workers import L2Connection
+
+    facts = ServingFacts(
+        router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
+        managed_l2=(L2Connection(url="rediss://${L2_ENDPOINT}:6379",
+                                 secret_arn="${L2_SECRET_ARN}")
+                    if cfg.cache.kind == "elasticache" else None),
+        service_account={e.name: worker_service_account(e.name) for e in endpoints})
+    charts = build_charts(cdk8s.App(), cfg, endpoints, facts)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for old in outdir.glob("*.yaml"):
+        old.unlink()
+    written = []
+    for i, chart in enumerate(charts):
+        path = outdir / f"{i:02d}-{chart.node.id}.yaml"
+        path.write_text(yaml.safe_dump_all(chart.to_json(), sort_keys=False))
+        written.append(path)
+    return written

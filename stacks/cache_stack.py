@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from aws_cdk import Stack, aws_ec2 as ec2
+from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2
 from constructs import Construct
 
 from config import EnvironmentConfig
@@ -19,3 +19,6 @@ class CacheStack(Stack):
             engine_version=c.engine_version, node_type=c.node_type, replicas=c.replicas,
             multi_az=c.multi_az, snapshot_retention_days=c.snapshot_retention_days,
             retain=cfg.retain_data))
+        # ${L2_ENDPOINT} and ${L2_SECRET_ARN} in the GitOps manifests (dist/<env>/)
+        CfnOutput(self, "L2Endpoint", value=self.cache.endpoint_address)
+        CfnOutput(self, "L2SecretArn", value=self.cache.auth_secret.secret_arn)

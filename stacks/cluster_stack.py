@@ -4,7 +4,7 @@ from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2
 from constructs import Construct
 
 from config import EnvironmentConfig
-from config.images import ALB_CONTROLLER_VERSION
+from config.images import ALB_CONTROLLER_VERSION, ImageResolver
 from constructs.gpu_cluster import GpuCluster, GpuClusterProps
 from stacks.common import removal_policy
 
@@ -19,6 +19,8 @@ class ClusterStack(Stack):
                                    if cfg.cluster_endpoint.public else ()),
             admin_role_names=cfg.admin_role_names, system_nodes=cfg.system_nodes,
             gpu_node_groups=cfg.gpu_node_groups, alb_controller_version=ALB_CONTROLLER_VERSION,
+            device_plugin_image=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts).uri(
+                "nvidia-device-plugin"),
             removal_policy=removal_policy(cfg),
         ))
         self.gpu_cluster = built

@@ -21,5 +21,5 @@ class StorageStack(Stack):
         self.repositories = ImageRepositories(self, "Images", props=ImageRepositoriesProps(
             repository_names=tuple(sorted({i.mirror_repository for i in IMAGES.values()})),
             removal_policy=removal_policy(cfg))).repositories
-        # The operator tools read these (upload, preflight) instead of guessing names.
+        # ${MODEL_BUCKET} in dist/; the operator tools read it instead of guessing names.
         CfnOutput(self, "ModelBucketName", value=self.model_bucket.bucket_name)

@@ -41,10 +41,12 @@ def _synth(name: str, tmp: Path) -> Synth:
 
     from stacks.app_builder import build
 
+    from k8s.serving import load_endpoints
+
     ctx = context_for(**SHIPPED[name])
     cfg = resolve_environment(ctx)
     app = cdk.App(context=ctx, outdir=str(tmp / name))
-    stacks = build(app, cfg)
+    stacks = build(app, cfg, load_endpoints(cfg, ROOT))
     assembly = app.synth()
     templates = {s.stack_name: s.template for s in assembly.stacks}
     return Synth(cfg, stacks, Path(assembly.directory), templates)

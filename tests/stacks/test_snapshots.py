@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import SHIPPED, normalise
 
-STACKS = ["Network", "Storage", "Cluster", "Cache", "Observability"]
+STACKS = ["Network", "Storage", "Cluster", "Cache", "Observability", "Serving"]
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -19,9 +19,10 @@ def synth(request, synths):
 
 def test_stack_set_follows_the_variant(dev, china):
     assert set(dev.templates) == {f"KvCache-dev-{s}" for s in
-                                  ("Network", "Storage", "Cluster", "Cache", "Observability")}
+                                  ("Network", "Storage", "Cluster", "Cache", "Observability",
+                                   "Serving")}
     assert set(china.templates) == {f"KvCache-china-{s}" for s in
-                                    ("Network", "Storage", "Cluster", "Cache")}
+                                    ("Network", "Storage", "Cluster", "Cache", "Serving")}
 
 
 def test_no_hand_written_aws_partition_anywhere(synth):
@@ -178,3 +179,16 @@ def test_tags_applied(synth):
     tags = json.dumps(t)
     for key, value in synth.cfg.tags.items():
         assert f'"Key": "{key}", "Value": "{value}"' in tags
+
+
+def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(synth):
+    t = synth.template("Serving")
+    manifests = [m for m in t["Resources"].values() if m["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"]
+    assert len(manifests) == 1 + 2 * len(synth.cfg.endpoint_files)
+    policies = dumps(resources(t, "AWS::IAM::Policy"))
+    assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
+    assert "models/Llama-3.1-8B-Instruct/*" in policies
+    assert "secretsmanager:GetSecretValue" in policies
+    text = dumps(t)
+    assert "resolve:secretsmanager" not in text  # workers fetch it at start, never a manifest
+    assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == len(synth.cfg.endpoint_files)

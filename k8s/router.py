@@ -1,0 +1,140 @@
+"""The router chart: vllm-project/router in front of one endpoint's workers.
+
+Args are built by `router_args` and nowhere else, so the loopback tests start the real binary
+with exactly what the Deployment carries (discovery swapped for local URLs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cdk8s import Chart
+from constructs import Construct
+
+from config.contracts import (
+    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT, WORKER_PORT,
+)
+from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
+
+COMPONENT = "vllm-router"
+
+
+@dataclass(frozen=True)
+class RouterProps:
+    endpoint: str
+    namespace: str
+    image: str
+    policy: str                                  # vllm-router --policy
+    worker_selector: dict[str, str]              # labels of this endpoint's worker pods
+    health_check_path: str = "/health"
+    replicas: int = 2
+    public_listener: bool = False
+    # kv_aware: static worker URLs and their ZMQ event endpoints (discovery cannot carry them)
+    static_workers: tuple[str, ...] = ()
+    kv_event_sources: tuple[tuple[str, str], ...] = ()
+    kv_event_block_size: int = 16
+    model_name: str = ""
+    cpu: str = "1"
+    memory: str = "1Gi"
+
+
+def router_args(p: RouterProps) -> list[str]:
+    args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", p.policy,
+            "--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT),
+            "--health-check-endpoint", p.health_check_path,
+            "--health-check-interval-secs", "10", "--health-failure-threshold", "2",
+            "--log-level", "info"]
+    if p.static_workers:
+        args += ["--worker-urls", *p.static_workers]
+    else:
+        args += ["--service-discovery", "--selector",
+                 *[f"{k}={v}" for k, v in sorted(p.worker_selector.items())],
+                 "--service-discovery-namespace", p.namespace,
+                 "--service-discovery-port", str(WORKER_PORT)]
+    for worker, endpoint in p.kv_event_sources:
+        args += ["--kv-event-source", f"{worker}={endpoint}"]
+    if p.kv_event_sources:
+        args += ["--kv-event-block-size", str(p.kv_event_block_size),
+                 "--kv-event-model", p.model_name]
+    return args
+
+
+class RouterChart(Chart):
+    def __init__(self, scope: Construct, id: str, *, props: RouterProps) -> None:
+        super().__init__(scope, id, namespace=props.namespace)
+        name = f"{props.endpoint}-router"
+        sel = selector_labels(COMPONENT, props.endpoint)
+        labels = standard_labels(COMPONENT, props.endpoint)
+        ns = props.namespace
+        discovery = not props.static_workers
+        k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
+                   namespace=ns, labels=labels, body={"automountServiceAccountToken": discovery})
+        if discovery:  # least privilege: read pods in this namespace, nothing else
+            k8s_object(self, "Role", api_version="rbac.authorization.k8s.io/v1", kind="Role",
+                       name=name, namespace=ns, labels=labels, body={"rules": [{
+                           "apiGroups": [""], "resources": ["pods"],
+                           "verbs": ["get", "list", "watch"]}]})
+            k8s_object(self, "RoleBinding", api_version="rbac.authorization.k8s.io/v1",
+                       kind="RoleBinding", name=name, namespace=ns, labels=labels, body={
+                           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                       "name": name},
+                           "subjects": [{"kind": "ServiceAccount", "name": name,
+                                         "namespace": ns}]})
+        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+                 "timeoutSeconds": 3}
+        k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
+                   namespace=ns, labels=labels, body={"spec": {
+                       "replicas": props.replicas,
+                       "selector": {"matchLabels": sel},
+                       "strategy": {"type": "RollingUpdate",
+                                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                       "template": {
+                           "metadata": {"labels": labels},
+                           "spec": {
+                               "serviceAccountName": name,
+                               "automountServiceAccountToken": discovery,
+                               "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
+                               "topologySpreadConstraints": zone_spread(sel),
+                               "securityContext": {"runAsNonRoot": True,
+                                                   "seccompProfile": {"type": "RuntimeDefault"}},
+                               "terminationGracePeriodSeconds": 30,
+                               "containers": [{
+                                   "name": "router", "image": props.image,
+                                   "imagePullPolicy": "IfNotPresent",
+                                   "args": router_args(props),
+                                   "ports": [{"name": "http", "containerPort": ROUTER_PORT},
+                                             {"name": "metrics",
+                                              "containerPort": ROUTER_METRICS_PORT}],
+                                   "readinessProbe": {**probe, "httpGet": {
+                                       "path": "/readiness", "port": "http"}},
+                                   "livenessProbe": {**probe, "httpGet": {
+                                       "path": "/liveness", "port": "http"},
+                                       "failureThreshold": 6},
+                                   "resources": {
+                                       "requests": {"cpu": props.cpu, "memory": props.memory},
+                                       "limits": {"cpu": props.cpu, "memory": props.memory}},
+                                   "securityContext": hardened(),
+                               }],
+                           }}}})
+        pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
+        scheme = "internet-facing" if props.public_listener else "internal"
+        k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
+                   labels=labels, annotations={
+                       # AWS Load Balancer Controller: an NLB straight to pod IPs
+                       "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+                       "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+                       "service.beta.kubernetes.io/aws-load-balancer-scheme": scheme,
+                       "service.beta.kubernetes.io/aws-load-balancer-healthcheck-path":
+                           "/readiness",
+                       "service.beta.kubernetes.io/aws-load-balancer-healthcheck-port":
+                           str(ROUTER_PORT),
+                       "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol":
+                           "HTTP",
+                   }, body={"spec": {
+                       "type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
+                       "selector": sel,
+                       "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]}})
+        k8s_object(self, "MetricsService", api_version="v1", kind="Service",
+                   name=f"{name}-metrics", namespace=ns, labels=labels, body={"spec": {
+                       "type": "ClusterIP", "selector": sel,
+                       "ports": [{"name": "metrics", "port": ROUTER_METRICS_PORT,
+                                  "targetPort": "metrics"}]}})

@@ -1,0 +1,124 @@
+"""Turns an environment and its endpoint files into the serving charts.
+
+`load_endpoints` checks everything that can be wrong with the combination before jsii starts;
+`build_charts` only assembles charts from facts (registry, bucket, cache connection).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdk8s import ApiObject, App, Chart
+
+from config import ConfigError, EnvironmentConfig
+from config.contracts import SERVING_NAMESPACE
+from config.images import IMAGES, KV_EVENT_IMAGES, ImageResolver, catalogue_key_for
+from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
+from k8s.endpoint_spec import EndpointSpec, load_endpoint
+from k8s.objects import standard_labels
+from k8s.router import RouterChart, RouterProps
+from k8s.workers import KV_BLOCK_SIZE, L2Connection, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
+
+
+def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
+    specs = tuple(load_endpoint(cfg.name, (root / f).resolve(), root)
+                  for f in cfg.endpoint_files)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
+    for s in specs:
+        where = f"{s.source_file}: spec"
+        if cfg.gpu_group_for(s.instance_type) is None:
+            raise ConfigError(cfg.name, f"{where}.instanceType", s.instance_type,
+                              "an instance type of one of the environment's GPU node groups: "
+                              + ", ".join(t for g in cfg.gpu_node_groups
+                                          for t in g.instance_types))
+        key = catalogue_key_for(s.worker_image)
+        if key is None:
+            raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,
+                              "an image of the pinned catalogue (config/images.py): " + ", ".join(
+                                  f"{i.source.split('/', 1)[1]}:{i.tag}" for i in IMAGES.values()
+                                  if i.key == "vllm-lmcache"))
+        if s.routing_strategy == "kvaware" and key not in KV_EVENT_IMAGES:
+            raise ConfigError(cfg.name, f"{where}.intelligentRoutingSpec.routingStrategy",
+                              "kvaware", "prefixaware, session or roundrobin: the worker image "
+                              "cannot publish KV events")
+        if s.l2_backend == "redis" and cfg.cache.kind == "none":
+            raise ConfigError(cfg.name, f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend",
+                              "redis", "no L2 (enableL2Cache: false), valkey or lmcache-server: "
+                              "the environment's cache.kind is none")
+    return specs
+
+
+@dataclass(frozen=True)
+class ServingFacts:
+    """What the charts need from AWS, as plain strings (CloudFormation tokens in the stack,
+    readable placeholders in the GitOps YAML)."""
+
+    router_image: str
+    model_bucket: str
+    managed_l2: L2Connection | None
+    service_account: dict[str, str]   # endpoint -> worker service account name
+
+
+def worker_service_account(endpoint: str) -> str:
+    return f"{endpoint}-worker"
+
+
+def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
+                 facts: ServingFacts) -> list[Chart]:
+    images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
+    ns = Chart(app, "namespace")
+    ApiObject(ns, "Namespace", api_version="v1", kind="Namespace", metadata={
+        "name": SERVING_NAMESPACE, "labels": standard_labels("serving", cfg.name)})
+    charts: list[Chart] = [ns]
+    shared: dict[str, CacheProps] = {}
+    for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
+        props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
+                           image=images.uri(VALKEY if kind == VALKEY else "vllm-lmcache"))
+        shared[kind] = props
+        chart = SharedCacheChart(app, f"cache-{kind}", props=props)
+        chart.add_dependency(ns)
+        charts.append(chart)
+    for s in specs:
+        l2 = None
+        if s.l2_enabled:
+            kind = _shared_kind(cfg, s)
+            l2 = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
+        kvaware = s.routing_strategy == "kvaware"
+        wp = WorkerProps(
+            endpoint=s.name, namespace=SERVING_NAMESPACE,
+            service_account=facts.service_account[s.name],
+            image=images.uri(catalogue_key_for(s.worker_image)),
+            staging_image=images.uri("aws-cli"), region=cfg.region,
+            model_bucket=facts.model_bucket, model_location=s.model_location,
+            model_name=s.model_name, replicas=s.replicas, gpus=s.gpus, cpu=s.cpu,
+            memory=s.memory, node_group=cfg.gpu_group_for(s.instance_type).name,
+            l1_enabled=s.l1_enabled, l1_size_gib=s.l1_size_gib, l2=l2,
+            publish_kv_events=kvaware, health_check_path=s.health_check_path,
+            model_mount_path=s.model_mount_path, extra_args=s.worker_args,
+            extra_env=s.worker_env, stateful=kvaware)
+        workers = WorkersChart(app, f"{s.name}-workers", props=wp)
+        router = RouterChart(app, f"{s.name}-router", props=RouterProps(
+            endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
+            policy=s.router_policy, worker_selector=workers.selector,
+            health_check_path=s.health_check_path, public_listener=cfg.public_listener,
+            static_workers=worker_urls(wp) if kvaware else (),
+            kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
+            if kvaware else (),
+            kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name))
+        for chart in (workers, router):
+            chart.add_dependency(ns)
+            charts.append(chart)
+    return charts
+
+
+def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:
+    """None: the managed ElastiCache (or no L2); otherwise the in-cluster cache to deploy."""
+    if not s.l2_enabled:
+        return None
+    if s.l2_backend == "lmcache-server":
+        return LMCACHE_SERVER
+    if s.l2_backend == "valkey" or (s.l2_backend == "redis" and cfg.cache.kind == "self-hosted"):
+        return VALKEY
+    return None

@@ -1,0 +1,224 @@
+"""The workers chart: vLLM + LMCache pods for one endpoint, on the GPU node group.
+
+Weights are staged from the model bucket by an init container (Pod Identity, read-only to the
+model prefix), Hugging Face stays offline. LMCache reads one YAML file; where the L2 needs a
+secret, an init container fetches it from Secrets Manager into a memory-backed volume at pod
+start, so no manifest or template ever carries it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import yaml
+from cdk8s import Chart
+from constructs import Construct
+
+from config.contracts import (
+    GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
+    NODE_ROLE_LABEL, WORKER_PORT,
+)
+from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
+
+COMPONENT = "vllm-worker"
+MODELS_DIR = "/models"
+KV_BLOCK_SIZE = 16  # vLLM --block-size == vllm-router --kv-event-block-size
+LMCACHE_DIR = "/etc/lmcache"
+
+
+@dataclass(frozen=True)
+class L2Connection:
+    """How LMCache reaches L2. `secret_arn` set: the password is fetched at pod start."""
+
+    url: str                          # without credentials
+    secret_arn: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerProps:
+    endpoint: str
+    namespace: str
+    service_account: str              # bound to the worker role by Pod Identity (CDK side)
+    image: str
+    staging_image: str                # aws-cli: copies weights, fetches the L2 secret
+    region: str
+    model_bucket: str
+    model_location: str
+    model_name: str
+    replicas: int
+    gpus: int
+    cpu: str
+    memory: str
+    node_group: str
+    l1_enabled: bool
+    l1_size_gib: int
+    l2: L2Connection | None
+    publish_kv_events: bool
+    health_check_path: str
+    model_mount_path: str
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+    shm_size: str = "16Gi"
+    stateful: bool = False            # kv_aware: stable pod DNS names for static sources
+
+
+def lmcache_config(p: WorkerProps) -> dict:
+    """LMCache engine settings (keys of LMCacheEngineConfig, see ../shared/FACTS.md)."""
+    cfg: dict = {"chunk_size": 256, "local_cpu": p.l1_enabled,
+                 "max_local_cpu_size": float(p.l1_size_gib if p.l1_enabled else 0),
+                 "save_unfull_chunk": False}
+    if p.l2:
+        cfg["remote_serde"] = "naive"
+        if not p.l2.secret_arn:  # with a secret, the URL is appended at pod start
+            cfg["remote_url"] = p.l2.url
+    return cfg
+
+
+def vllm_args(p: WorkerProps) -> list[str]:
+    args = [f"{MODELS_DIR}/{p.endpoint}", "--served-model-name", p.model_name,
+            "--host", "0.0.0.0", "--port", str(WORKER_PORT),
+            "--kv-transfer-config",
+            json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+                       separators=(",", ":"))]
+    if p.publish_kv_events:
+        args += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            # vllm-router 0.1.17 subscribes to topic "" only; its block size must match.
+            "endpoint": f"tcp://*:{KV_EVENTS_PORT}", "topic": "", "buffer_steps": 10000,
+            "hwm": 100000}, separators=(",", ":")), "--block-size", str(KV_BLOCK_SIZE)]
+    return args + list(p.extra_args)
+
+
+def worker_urls(p: WorkerProps) -> tuple[str, ...]:
+    """Stable DNS names of StatefulSet workers, for the router's static lists."""
+    svc = f"{p.endpoint}-workers"
+    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{WORKER_PORT}"
+                 for i in range(p.replicas))
+
+
+def kv_event_endpoints(p: WorkerProps) -> tuple[str, ...]:
+    svc = f"{p.endpoint}-workers"
+    return tuple(f"tcp://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{KV_EVENTS_PORT}"
+                 for i in range(p.replicas))
+
+
+class WorkersChart(Chart):
+    def __init__(self, scope: Construct, id: str, *, props: WorkerProps) -> None:
+        super().__init__(scope, id, namespace=props.namespace)
+        p = props
+        name = f"{p.endpoint}-workers"
+        sel = selector_labels(COMPONENT, p.endpoint)
+        labels = standard_labels(COMPONENT, p.endpoint)
+        self.selector = sel
+        k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
+                   name=p.service_account, namespace=p.namespace, labels=labels,
+                   body={"automountServiceAccountToken": False})
+        k8s_object(self, "LmcacheConfig", api_version="v1", kind="ConfigMap",
+                   name=f"{name}-lmcache", namespace=p.namespace, labels=labels,
+                   body={"data": {"lmcache.yaml": yaml.safe_dump(lmcache_config(p),
+                                                                 sort_keys=True)}})
+        model_dir = f"{MODELS_DIR}/{p.endpoint}"
+        stage = {
+            "name": "stage-model", "image": p.staging_image, "imagePullPolicy": "IfNotPresent",
+            "command": ["aws", "s3", "sync", "--only-show-errors", "--no-progress",
+                        f"s3://{p.model_bucket}/{p.model_location}/", model_dir],
+            "env": [{"name": "AWS_REGION", "value": p.region}],
+            "volumeMounts": [{"name": "model-weights", "mountPath": MODELS_DIR}],
+            "resources": {"requests": {"cpu": "2", "memory": "2Gi"},
+                          "limits": {"cpu": "4", "memory": "4Gi"}},
+            "securityContext": hardened(read_only_root=False, run_as_user=None),
+        }
+        init = [stage]
+        config_file = f"{LMCACHE_DIR}/lmcache.yaml"
+        if p.l2 and p.l2.secret_arn:
+            # The password never leaves Secrets Manager except into this pod's memory volume.
+            script = ("set -eu; TOKEN=$(aws secretsmanager get-secret-value --secret-id "
+                      "\"$SECRET_ARN\" --query SecretString --output text); "
+                      "cp /config/lmcache.yaml \"$OUT\"; "
+                      "printf 'remote_url: \"%s\"\\n' "
+                      "\"$(echo \"$L2_URL\" | sed \"s#://#://:${TOKEN}@#\")\" >> \"$OUT\"")
+            init.append({
+                "name": "fetch-l2-secret", "image": p.staging_image,
+                "imagePullPolicy": "IfNotPresent", "command": ["/bin/sh", "-c", script],
+                "env": [{"name": "AWS_REGION", "value": p.region},
+                        {"name": "SECRET_ARN", "value": p.l2.secret_arn},
+                        {"name": "L2_URL", "value": p.l2.url},
+                        {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}],
+                "volumeMounts": [{"name": "lmcache-base", "mountPath": "/config"},
+                                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache"}],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                              "limits": {"cpu": "500m", "memory": "256Mi"}},
+                "securityContext": hardened(read_only_root=True, run_as_user=None),
+            })
+            config_file = "/run/lmcache/lmcache.yaml"
+        health = {"httpGet": {"path": p.health_check_path, "port": "http"},
+                  "periodSeconds": 10, "timeoutSeconds": 5}
+        env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
+               {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+               {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
+               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}]
+        env += [{"name": k, "value": v} for k, v in p.extra_env]
+        if not any(k == "PYTHONHASHSEED" for k, _ in p.extra_env):
+            env.append({"name": "PYTHONHASHSEED", "value": "0"})  # same hashes on every worker
+        ports = [{"name": "http", "containerPort": WORKER_PORT}]
+        if p.publish_kv_events:
+            ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
+        worker = {
+            "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
+            "command": ["vllm", "serve"], "args": vllm_args(p), "env": env, "ports": ports,
+            "resources": {
+                "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
+                "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
+            "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
+            "readinessProbe": {**health, "failureThreshold": 3},
+            "livenessProbe": {**health, "failureThreshold": 6},
+            "lifecycle": {"preStop": {"sleep": {"seconds": 15}}},  # leave the router first
+            "volumeMounts": [
+                {"name": "model-weights", "mountPath": MODELS_DIR, "readOnly": True},
+                {"name": "model-weights", "mountPath": p.model_mount_path,
+                 "subPath": p.endpoint, "readOnly": True},
+                {"name": "dshm", "mountPath": "/dev/shm"},
+                {"name": "lmcache-base", "mountPath": LMCACHE_DIR, "readOnly": True},
+                {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True}],
+            # vLLM writes caches under $HOME and /tmp and runs as root in the upstream image.
+            "securityContext": {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}},
+        }
+        pod = {
+            "metadata": {"labels": labels},
+            "spec": {
+                "serviceAccountName": p.service_account,
+                "automountServiceAccountToken": False,
+                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group},
+                "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
+                                 "effect": "NoSchedule"}],
+                "topologySpreadConstraints": zone_spread(sel),
+                "terminationGracePeriodSeconds": 120,
+                "initContainers": init, "containers": [worker],
+                "volumes": [
+                    {"name": "model-weights", "emptyDir": {}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}},
+                    {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
+                    {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
+                                                             "sizeLimit": "1Mi"}}],
+            }}
+        spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
+        if p.stateful:
+            spec.update(serviceName=name, podManagementPolicy="Parallel")
+            kind = "StatefulSet"
+        else:
+            spec["strategy"] = {"type": "RollingUpdate",
+                                "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+            kind = "Deployment"
+        k8s_object(self, "Workload", api_version="apps/v1", kind=kind, name=name,
+                   namespace=p.namespace, labels=labels, body={"spec": spec})
+        pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
+        svc_ports = [{"name": "http", "port": WORKER_PORT, "targetPort": "http"}]
+        if p.publish_kv_events:
+            svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
+                              "targetPort": "kv-events"})
+        # Headless: stable per-pod DNS (StatefulSet) and a scrape target list for Prometheus.
+        k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
+                   namespace=p.namespace, labels=labels, body={"spec": {
+                       "clusterIP": "None", "selector": sel, "ports": svc_ports,
+                       "publishNotReadyAddresses": False}})

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import cdk8s
+from aws_cdk import CfnOutput, Stack, aws_ecr_assets as ecr_assets, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import aws_kms as kms, aws_s3 as s3
+from constructs import Construct
+
+from config import EnvironmentConfig
+from config.contracts import SERVING_NAMESPACE
+from config.images import IMAGES
+from constructs.nag import acknowledge, wildcard, wildcard_action
+from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
+from k8s.endpoint_spec import EndpointSpec
+from k8s.serving import ServingFacts, build_charts, worker_service_account
+from k8s.workers import L2Connection
+
+ROUTER_CONTEXT = Path(__file__).resolve().parent.parent / "images" / "router"
+VLLM_ROUTER_VERSION = "0.1.17"  # same pin as requirements.txt (tests check they agree)
+
+
+class ServingStack(Stack):
+    """Workloads, in their own stack: a model change never touches the cluster stack."""
+
+    def __init__(self, scope: Construct, id: str, *, cfg: EnvironmentConfig,
+                 endpoints: tuple[EndpointSpec, ...], cluster: eks.ICluster,
+                 model_bucket: s3.IBucket, model_key: kms.IKey | None,
+                 l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
+                 router_base_image: str, **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        router = ecr_assets.DockerImageAsset(
+            self, "RouterImage", directory=str(ROUTER_CONTEXT),
+            build_args={"BASE_IMAGE": router_base_image,
+                        "VLLM_ROUTER_VERSION": VLLM_ROUTER_VERSION},
+            platform=ecr_assets.Platform.LINUX_AMD64)
+        CfnOutput(self, "RouterImageUri", value=router.image_uri)  # ${ROUTER_IMAGE} in dist/
+        accounts = {}
+        for spec in endpoints:
+            sa = worker_service_account(spec.name)
+            accounts[spec.name] = sa
+            role = PodIdentityRole(self, f"{_camel(spec.name)}Worker", props=PodIdentityRoleProps(
+                cluster=cluster, namespace=SERVING_NAMESPACE, service_account=sa)).role
+            # Read-only, and only the endpoint's own model prefix.
+            model_bucket.grant_read(role, f"{spec.model_location}/*")
+            role.add_to_policy(iam.PolicyStatement(
+                actions=["s3:ListBucket"], resources=[model_bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{spec.model_location}/*"]}}))
+            if l2_secret_arn and spec.l2_enabled:
+                role.add_to_policy(iam.PolicyStatement(
+                    actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))
+                if l2_key:
+                    l2_key.grant_decrypt(role)
+            bucket_arn = (f"{Stack.of(model_bucket).stack_name}:ExportsOutputFnGetAtt"
+                          "ModelsBucket970C6ADAArnC12F88E2")
+            acknowledge(role, {
+                wildcard(f"{bucket_arn}/{spec.model_location}/*"):
+                    "Objects under the endpoint's own model prefix only.",
+                wildcard_action("s3:GetBucket*"): "CDK grant_read: bucket metadata reads.",
+                wildcard_action("s3:GetObject*"): "CDK grant_read: object and version reads.",
+                wildcard_action("s3:List*"): "CDK grant_read: listing, narrowed by prefix.",
+                wildcard_action("kms:GenerateDataKey*"): "CDK grant_read on a KMS bucket.",
+                wildcard_action("kms:ReEncrypt*"): "CDK grant_read on a KMS bucket.",
+            })
+        managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
+        self.facts = ServingFacts(router_image=router.image_uri,
+                                  model_bucket=model_bucket.bucket_name,
+                                  managed_l2=managed_l2, service_account=accounts)
+        self.charts_app = cdk8s.App()
+        self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
+        previous = None
+        for chart in self.charts:
+            manifest = eks.KubernetesManifest(self, _camel(chart.node.id), cluster=cluster,
+                                              manifest=chart.to_json(), overwrite=True)
+            if previous is not None:
+                manifest.node.add_dependency(previous)
+            previous = manifest
+
+
+def _camel(name: str) -> str:
+    return "".join(p.capitalize() for p in name.replace(".", "-").split("-"))

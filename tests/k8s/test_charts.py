@@ -1,0 +1,277 @@
+"""The serving charts: strict schemas, registries, strategies, L2 backends, bad endpoint files."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import cdk8s
+import kubernetes_validate
+import pytest
+import yaml
+
+from config import ConfigError, resolve_environment
+from config.contracts import GPU_RESOURCE, GPU_TAINT_KEY, SESSION_HEADER
+from k8s.endpoint_spec import parse_endpoint
+from k8s.router import router_args
+from k8s.serving import ServingFacts, build_charts, load_endpoints, worker_service_account
+from k8s.workers import L2Connection
+from tests.conftest import ROOT, context_for, normalise
+
+SEED = yaml.safe_load((ROOT / "endpoints" / "llama-3.1-8b-instruct.yaml").read_text())
+STRATEGIES = ["prefixaware", "kvaware", "session", "roundrobin"]
+BACKENDS = ["redis", "valkey", "lmcache-server", "tieredstorage", None]
+
+
+def _env(name: str, **over):
+    ctx = context_for(env=name)
+    ctx["environments"][name].update(over)
+    return resolve_environment(ctx)
+
+
+def _spec(cfg, strategy="prefixaware", backend="redis", **spec_over):
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    if backend is None:
+        raw["spec"]["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": False}
+    else:
+        raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend
+    raw["spec"].update(spec_over)
+    return parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+
+
+def render(cfg, spec) -> list[dict]:
+    facts = ServingFacts(
+        router_image=f"{cfg.account}.{cfg.facts.ecr_host_suffix}/cdk-assets:router",
+        model_bucket="models-bucket",
+        managed_l2=L2Connection("rediss://l2.example.internal:6379",
+                                f"arn:{cfg.facts.partition}:secretsmanager:{cfg.region}:"
+                                f"{cfg.account}:secret:l2"),
+        service_account={spec.name: worker_service_account(spec.name)})
+    return [doc for chart in build_charts(cdk8s.App(), cfg, (spec,), facts)
+            for doc in chart.to_json()]
+
+
+def _all(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _images(docs) -> set[str]:
+    out = set()
+    for d in docs:
+        pod = d.get("spec", {}).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            out.add(c["image"])
+    return out
+
+
+CASES = [(env, strat, "redis") for env in ("dev", "china") for strat in STRATEGIES] + [
+    (env, "prefixaware", b) for env in ("dev", "china") for b in BACKENDS if b != "redis"]
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    envs = {"dev": _env("dev"), "china": _env("china")}
+    return {(e, s, b): (envs[e], render(envs[e], _spec(envs[e], s, b))) for e, s, b in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_every_manifest_passes_strict_schema_at_the_cluster_version(rendered, case):
+    cfg, docs = rendered[case]
+    for doc in docs:
+        kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_manifest_snapshot(rendered, case, snapshot):
+    _, docs = rendered[case]
+    assert normalise(yaml.safe_dump_all(docs, sort_keys=True)) == snapshot
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == "china"],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_china_manifests_pull_only_from_the_china_ecr(rendered, case):
+    cfg, docs = rendered[case]
+    registry = f"{cfg.account}.dkr.ecr.cn-northwest-1.amazonaws.com.cn/"
+    images = _images(docs)
+    assert images and all(i.startswith(registry) for i in images), images
+    assert all("@sha256:" in i or i.endswith(":router") or ":v0.5.4" in i for i in images)
+
+
+def test_seed_file_renders_the_hyperpod_shape():
+    cfg = _env("dev")
+    (spec,) = load_endpoints(cfg, ROOT)
+    assert (spec.instance_type, spec.gpus, spec.router_policy, spec.l2_backend) == (
+        "g5.24xlarge", 4, "cache_aware", "redis")
+    docs = render(cfg, spec)
+    (worker,) = _all(docs, "Deployment")[:1]
+    pod = worker["spec"]["template"]["spec"]
+    vllm = pod["containers"][0]
+    assert vllm["resources"]["limits"][GPU_RESOURCE] == "4"
+    assert {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["nodeSelector"]["kvcache.io/node-group"] == "g5"
+    env = {e["name"]: e["value"] for e in vllm["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1" and env["PYTHONHASHSEED"] == "123"
+    assert "LMCacheConnectorV1" in " ".join(vllm["args"])
+    assert [c["name"] for c in pod["initContainers"]] == ["stage-model", "fetch-l2-secret"]
+    assert "s3://models-bucket/models/Llama-3.1-8B-Instruct/" in pod["initContainers"][0]["command"]
+    text = json.dumps(docs)
+    assert "rediss://l2.example.internal:6379" in text and "password" not in text.lower()
+
+
+def test_router_deployment_is_hardened_and_discovers_its_workers():
+    cfg = _env("dev")
+    docs = render(cfg, _spec(cfg))
+    router = next(d for d in _all(docs, "Deployment") if "router" in d["metadata"]["name"])
+    spec = router["spec"]
+    assert spec["replicas"] >= 2
+    c = spec["template"]["spec"]["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["runAsNonRoot"] is True
+    assert {"readinessProbe", "livenessProbe", "resources"} <= set(c)
+    args = c["args"]
+    assert args[args.index("--policy") + 1] == "cache_aware"
+    assert "--service-discovery" in args
+    worker = next(d for d in docs if d["kind"] == "Deployment" and d is not router)
+    labels = worker["spec"]["template"]["metadata"]["labels"]
+    sel = args[args.index("--selector") + 1: args.index("--service-discovery-namespace")]
+    assert all(labels[k] == v for k, v in (s.split("=", 1) for s in sel))
+    (role,) = _all(docs, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "list", "watch"]}]
+    assert len(_all(docs, "PodDisruptionBudget")) == 2
+    svc = next(d for d in _all(docs, "Service") if d["spec"].get("type") == "LoadBalancer")
+    assert svc["metadata"]["annotations"][
+        "service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+
+
+def test_public_listener_only_when_the_environment_opts_in():
+    cfg = _env("china", publicListener=True)
+    docs = render(cfg, _spec(cfg))
+    svc = next(d for d in _all(docs, "Service") if d["spec"].get("type") == "LoadBalancer")
+    assert svc["metadata"]["annotations"][
+        "service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internet-facing"
+
+
+@pytest.mark.parametrize("strategy, policy", [("prefixaware", "cache_aware"),
+                                              ("roundrobin", "round_robin"),
+                                              ("session", "consistent_hash"),
+                                              ("kvaware", "kv_aware")])
+def test_strategy_maps_to_router_policy(rendered, strategy, policy):
+    _, docs = rendered[("dev", strategy, "redis")]
+    router = next(d for d in docs if d["kind"] == "Deployment" and "router" in d["metadata"]["name"])
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--policy") + 1] == policy
+
+
+def test_kvaware_workers_publish_events_the_router_subscribes_to(rendered):
+    _, docs = rendered[("dev", "kvaware", "redis")]
+    (sts,) = _all(docs, "StatefulSet")
+    vllm = sts["spec"]["template"]["spec"]["containers"][0]
+    cfg = json.loads(vllm["args"][vllm["args"].index("--kv-events-config") + 1])
+    assert cfg["publisher"] == "zmq" and cfg["topic"] == "" and cfg["endpoint"].endswith(":5557")
+    router = next(d for d in _all(docs, "Deployment") if "router" in d["metadata"]["name"])
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    urls = args[args.index("--worker-urls") + 1: args.index("--kv-event-source")]
+    sources = [args[i + 1] for i, a in enumerate(args) if a == "--kv-event-source"]
+    assert len(urls) == sts["spec"]["replicas"] == len(sources)
+    assert [s.split("=", 1)[0] for s in sources] == urls  # exact match, as the router needs
+    assert args[args.index("--kv-event-block-size") + 1] == vllm["args"][
+        vllm["args"].index("--block-size") + 1]
+
+
+@pytest.mark.parametrize("backend, url_prefix", [
+    ("redis", "rediss://l2.example.internal"), ("valkey", "redis://kvcache-valkey."),
+    ("lmcache-server", "lm://kvcache-lmcache-server."), ("tieredstorage", "lm://")])
+def test_l2_backend_mapping(rendered, backend, url_prefix):
+    _, docs = rendered[("dev", "prefixaware", backend)]
+    cm = next(d for d in _all(docs, "ConfigMap") if "lmcache" in d["metadata"]["name"])
+    cfg = yaml.safe_load(cm["data"]["lmcache.yaml"])
+    if backend == "redis":  # the secret-bearing URL is written at pod start, not here
+        assert "remote_url" not in cfg
+        assert url_prefix in json.dumps(docs)
+    else:
+        assert cfg["remote_url"].startswith(url_prefix)
+    assert cfg["local_cpu"] is True and cfg["max_local_cpu_size"] > 0
+
+
+def test_no_l2_means_no_remote():
+    docs = render(_env("dev"), _spec(_env("dev"), backend=None))
+    cm = next(d for d in _all(docs, "ConfigMap") if "lmcache" in d["metadata"]["name"])
+    assert "remote_url" not in yaml.safe_load(cm["data"]["lmcache.yaml"])
+
+
+def test_tieredstorage_warns():
+    spec = _spec(_env("dev"), backend="tieredstorage")
+    assert spec.l2_backend == "lmcache-server"
+    assert any("tieredstorage is HyperPod-only" in w for w in spec.warnings)
+
+
+@pytest.mark.parametrize("edit, field, allowed", [
+    (lambda r: r["spec"]["intelligentRoutingSpec"].update(routingStrategy="fastest"),
+     "spec.intelligentRoutingSpec.routingStrategy", "prefixaware"),
+    (lambda r: r.update(apiVersion="v2"), "apiVersion", "inference.sagemaker.aws.amazon.com/v1"),
+    (lambda r: r["spec"].update(instanceType="ml.m5.large"), "spec.instanceType", "GPU"),
+    (lambda r: r["spec"].update(bogusField=1), "spec.bogusField", "known fields"),
+    (lambda r: r["spec"]["modelSourceConfig"].update(modelSourceType="fsx"),
+     "spec.modelSourceConfig.modelSourceType", "s3"),
+    (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(l2CacheBackend="memcached"),
+     "spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", "redis"),
+    (lambda r: r["spec"]["worker"]["resources"]["limits"].update({"nvidia.com/gpu": 3}),
+     "spec.worker.resources.limits.nvidia.com/gpu", "a divisor of 4"),
+    (lambda r: r["spec"]["kvCacheSpec"].update(l1CacheSizeGiB=500),
+     "spec.kvCacheSpec.l1CacheSizeGiB", "less 8 GiB"),
+    (lambda r: r["spec"]["worker"]["environmentVariables"].append(
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {}}}),
+     "spec.worker.environmentVariables[1]", "secrets are not allowed"),
+    (lambda r: r["spec"].pop("worker"), "spec.worker", "required"),
+])
+def test_bad_endpoint_file_is_one_clear_error(edit, field, allowed):
+    raw = copy.deepcopy(SEED)
+    edit(raw)
+    with pytest.raises(ConfigError) as info:
+        parse_endpoint("dev", "endpoints/x.yaml", raw)
+    assert info.value.field == f"endpoints/x.yaml: {field}"
+    assert allowed in info.value.allowed
+
+
+@pytest.mark.parametrize("edit, field, allowed", [
+    (lambda r: r["spec"].update(instanceType="ml.g4dn.12xlarge"), "spec.instanceType",
+     "GPU node groups: g5.24xlarge"),
+    (lambda r: r["spec"]["worker"].update(image="vllm/vllm-openai:latest"), "spec.worker.image",
+     "pinned catalogue"),
+])
+def test_endpoint_must_fit_the_environment(tmp_path, edit, field, allowed):
+    raw = copy.deepcopy(SEED)
+    edit(raw)
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(raw))
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"]["endpoints"] = ["e.yaml"]
+    cfg = resolve_environment(ctx)
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(cfg, tmp_path)
+    assert info.value.field == f"e.yaml: {field}" and allowed in info.value.allowed
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text("spec: [unclosed\n")
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"]["endpoints"] = ["bad.yaml", "missing.yaml"]
+    cfg = resolve_environment(ctx)
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(cfg, tmp_path)
+    assert "malformed YAML at line" in str(info.value)
+    ctx["environments"]["dev"]["endpoints"] = ["missing.yaml"]
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(resolve_environment(ctx), tmp_path)
+    assert info.value.field == "endpoints" and info.value.value == "missing.yaml"
+
+
+def test_session_header_is_the_one_the_router_hashes_first():
+    assert SESSION_HEADER.lower() == "x-session-id"
+
+
+def test_router_image_pin_matches_requirements():
+    from stacks.serving_stack import VLLM_ROUTER_VERSION
+    reqs = (ROOT / "requirements.txt").read_text()
+    assert f"vllm-router=={VLLM_ROUTER_VERSION}" in reqs

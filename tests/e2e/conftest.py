@@ -1,0 +1,81 @@
+"""Fixtures for the loopback end-to-end tests: fake workers and the real router on 127.0.0.1."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:  # `tools` is importable however pytest is started
+    sys.path.insert(0, str(_ROOT))
+
+from tools.loopback import (  # noqa: E402
+    FakeWorkerPool,
+    RouterProcess,
+    free_port,
+    localize_router_args,
+)
+
+N_WORKERS = 4
+# Slow enough that concurrent requests overlap in the router (its load counts), fast enough
+# that a 16-token answer takes ~70 ms.
+WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhead_ms": 1.0}
+
+
+def _rendered_args(strategy: str) -> list[str]:
+    """The router container's args as the rendered Kubernetes Deployment carries them.
+
+    Placeholder: to be replaced by a read of the synthesized manifest for the HyperPod
+    routing strategy ``strategy`` (``prefixaware``, ``roundrobin``, ``session``).
+    """
+    policy = {"prefixaware": "cache_aware", "roundrobin": "round_robin",
+              "session": "consistent_hash"}[strategy]
+    return [
+        "--host", "0.0.0.0", "--port", "8000", "--policy", policy,
+        "--service-discovery",
+        "--selector", "app.kubernetes.io/name=vllm-worker", "app.kubernetes.io/instance=llama",
+        "--service-discovery-namespace", "serving", "--service-discovery-port", "8000",
+        "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000",
+        "--health-check-endpoint", "/health", "--log-level", "info",
+    ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: runs the real vllm-router against fake workers on 127.0.0.1"
+    )
+
+
+@pytest.fixture(scope="session")
+def router_args() -> Callable[[str], list[str]]:
+    """``router_args(strategy)`` -> the args list of the rendered router Deployment."""
+    return _rendered_args
+
+
+@pytest.fixture(scope="module")
+def worker_pool() -> Iterator[FakeWorkerPool]:
+    with FakeWorkerPool(N_WORKERS, **WORKER_OPTS) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def router_for(
+    router_args, worker_pool, tmp_path_factory
+) -> Iterator[Callable[[str], RouterProcess]]:
+    """``router_for(strategy)`` -> a running router for that strategy, started once per module
+    in front of ``worker_pool``; its log is kept under pytest's tmp dir."""
+    started: dict[str, RouterProcess] = {}
+    with contextlib.ExitStack() as stack:
+        def get(strategy: str) -> RouterProcess:
+            if strategy not in started:
+                args = localize_router_args(
+                    router_args(strategy), worker_pool.urls, free_port(), free_port()
+                )
+                log = tmp_path_factory.mktemp(f"router-{strategy}") / "router.log"
+                started[strategy] = stack.enter_context(RouterProcess(args, log_path=log))
+            return started[strategy]
+
+        yield get

@@ -16,7 +16,7 @@ from .regions import (
     RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
 )
 
-KUBERNETES_VERSIONS = ("1.34",)
+KUBERNETES_VERSIONS = ("1.35",)  # with aws-cdk.lambda-layer-kubectl-v35; cluster-autoscaler v1.35
 GPU_AMI_TYPES = ("AL2023_X86_64_NVIDIA", "BOTTLEROCKET_X86_64_NVIDIA")
 SYSTEM_AMI_TYPES = ("AL2023_X86_64_STANDARD", "AL2023_ARM_64_STANDARD", "BOTTLEROCKET_X86_64")
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT")

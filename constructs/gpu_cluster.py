@@ -11,7 +11,7 @@ from aws_cdk import (
     Duration, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
     aws_kms as kms,
 )
-from aws_cdk.lambda_layer_kubectl_v34 import KubectlV34Layer
+from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 import cdk8s
 from constructs import Construct
 
@@ -64,7 +64,7 @@ class GpuCluster(Construct):
                              eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
                              eks.ClusterLoggingTypes.SCHEDULER],
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV34Layer(self, "KubectlLayer"),
+                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
             ),
             removal_policy=props.removal_policy,
         )

@@ -81,7 +81,7 @@ def test_china_flag_switches_dev_to_its_china_variant():
     ("public registries in China", _ctx("china", useEcrImages=False),
      "useEcrImages", False, "true (public registries are unreachable"),
     ("unsupported Kubernetes version", _ctx("dev", kubernetesVersion="1.29"),
-     "kubernetesVersion", "1.29", "1.34"),
+     "kubernetesVersion", "1.29", "1.35"),
     ("wrong type", _ctx("dev", natGateways="two"), "natGateways", "two", "an integer"),
     ("unknown region", _ctx("dev", region="mars-east-1"), "region", "mars-east-1", "region name"),
     ("bad cache kind", _ctx("dev", cache={"kind": "memcached"}), "cache.kind", "memcached",

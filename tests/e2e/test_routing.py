@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tools.fake_worker import FakeWorker, expected_chat_text, tokenize_text
-from tools.loopback import chat, http_json
+from tools.loopback import chat, http_json, localize_router_args
 
 pytestmark = pytest.mark.e2e
 
@@ -113,6 +113,36 @@ def test_router_streams_the_workers_tokens(router_for, worker_pool, strategy):
     assert res.header_worker_id == res.worker_id  # the router passes worker headers through
     assert res.usage and res.usage["completion_tokens"] == MAX_TOKENS
     assert 0 < res.ttft_s <= res.total_s
+
+
+def test_localize_router_args_changes_only_what_must_change(router_args):
+    rendered = router_args("prefixaware") + [
+        "--kv-event-source", "http://llama-0.serving:8000=tcp://llama-0.serving:5557",
+    ]
+    local = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    args = localize_router_args(
+        rendered, local, 9100, 9101,
+        kv_worker_map={"http://llama-0.serving:8000": local[0]},
+        kv_endpoint_map={"tcp://llama-0.serving:5557": "tcp://127.0.0.1:9557"},
+    )
+    for gone in ("--service-discovery", "--selector", "--service-discovery-namespace",
+                 "--service-discovery-port"):
+        assert gone not in args, (gone, args)
+    selector = rendered[rendered.index("--selector") + 1:]
+    selector = selector[:next(i for i, a in enumerate(selector + ["--"]) if a.startswith("--"))]
+    assert selector and not set(selector) & set(args), (selector, args)
+    value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+    assert value["--host"] == value["--prometheus-host"] == "127.0.0.1"
+    assert (value["--port"], value["--prometheus-port"]) == ("9100", "9101")
+    assert args.count("--port") == args.count("--host") == 1
+    assert value["--kv-event-source"] == "http://127.0.0.1:9001=tcp://127.0.0.1:9557"
+    assert args[-3:] == ["--worker-urls", *local]
+    # Everything else reaches the router exactly as rendered, in order.
+    kept = [a for a in rendered if a in args and a not in ("--host", "--port", "0.0.0.0")]
+    assert [a for a in args if a in kept] == kept
+    assert value["--policy"] == "cache_aware"
+    with pytest.raises(ValueError, match="in-cluster worker"):
+        localize_router_args(rendered, local, 9100, 9101)
 
 
 def test_fake_worker_tokenizes_by_content_and_caches_prefixes():

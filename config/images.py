@@ -52,6 +52,42 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
     Image("nvidia-device-plugin", "nvcr.io/nvidia/k8s-device-plugin", "v0.18.2",
           "sha256:b5788e29e7ae5272de8de863ebe386d6611e608421a6ecc5b4e7d5952aba637f",
           "exposes nvidia.com/gpu on AL2023 NVIDIA nodes"),
+    Image("keda", "ghcr.io/kedacore/keda", "2.20.2",
+          "sha256:fe74c7b8849586a67ad2201bcb89e7f5ac221ff90399ecaa8fd28427f1ef11e6",
+          "KEDA operator: scales workers on Prometheus/AMP queries"),
+    Image("keda-metrics-apiserver", "ghcr.io/kedacore/keda-metrics-apiserver", "2.20.2",
+          "sha256:27286536a8a775aeeee37a7e343f8ecebb27ebf680ee1181a4f99e82eefb253b",
+          "KEDA external metrics API server"),
+    Image("keda-admission-webhooks", "ghcr.io/kedacore/keda-admission-webhooks", "2.20.2",
+          "sha256:41f74102aba7959c6e8d08b433ab8a5fd6cae7c5646c78f7fe3de40a52df3439",
+          "KEDA admission webhooks"),
+    Image("cluster-autoscaler", "registry.k8s.io/autoscaling/cluster-autoscaler", "v1.35.2",
+          "sha256:aac369dc283927a623deb1af54696efcc722ae79255aa07788422e495bab887d",
+          "GPU and system node groups follow pending pods (same minor as Kubernetes)"),
+)}
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A Helm chart the cluster installs: upstream repository in global regions, or the OCI
+    copy the mirror tool pushes to `<account ECR>/kvcache/charts/<name>` (China)."""
+
+    key: str
+    name: str
+    repository: str          # upstream https Helm repository
+    version: str
+    images: tuple[str, ...]  # catalogue keys of the images its values point at
+
+    @property
+    def mirror_repository(self) -> str:
+        return f"{MIRROR_PREFIX}/charts/{self.name}"
+
+
+CHARTS: dict[str, Chart] = {c.key: c for c in (
+    Chart("keda", "keda", "https://kedacore.github.io/charts", "2.20.2",
+          ("keda", "keda-metrics-apiserver", "keda-admission-webhooks")),
+    Chart("cluster-autoscaler", "cluster-autoscaler", "https://kubernetes.github.io/autoscaler",
+          "9.54.0", ("cluster-autoscaler",)),
 )}
 
 
@@ -67,6 +103,18 @@ class ImageResolver:
     @property
     def registry(self) -> str | None:
         return f"{self.account}.{self.facts.ecr_host_suffix}" if self.use_ecr else None
+
+    def chart_source(self, key: str) -> tuple[str, str]:
+        """(repository, chart) for eks.HelmChart: CDK's kubectl handler logs into ECR for oci://."""
+        chart = CHARTS[key]
+        if not self.use_ecr:
+            return chart.repository, chart.name
+        return f"oci://{self.registry}/{chart.mirror_repository}", chart.name
+
+    def repository_of(self, key: str) -> str:
+        """Registry/repository without tag, for charts that take image.repository + tag."""
+        image = IMAGES[key]
+        return f"{self.registry}/{image.mirror_repository}" if self.use_ecr else image.source
 
     def uri(self, key: str) -> str:
         image = IMAGES[key]

@@ -26,21 +26,30 @@ WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhe
 
 
 def _rendered_args(strategy: str) -> list[str]:
-    """The router container's args as the rendered Kubernetes Deployment carries them.
+    """The router container's args exactly as the rendered Kubernetes Deployment carries them,
+    for the shipped endpoint file switched to HyperPod routing strategy ``strategy``."""
+    import copy
 
-    Placeholder: to be replaced by a read of the synthesized manifest for the HyperPod
-    routing strategy ``strategy`` (``prefixaware``, ``roundrobin``, ``session``).
-    """
-    policy = {"prefixaware": "cache_aware", "roundrobin": "round_robin",
-              "session": "consistent_hash"}[strategy]
-    return [
-        "--host", "0.0.0.0", "--port", "8000", "--policy", policy,
-        "--service-discovery",
-        "--selector", "app.kubernetes.io/name=vllm-worker", "app.kubernetes.io/instance=llama",
-        "--service-discovery-namespace", "serving", "--service-discovery-port", "8000",
-        "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000",
-        "--health-check-endpoint", "/health", "--log-level", "info",
-    ]
+    import cdk8s
+    import yaml
+
+    from config import resolve_environment
+    from config.context import cdk_json_context
+    from k8s.endpoint_spec import parse_endpoint
+    from k8s.serving import ServingFacts, build_charts, worker_service_account
+
+    cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})
+    raw = yaml.safe_load((_ROOT / cfg.endpoint_files[0]).read_text())
+    raw = copy.deepcopy(raw)
+    raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    spec = parse_endpoint(cfg.name, cfg.endpoint_files[0], raw)
+    facts = ServingFacts(router_image="router", model_bucket="bucket", managed_l2=None,
+                         service_account={spec.name: worker_service_account(spec.name)})
+    for chart in build_charts(cdk8s.App(), cfg, (spec,), facts):
+        for doc in chart.to_json():
+            if doc["kind"] == "Deployment" and doc["metadata"]["name"].endswith("-router"):
+                return list(doc["spec"]["template"]["spec"]["containers"][0]["args"])
+    raise AssertionError("no router Deployment rendered")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,946 @@
+"""A fake vLLM worker: OpenAI-compatible HTTP, a real prefix cache, vLLM metric names.
+
+It stands in for a vLLM (+LMCache) pod when the router is exercised on 127.0.0.1: the router
+health-checks it, renders/tokenizes prompts through it, routes completions to it and scrapes
+nothing from it, while tests and benchmarks read which worker answered and how much of each
+prompt was already cached.
+
+Run one:   python -m tools.fake_worker --port 8001 --worker-id w0
+Embed one: FakeWorker(port=0, worker_id="w0").start() ... .stop()
+
+Model of a worker (deliberately simple, deterministic, standard library only):
+- Tokens: every whitespace-separated word maps to a stable id (blake2b of the word, mod
+  50,000), so the same text gives the same ids on every worker and in every process; chat
+  messages are rendered with role and end markers (ids >= 50,000) the way a chat template is.
+- Prefix cache: token ids grouped into blocks of ``block_size``; each block's hash is chained on
+  the previous block's, as in vLLM's automatic prefix caching; only full blocks are cached, at
+  most ``len(prompt) - 1`` tokens can hit (the last prompt token is always computed), and the
+  cache is an LRU bounded to ``cache_blocks`` blocks. Prompt blocks are cached after prefill,
+  prompt+output blocks when the request ends.
+- Time: time to first token = ``overhead_ms`` + ``prefill_ms_per_token`` x uncached prompt
+  tokens; then one token every ``decode_ms_per_token``. ``max_num_seqs`` > 0 bounds concurrent
+  requests; the rest wait (``vllm:num_requests_waiting``).
+- Output: ``max_tokens`` words (default 16) drawn deterministically from the prompt, so every
+  worker gives the same answer to the same prompt (like greedy decoding on one model).
+- Every response names the worker: header ``X-Worker-Id``, and a top-level ``"worker_id"`` in
+  JSON bodies and in each stream chunk.
+
+Endpoints: GET /health /ping /v1/models /metrics /get_load /version; POST /tokenize
+/v1/completions /v1/chat/completions /v1/completions/render /v1/chat/completions/render
+/reset_prefix_cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import hashlib
+import json
+import signal
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterable, Sequence
+
+__all__ = [
+    "FakeWorker",
+    "PrefixCache",
+    "WORD_VOCAB_SIZE",
+    "SPECIAL_TOKENS",
+    "word_token",
+    "tokenize_text",
+    "render_chat",
+    "render_prompt",
+    "generate_words",
+    "expected_chat_text",
+    "expected_completion_text",
+    "serve",
+    "main",
+]
+
+LOOPBACK = "127.0.0.1"
+WORD_VOCAB_SIZE = 50_000
+SPECIAL_TOKENS = {
+    "bos": 50_000,
+    "system": 50_001,
+    "user": 50_002,
+    "assistant": 50_003,
+    "tool": 50_004,
+    "developer": 50_005,
+    "other_role": 50_006,
+    "end": 50_007,
+}
+# Words the fake "model" answers with.
+_OUTPUT_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu amber basil "
+    "cedar dune ember fjord garnet harbor iris jade kelp lagoon maple nectar onyx pebble quartz "
+    "river saffron thistle umber violet willow xenon yarrow zephyr acorn birch clover dahlia "
+    "elm fern ginger hazel"
+).split()
+
+# vLLM's histogram buckets for these two metrics.
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+_E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def word_token(word: str) -> int:
+    """Stable id of one word: the same in every worker, process and run."""
+    digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % WORD_VOCAB_SIZE
+
+
+def tokenize_text(text: str) -> list[int]:
+    """Ids of a text: one per whitespace-separated word (no special tokens)."""
+    return [word_token(w) for w in text.split()]
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, str):
+                texts.append(part)
+        return " ".join(texts)
+    return str(content)
+
+
+def render_chat(
+    messages: Sequence[dict],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> list[int]:
+    """Prompt ids of a chat, as a chat template would lay it out.
+
+    ``[bos] ( <role> words... <end> )* <assistant>`` — so the prompt of turn k (plus the
+    answer) is a true prefix of the prompt of turn k+1.
+    """
+    if not messages:
+        raise ValueError("messages must be a non-empty list")
+    ids = [SPECIAL_TOKENS["bos"]]
+    last = len(messages) - 1
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError("each message must be an object")
+        role = message.get("role", "user")
+        ids.append(SPECIAL_TOKENS.get(role, SPECIAL_TOKENS["other_role"]))
+        ids.extend(tokenize_text(_content_text(message.get("content"))))
+        if not (continue_final_message and i == last):
+            ids.append(SPECIAL_TOKENS["end"])
+    if add_generation_prompt and not continue_final_message:
+        ids.append(SPECIAL_TOKENS["assistant"])
+    return ids
+
+
+def render_prompt(prompt: Any, *, add_special_tokens: bool = True) -> list[list[int]]:
+    """Prompt ids of a /v1/completions ``prompt``: str, [int], [str] or [[int]] -> a batch."""
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise ValueError("prompt must be a string, a list of token ids, or a non-empty batch")
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            ids = ([SPECIAL_TOKENS["bos"]] if add_special_tokens else []) + tokenize_text(p)
+        elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            ids = list(p)
+        else:
+            raise ValueError("each prompt must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        out.append(ids)
+    return out
+
+
+def generate_words(prompt_ids: Sequence[int], n: int) -> list[str]:
+    """The fake model's answer: ``n`` words picked deterministically from the prompt."""
+    seed = hashlib.blake2b(
+        repr((len(prompt_ids), tuple(prompt_ids[-64:]))).encode(), digest_size=8
+    ).hexdigest()
+    words = []
+    for i in range(n):
+        h = hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest()
+        words.append(_OUTPUT_WORDS[int.from_bytes(h, "big") % len(_OUTPUT_WORDS)])
+    return words
+
+
+def expected_chat_text(messages: Sequence[dict], max_tokens: int) -> str:
+    """What any fake worker answers to this chat (message content, all chunks joined)."""
+    return " ".join(generate_words(render_chat(messages), max_tokens))
+
+
+def expected_completion_text(prompt: str, max_tokens: int) -> str:
+    """What any fake worker answers to this completion prompt (text, all chunks joined)."""
+    return "".join(" " + w for w in generate_words(render_prompt(prompt)[0], max_tokens))
+
+
+# --------------------------------------------------------------------------- prefix cache
+
+
+class PrefixCache:
+    """vLLM-style automatic prefix cache over token ids: chained block hashes, LRU-bounded."""
+
+    def __init__(self, block_size: int = 16, capacity_blocks: int = 8192) -> None:
+        if block_size < 1 or capacity_blocks < 1:
+            raise ValueError("block_size and capacity_blocks must be >= 1")
+        self.block_size = block_size
+        self.capacity_blocks = capacity_blocks
+        self._blocks: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def block_hashes(self, ids: Sequence[int], max_tokens: int | None = None) -> list[int]:
+        """Hashes of the full blocks of ``ids[:max_tokens]``, each chained on its parent."""
+        limit = len(ids) if max_tokens is None else min(len(ids), max_tokens)
+        bs = self.block_size
+        hashes = []
+        parent = 0
+        for start in range(0, limit - limit % bs, bs):
+            parent = hash((parent, tuple(ids[start:start + bs])))
+            hashes.append(parent)
+        return hashes
+
+    def lookup(self, ids: Sequence[int]) -> int:
+        """Cached tokens at the start of ``ids`` (block-aligned, at most ``len(ids) - 1``)."""
+        hashes = self.block_hashes(ids, max(0, len(ids) - 1))
+        hit = 0
+        with self._lock:
+            for h in hashes:
+                if h not in self._blocks:
+                    break
+                self._blocks.move_to_end(h)
+                hit += 1
+        return hit * self.block_size
+
+    def insert(self, ids: Sequence[int]) -> None:
+        hashes = self.block_hashes(ids)
+        with self._lock:
+            for h in hashes:
+                if h in self._blocks:
+                    self._blocks.move_to_end(h)
+                else:
+                    self._blocks[h] = None
+            while len(self._blocks) > self.capacity_blocks:
+                self._blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def usage(self) -> float:
+        """Fraction of the capacity in use (what vLLM reports as kv_cache_usage_perc)."""
+        return len(self._blocks) / self.capacity_blocks
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+class _Histogram:
+    def __init__(self, buckets: Iterable[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * len(self.buckets)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out = []
+        for bound, c in zip(self.buckets, self.counts):
+            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {c}')
+        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
+        out.append(f"{name}_count{{{labels}}} {self.count}")
+        out.append(f"{name}_sum{{{labels}}} {self.total!r}")
+        return out
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Gone(Exception):
+    """The client went away mid-stream."""
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A peer that hangs up (the router's health checker, a killed client, stop()) is
+        # normal here; anything else is still reported.
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-vllm"
+    sys_version = ""
+    # http.server writes headers and body in separate sends; without this every response
+    # waits for the peer's delayed ACK (~40 ms).
+    disable_nagle_algorithm = True
+    worker: "FakeWorker"  # bound per worker by FakeWorker._handler_class()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        if self.worker.verbose:
+            super().log_message(format, *args)
+
+    def setup(self) -> None:
+        super().setup()
+        self.worker._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.worker._track(self.connection, False)
+
+    # -- plumbing
+
+    def _send_bytes(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Worker-Id", self.worker.worker_id)
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_json(self, code: int, obj: Any) -> None:
+        self._send_bytes(code, json.dumps(obj).encode(), "application/json")
+
+    def _send_error_json(self, code: int, message: str) -> None:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+        self._send_json(code, {
+            "object": "error", "message": message, "type": kind.get(code, "InternalServerError"),
+            "param": None, "code": code, "worker_id": self.worker.worker_id,
+        })
+
+    def _read_json(self) -> Any:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                raw += self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise _BadRequest(f"invalid JSON body: {exc}") from exc
+
+    def _path(self) -> str:
+        return self.path.split("?", 1)[0].rstrip("/") or "/"
+
+    # -- verbs
+
+    def do_HEAD(self) -> None:  # noqa: N802 - stdlib naming
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        w = self.worker
+        path = self._path()
+        if path in ("/health", "/ping"):
+            if w.healthy:
+                self._send_bytes(200, b"", "application/json")
+            else:
+                self._send_error_json(503, "worker marked unhealthy")
+        elif path == "/v1/models":
+            self._send_json(200, w.models_payload())
+        elif path == "/metrics":
+            self._send_bytes(200, w.metrics_text().encode(), "text/plain; version=0.0.4")
+        elif path == "/get_load":
+            with w._lock:
+                load = w._running + w._waiting
+            self._send_json(200, {"load": load, "worker_id": w.worker_id})
+        elif path == "/version":
+            self._send_json(200, {"version": "fake-vllm", "worker_id": w.worker_id})
+        else:
+            self._send_error_json(404, f"no route GET {path}")
+
+    def do_POST(self) -> None:  # noqa: N802
+        w = self.worker
+        path = self._path()
+        try:
+            body = self._read_json()
+            if not isinstance(body, dict):
+                raise _BadRequest("body must be a JSON object")
+            if path == "/tokenize":
+                self._send_json(200, w.tokenize_payload(body))
+            elif path == "/v1/chat/completions/render":
+                self._send_json(200, w.render_payload(body, chat=True))
+            elif path == "/v1/completions/render":
+                self._send_json(200, w.render_payload(body, chat=False))
+            elif path == "/v1/chat/completions":
+                w._serve_generation(self, body, chat=True)
+            elif path == "/v1/completions":
+                w._serve_generation(self, body, chat=False)
+            elif path == "/reset_prefix_cache":
+                w.cache.clear()
+                self._send_bytes(200, b"", "application/json")
+            else:
+                self._send_error_json(404, f"no route POST {path}")
+        except _BadRequest as exc:
+            self._send_error_json(exc.code, str(exc))
+        except (_Gone, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+
+# --------------------------------------------------------------------------- worker
+
+
+class FakeWorker:
+    """One fake vLLM worker on 127.0.0.1, served from a background thread.
+
+    ``start()`` binds (``port=0`` picks a free port) and returns self; ``stop()`` makes it die:
+    the listener closes and every open connection is cut, as when a pod is killed.
+    ``start()`` again brings it back on the same port.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        worker_id: str | None = None,
+        *,
+        model: str = "fake-model",
+        prefill_ms_per_token: float = 0.05,
+        decode_ms_per_token: float = 0.5,
+        overhead_ms: float = 1.0,
+        block_size: int = 16,
+        cache_blocks: int = 8192,
+        default_max_tokens: int = 16,
+        max_model_len: int = 32768,
+        max_num_seqs: int = 0,
+        verbose: bool = False,
+    ) -> None:
+        if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
+            raise ValueError("timings must be >= 0")
+        if default_max_tokens < 1 or max_model_len < 1 or max_num_seqs < 0:
+            raise ValueError("default_max_tokens, max_model_len >= 1 and max_num_seqs >= 0")
+        self.port = int(port)
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:6]}"
+        self.model = model
+        self.prefill_ms_per_token = float(prefill_ms_per_token)
+        self.decode_ms_per_token = float(decode_ms_per_token)
+        self.overhead_ms = float(overhead_ms)
+        self.default_max_tokens = int(default_max_tokens)
+        self.max_model_len = int(max_model_len)
+        self.max_num_seqs = int(max_num_seqs)
+        self.verbose = verbose
+        self.cache = PrefixCache(block_size, cache_blocks)
+        self.healthy = True
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(max_num_seqs) if max_num_seqs > 0 else None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._conns: set[socket.socket] = set()
+        self._created = time.time()
+        self._running = 0
+        self._waiting = 0
+        self.reset_stats()
+
+    # -- lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self._server is not None
+
+    def start(self) -> "FakeWorker":
+        if self._server is not None:
+            return self
+        handler = type("FakeWorkerHandler", (_Handler,), {"worker": self})
+        self._server = _Server((LOOPBACK, self.port), handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+            name=f"fake-worker-{self.worker_id}", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Die: stop accepting, close the listener and cut every open connection."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeWorker":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def set_healthy(self, healthy: bool) -> None:
+        """False: /health answers 503 (completions are still served)."""
+        self.healthy = bool(healthy)
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    # -- counters
+
+    def reset_stats(self) -> None:
+        """Zero the counters and histograms (the in-flight gauges and the cache stay)."""
+        with self._lock:
+            self._requests = 0
+            self._aborted = 0
+            self._prompt_tokens = 0
+            self._generation_tokens = 0
+            self._query_tokens = 0
+            self._hit_tokens = 0
+            self._render_calls = 0
+            self._tokenize_calls = 0
+            self._finished = collections.Counter()
+            self._ttft = _Histogram(_TTFT_BUCKETS)
+            self._e2e = _Histogram(_E2E_BUCKETS)
+            self.recent: collections.deque = collections.deque(maxlen=512)
+
+    def stats(self) -> dict:
+        """In-process counters (no HTTP): requests served, token counts, cache hits."""
+        with self._lock:
+            return {
+                "worker_id": self.worker_id,
+                "requests": self._requests,
+                "aborted": self._aborted,
+                "running": self._running,
+                "waiting": self._waiting,
+                "prompt_tokens": self._prompt_tokens,
+                "generation_tokens": self._generation_tokens,
+                "query_tokens": self._query_tokens,
+                "hit_tokens": self._hit_tokens,
+                "hit_rate": self._hit_tokens / self._query_tokens if self._query_tokens else 0.0,
+                "render_calls": self._render_calls,
+                "tokenize_calls": self._tokenize_calls,
+                "cache_blocks_used": len(self.cache),
+            }
+
+    @property
+    def requests_served(self) -> int:
+        return self._requests
+
+    @property
+    def hit_tokens(self) -> int:
+        return self._hit_tokens
+
+    @property
+    def query_tokens(self) -> int:
+        return self._query_tokens
+
+    # -- payloads
+
+    def models_payload(self) -> dict:
+        return {"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": int(self._created),
+            "owned_by": "vllm", "root": self.model, "parent": None,
+            "max_model_len": self.max_model_len, "permission": [],
+        }]}
+
+    def _check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model not in (None, "", self.model):
+            raise _BadRequest(f"The model `{model}` does not exist.", 404)
+
+    def _prompts(self, body: dict, chat: bool) -> list[list[int]]:
+        try:
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list):
+                    raise ValueError("messages must be a list")
+                return [render_chat(
+                    messages,
+                    add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                    continue_final_message=bool(body.get("continue_final_message", False)),
+                )]
+            return render_prompt(
+                body.get("prompt"), add_special_tokens=bool(body.get("add_special_tokens", True))
+            )
+        except ValueError as exc:
+            raise _BadRequest(str(exc)) from exc
+
+    def _max_tokens(self, body: dict, chat: bool) -> int:
+        value = body.get("max_completion_tokens") if chat else None
+        if value is None:
+            value = body.get("max_tokens")
+        if value is None:
+            return self.default_max_tokens
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise _BadRequest("max_tokens must be a positive integer")
+        return value
+
+    def tokenize_payload(self, body: dict) -> dict:
+        """vLLM's /tokenize: ``{"prompt": ...}`` or ``{"messages": [...]}``."""
+        self._check_model(body)
+        with self._lock:
+            self._tokenize_calls += 1
+        if "messages" in body:
+            ids = self._prompts(body, chat=True)[0]
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise _BadRequest("prompt must be a string")
+            special = bool(body.get("add_special_tokens", True))
+            ids = render_prompt(prompt, add_special_tokens=special)[0] if prompt else []
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                "token_strs": None}
+
+    def render_payload(self, body: dict, chat: bool) -> Any:
+        """vLLM's /v1/{chat/}completions/render: the request as token ids, not run."""
+        self._check_model(body)
+        with self._lock:
+            self._render_calls += 1
+        max_tokens = self._max_tokens(body, chat)
+        out = []
+        for ids in self._prompts(body, chat):
+            out.append({
+                "request_id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                "token_ids": ids,
+                "features": None,
+                "sampling_params": {"max_tokens": max_tokens},
+                "model": body.get("model") or self.model,
+                "stream": bool(body.get("stream", False)),
+                "cache_salt": None,
+                "priority": 0,
+                "kv_transfer_params": None,
+            })
+        # A chat renders to one request; a completion prompt may be a batch.
+        return out[0] if chat else out
+
+    def metrics_text(self) -> str:
+        labels = f'engine="0",model_name="{_label_value(self.model)}"'
+        with self._lock:
+            gauges = [
+                ("vllm:num_requests_running", "Number of requests in model execution batches.",
+                 self._running),
+                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                 self._waiting),
+                ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                 self.cache.usage()),
+            ]
+            counters = [
+                ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                 "queried tokens.", self._query_tokens),
+                ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                 "tokens.", self._hit_tokens),
+                ("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                 self._prompt_tokens),
+                ("vllm:generation_tokens", "Number of generation tokens processed.",
+                 self._generation_tokens),
+            ]
+            lines: list[str] = []
+            for name, help_text, value in gauges:
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                          f"{name}{{{labels}}} {float(value)!r}"]
+            for name, help_text, value in counters:
+                lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter",
+                          f"{name}_total{{{labels}}} {float(value)!r}"]
+            name = "vllm:request_success_total"
+            lines += [f"# HELP {name} Count of successfully processed requests.",
+                      f"# TYPE {name} counter"]
+            for reason in ("stop", "length", "abort"):
+                lines.append(f'{name}{{{labels},finished_reason="{reason}"}} '
+                             f"{float(self._finished[reason])!r}")
+            for name, help_text, hist in (
+                ("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+                 "seconds.", self._ttft),
+                ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+                 "seconds.", self._e2e),
+            ):
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+                lines += hist.lines(name, labels)
+        return "\n".join(lines) + "\n"
+
+    # -- generation
+
+    def _serve_generation(self, handler: _Handler, body: dict, chat: bool) -> None:
+        self._check_model(body)
+        prompts = self._prompts(body, chat)
+        max_tokens = self._max_tokens(body, chat)
+        for ids in prompts:
+            if len(ids) + max_tokens > self.max_model_len:
+                raise _BadRequest(
+                    f"This model's maximum context length is {self.max_model_len} tokens. "
+                    f"However, you requested {len(ids) + max_tokens} tokens "
+                    f"({len(ids)} in the messages, {max_tokens} in the completion)."
+                )
+        req = _Request(
+            chat=chat, stream=bool(body.get("stream", False)), prompts=prompts,
+            max_tokens=max_tokens, model=body.get("model") or self.model,
+            rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            session=handler.headers.get("X-Session-ID"),
+        )
+        if self._slots is not None:
+            with self._lock:
+                self._waiting += 1
+            self._slots.acquire()
+            with self._lock:
+                self._waiting -= 1
+        try:
+            with self._lock:
+                self._running += 1
+            req.cached = [self.cache.lookup(ids) for ids in prompts]
+            with self._lock:
+                self._query_tokens += req.prompt_tokens
+                self._hit_tokens += sum(req.cached)
+            words = [generate_words(ids, max_tokens) for ids in prompts]
+            uncached = req.prompt_tokens - sum(req.cached)
+            first_at = req.t0 + (self.overhead_ms + self.prefill_ms_per_token * uncached) / 1e3
+            decode_s = self.decode_ms_per_token / 1e3
+            _sleep_until(first_at)
+            for ids in prompts:
+                self.cache.insert(ids)
+            if req.stream:
+                self._stream(handler, req, words, first_at, decode_s)
+            else:
+                req.ttft = time.perf_counter() - req.t0
+                _sleep_until(first_at + decode_s * (max_tokens - 1))
+                req.outputs = [list(w) for w in words]
+                choices = []
+                for i, w in enumerate(words):
+                    if chat:
+                        choices.append({"index": i, "message": {
+                            "role": "assistant", "content": " ".join(w),
+                            "reasoning_content": None, "tool_calls": []},
+                            "logprobs": None, "finish_reason": "length", "stop_reason": None})
+                    else:
+                        choices.append({"index": i, "text": "".join(" " + x for x in w),
+                                        "logprobs": None, "finish_reason": "length",
+                                        "stop_reason": None, "prompt_logprobs": None})
+                payload = {
+                    "id": req.rid, "object": "chat.completion" if chat else "text_completion",
+                    "created": req.created, "model": req.model, "choices": choices,
+                    "usage": req.usage(), "prompt_logprobs": None, "worker_id": self.worker_id,
+                }
+                self._finish(req, "length")  # counters settle before the client has the answer
+                handler._send_json(200, payload)
+        finally:
+            self._finish(req, "abort")
+            if self._slots is not None:
+                self._slots.release()
+
+    def _finish(self, req: "_Request", reason: str) -> None:
+        """Account for a request once: caches, counters, histograms, the recent log."""
+        if req.finished:
+            return
+        req.finished = True
+        e2e = time.perf_counter() - req.t0
+        for ids, out in zip(req.prompts, req.outputs):
+            if out:
+                self.cache.insert(list(ids) + [word_token(x) for x in out])
+        with self._lock:
+            self._running -= 1
+            self._finished[reason] += 1
+            self._prompt_tokens += req.prompt_tokens
+            self._generation_tokens += sum(len(o) for o in req.outputs)
+            if reason == "abort":
+                self._aborted += 1
+            else:
+                self._requests += 1
+                self._e2e.observe(e2e)
+            if req.ttft is not None:
+                self._ttft.observe(req.ttft)
+            self.recent.append({
+                "id": req.rid, "chat": req.chat, "stream": req.stream,
+                "session_id": req.session, "prompt_tokens": req.prompt_tokens,
+                "cached_tokens": sum(req.cached), "ttft_s": req.ttft, "e2e_s": e2e,
+                "finish_reason": reason,
+            })
+
+    def _stream(self, handler: _Handler, req: "_Request", words: list[list[str]],
+                first_at: float, decode_s: float) -> None:
+        """Send the SSE body: a role chunk (chat), one chunk per token, usage, [DONE]."""
+        obj = "chat.completion.chunk" if req.chat else "text_completion"
+
+        def send(payload: bytes) -> None:
+            try:
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+            except OSError as exc:
+                raise _Gone() from exc
+
+        def event(choices: list, extra: dict | None = None) -> None:
+            chunk = {"id": req.rid, "object": obj, "created": req.created, "model": req.model,
+                     "choices": choices, "worker_id": self.worker_id}
+            if extra:
+                chunk.update(extra)
+            send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        handler.send_header("Cache-Control", "no-cache")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_header("X-Worker-Id", self.worker_id)
+        handler.end_headers()
+        if req.chat:
+            event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None} for i in range(len(words))])
+        req.outputs = [[] for _ in words]
+        last_step = req.max_tokens - 1
+        for step in range(req.max_tokens):
+            _sleep_until(first_at + decode_s * step)
+            choices = []
+            for i, w in enumerate(words):
+                piece = w[step] if (req.chat and step == 0) else " " + w[step]
+                reason = "length" if step == last_step else None
+                if req.chat:
+                    choices.append({"index": i, "delta": {"content": piece}, "logprobs": None,
+                                    "finish_reason": reason})
+                else:
+                    choices.append({"index": i, "text": piece, "logprobs": None,
+                                    "finish_reason": reason, "stop_reason": None})
+            event(choices)
+            for i, w in enumerate(words):
+                req.outputs[i].append(w[step])
+            if req.ttft is None:
+                req.ttft = time.perf_counter() - req.t0
+        event([], {"usage": req.usage()})
+        self._finish(req, "length")  # counters settle before the client sees [DONE]
+        send(b"data: [DONE]\n\n")
+        send(b"")  # the zero-length chunk ends the body
+
+
+class _Request:
+    """One generation request in flight."""
+
+    def __init__(self, *, chat: bool, stream: bool, prompts: list[list[int]], max_tokens: int,
+                 model: str, rid: str, session: str | None) -> None:
+        self.chat, self.stream, self.prompts = chat, stream, prompts
+        self.max_tokens, self.model, self.rid, self.session = max_tokens, model, rid, session
+        self.t0 = time.perf_counter()
+        self.created = int(time.time())
+        self.prompt_tokens = sum(len(ids) for ids in prompts)
+        self.cached = [0] * len(prompts)
+        self.outputs: list[list[str]] = [[] for _ in prompts]
+        self.ttft: float | None = None
+        self.finished = False
+
+    def usage(self) -> dict:
+        done = sum(len(o) for o in self.outputs)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": self.prompt_tokens + done,
+            "prompt_tokens_details": {"cached_tokens": sum(self.cached)},
+        }
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.fake_worker",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0 = any free)")
+    p.add_argument("--worker-id", required=True, help="name reported in X-Worker-Id/worker_id")
+    p.add_argument("--model", default="fake-model", help="served model name")
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.05)
+    p.add_argument("--decode-ms-per-token", type=float, default=0.5)
+    p.add_argument("--overhead-ms", type=float, default=1.0, help="fixed part of TTFT")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--cache-blocks", type=int, default=8192, help="prefix cache capacity")
+    p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--max-num-seqs", type=int, default=0, help="0 = unbounded concurrency")
+    p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return p
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """Run one worker in the foreground until SIGINT/SIGTERM."""
+    a = _parser().parse_args(argv)
+    worker = FakeWorker(
+        a.port, a.worker_id, model=a.model, prefill_ms_per_token=a.prefill_ms_per_token,
+        decode_ms_per_token=a.decode_ms_per_token, overhead_ms=a.overhead_ms,
+        block_size=a.block_size, cache_blocks=a.cache_blocks,
+        default_max_tokens=a.default_max_tokens, max_model_len=a.max_model_len,
+        max_num_seqs=a.max_num_seqs, verbose=a.verbose,
+    ).start()
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    print(f"fake worker {worker.worker_id} serving {worker.model} on {worker.url}", flush=True)
+    try:
+        while not done.wait(0.2):
+            pass
+    finally:
+        worker.stop()
+    return 0
+
+
+main = serve
+
+if __name__ == "__main__":
+    raise SystemExit(serve())

@@ -1,0 +1,643 @@
+"""Run the real router in front of fake workers, all on 127.0.0.1.
+
+Used by the end-to-end tests and by benchmark tools:
+
+    with FakeWorkerPool(4) as pool:
+        args = localize_router_args(rendered_args, pool.urls, free_port(), free_port())
+        with RouterProcess(args) as router:
+            result = chat(router.url, [{"role": "user", "content": "hi"}], session_id="s1")
+            result.worker_id, result.ttft_s
+
+``localize_router_args`` takes the exact argument list of the router's Kubernetes Deployment
+and changes only what cannot work off-cluster (discovery, bind addresses, ports); everything
+else, the policy included, reaches the router as rendered.
+
+Standard library only. Every wait here is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from tools.fake_worker import FakeWorker
+
+__all__ = [
+    "LOOPBACK",
+    "free_port",
+    "FakeWorkerPool",
+    "localize_router_args",
+    "router_binary",
+    "RouterProcess",
+    "RouterStartError",
+    "ChatResult",
+    "chat",
+    "http_json",
+]
+
+LOOPBACK = "127.0.0.1"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the router colours its log whatever NO_COLOR says
+
+# Flags whose values only make sense inside the cluster: (flag, how many values).
+# -1 = every following value up to the next flag.
+_DROP = {
+    "--service-discovery": 0,
+    "--selector": -1,
+    "--service-discovery-namespace": 1,
+    "--service-discovery-port": 1,
+}
+_SET = ("--host", "--port", "--prometheus-host", "--prometheus-port")
+_KV_SOURCE_FLAGS = ("--kv-event-source", "--kv-event-replay-source")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- workers
+
+
+class FakeWorkerPool:
+    """``n`` FakeWorkers on free ports, ids ``w0..w{n-1}``; a context manager.
+
+    ``worker_opts`` go to every FakeWorker (timings, block size, cache size, model, ...).
+    """
+
+    def __init__(self, n: int, *, id_prefix: str = "w", **worker_opts: Any) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self.workers = [FakeWorker(0, f"{id_prefix}{i}", **worker_opts) for i in range(n)]
+
+    def start(self) -> "FakeWorkerPool":
+        try:
+            for w in self.workers:
+                w.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def __enter__(self) -> "FakeWorkerPool":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def __iter__(self) -> Iterator[FakeWorker]:
+        return iter(self.workers)
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    @property
+    def ids(self) -> list[str]:
+        return [w.worker_id for w in self.workers]
+
+    def by_id(self, worker_id: str) -> FakeWorker:
+        for w in self.workers:
+            if w.worker_id == worker_id:
+                return w
+        raise KeyError(worker_id)
+
+    def by_url(self, url: str) -> FakeWorker:
+        for w in self.workers:
+            if w.url == url.rstrip("/"):
+                return w
+        raise KeyError(url)
+
+    def stats(self) -> dict[str, dict]:
+        return {w.worker_id: w.stats() for w in self.workers}
+
+    def reset(self) -> None:
+        """Zero every counter and empty every prefix cache."""
+        for w in self.workers:
+            w.reset_stats()
+            w.cache.clear()
+
+
+# --------------------------------------------------------------------------- router args
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("--")
+
+
+def _flag_name(token: str) -> str:
+    return token.split("=", 1)[0]
+
+
+def localize_router_args(
+    args: Sequence[str],
+    worker_urls: Sequence[str],
+    port: int,
+    prometheus_port: int,
+    *,
+    kv_worker_map: Mapping[str, str] | None = None,
+    kv_endpoint_map: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Turn a router Deployment's args into args that run on this machine.
+
+    Changes only what must change off-cluster:
+    - drops ``--service-discovery``, ``--selector`` (with all its values),
+      ``--service-discovery-namespace X`` and ``--service-discovery-port X``;
+    - sets ``--host``/``--prometheus-host`` to 127.0.0.1 and ``--port``/``--prometheus-port`` to
+      the given ports, replacing values that are there and adding the flags that are not;
+    - replaces any ``--worker-urls`` with ``worker_urls`` (appended last);
+    - in ``--kv-event-source`` / ``--kv-event-replay-source WORKER=ENDPOINT[,ENDPOINT...]``
+      maps the in-cluster WORKER through ``kv_worker_map`` (a worker already in
+      ``worker_urls`` may stay) and each ENDPOINT through ``kv_endpoint_map`` if given.
+      An in-cluster worker with no local counterpart is an error, not a silent pass.
+    Everything else passes through unchanged, in order. Leading non-flag words (a rendered
+    ``command`` such as ``vllm-router``) are dropped: the caller chooses the binary.
+    ``--flag=value`` spellings are understood.
+    """
+    if not worker_urls:
+        raise ValueError("worker_urls must not be empty")
+    kv_worker_map = {k.rstrip("/"): v.rstrip("/") for k, v in (kv_worker_map or {}).items()}
+    kv_endpoint_map = dict(kv_endpoint_map or {})
+    local = {u.rstrip("/") for u in worker_urls}
+    wanted = {"--host": LOOPBACK, "--port": str(int(port)),
+              "--prometheus-host": LOOPBACK, "--prometheus-port": str(int(prometheus_port))}
+    seen: set[str] = set()
+
+    tokens = list(args)
+    i = 0
+    while i < len(tokens) and not _is_flag(tokens[i]):
+        i += 1  # the rendered command, if any
+    out: list[str] = []
+    while i < len(tokens):
+        tok = tokens[i]
+        name = _flag_name(tok) if _is_flag(tok) else None
+        inline = "=" in tok if name else False
+        if name in _DROP or name == "--worker-urls":
+            count = -1 if name == "--worker-urls" else _DROP[name]
+            i += 1
+            if not inline:
+                if count == -1:
+                    while i < len(tokens) and not _is_flag(tokens[i]):
+                        i += 1
+                else:
+                    i += count
+            continue
+        if name in wanted:
+            out += [name, wanted[name]]
+            seen.add(name)
+            i += 1 if inline else 2
+            continue
+        if name in _KV_SOURCE_FLAGS:
+            if inline:
+                value, i = tok.split("=", 1)[1], i + 1
+            else:
+                if i + 1 >= len(tokens):
+                    raise ValueError(f"{name} needs WORKER=ENDPOINT")
+                value, i = tokens[i + 1], i + 2
+            out += [name, _map_kv_source(value, kv_worker_map, kv_endpoint_map, local, name)]
+            continue
+        out.append(tok)
+        i += 1
+    for name in _SET:
+        if name not in seen:
+            out += [name, wanted[name]]
+    out += ["--worker-urls", *worker_urls]
+    return out
+
+
+def _map_kv_source(value: str, worker_map: Mapping[str, str], endpoint_map: Mapping[str, str],
+                   local: set[str], flag: str) -> str:
+    worker, sep, endpoints = value.partition("=")
+    if not sep:
+        raise ValueError(f"{flag} {value!r}: expected WORKER_URL=ENDPOINT[,ENDPOINT...]")
+    worker = worker.rstrip("/")
+    mapped = worker_map.get(worker, worker if worker in local else None)
+    if mapped is None:
+        raise ValueError(
+            f"{flag} names in-cluster worker {worker!r}; pass kv_worker_map={{{worker!r}: "
+            f"<one of the local worker urls>}}"
+        )
+    eps = [endpoint_map.get(e, e) for e in endpoints.split(",")]
+    return f"{mapped}={','.join(eps)}"
+
+
+def _arg_value(args: Sequence[str], flag: str) -> str | None:
+    for i, tok in enumerate(args):
+        if tok == flag and i + 1 < len(args):
+            return args[i + 1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+def _arg_values(args: Sequence[str], flag: str) -> list[str]:
+    for i, tok in enumerate(args):
+        if tok == flag:
+            vals = []
+            for t in args[i + 1:]:
+                if _is_flag(t):
+                    break
+                vals.append(t)
+            return vals
+    return []
+
+
+# --------------------------------------------------------------------------- router process
+
+
+def router_binary() -> str:
+    """The ``vllm-router`` console script of the running interpreter's environment."""
+    candidate = Path(sys.executable).parent / "vllm-router"
+    if candidate.exists():
+        return str(candidate)
+    raise FileNotFoundError(
+        f"vllm-router not found next to {sys.executable}; install the pinned vllm-router"
+    )
+
+
+class RouterStartError(RuntimeError):
+    pass
+
+
+_LIVE_ROUTERS: "set[RouterProcess]" = set()  # started and not yet stopped
+
+
+@atexit.register
+def _stop_live_routers() -> None:
+    """No router outlives the interpreter that started it (e.g. an interrupted test run)."""
+    for router in list(_LIVE_ROUTERS):
+        router.stop()
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+class RouterProcess:
+    """The real router as a child process; a context manager.
+
+    ``args`` are already localized (see ``localize_router_args``). On enter it starts the
+    router, then waits (bounded by ``startup_timeout``) until ``/health`` answers and
+    ``/workers`` lists ``expect_workers`` healthy workers (default: every ``--worker-urls``
+    value). Its stdout+stderr go to ``log_path`` (a temp file unless given). On exit it is
+    sent SIGTERM, then SIGKILL after ``stop_timeout``.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        expect_workers: int | None = None,
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 5.0,
+        log_path: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.args = list(args)
+        port = _arg_value(self.args, "--port")
+        if port is None:
+            raise ValueError("args must carry --port (use localize_router_args)")
+        host = _arg_value(self.args, "--host") or LOOPBACK
+        if host not in (LOOPBACK, "localhost"):
+            raise ValueError(f"router must bind 127.0.0.1 here, not {host!r}")
+        self.port = int(port)
+        prom = _arg_value(self.args, "--prometheus-port")
+        self.prometheus_port = int(prom) if prom else None
+        self.worker_urls = _arg_values(self.args, "--worker-urls")
+        self.expect_workers = len(self.worker_urls) if expect_workers is None else expect_workers
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.binary = binary or router_binary()
+        self._own_log_dir: tempfile.TemporaryDirectory | None = None
+        if log_path is None:
+            self._own_log_dir = tempfile.TemporaryDirectory(prefix="vllm-router-")
+            log_path = Path(self._own_log_dir.name) / "router.log"
+        self.log_path = Path(log_path)
+        self.env = dict(os.environ if env is None else env)
+        # Loopback traffic must never go through a proxy, ours or the router's (reqwest).
+        no_proxy = ",".join(filter(None, [self.env.get("NO_PROXY"), "127.0.0.1,localhost"]))
+        self.env["NO_PROXY"] = self.env["no_proxy"] = no_proxy
+        self.proc: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return f"http://{LOOPBACK}:{self.prometheus_port}/metrics" if self.prometheus_port else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def log_text(self) -> str:
+        """The router's log so far, colour codes removed."""
+        try:
+            return _ANSI.sub("", self.log_path.read_text(errors="replace"))
+        except FileNotFoundError:
+            return ""
+
+    def _log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def start(self) -> "RouterProcess":
+        if self.proc is not None:
+            return self
+        # Something already answering on our port would pass the readiness checks for us.
+        busy = [p for p in (self.port, self.prometheus_port) if p and not _port_is_free(p)]
+        if busy:
+            raise RouterStartError(f"port(s) {busy} on {LOOPBACK} already in use")
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, *self.args], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.env,
+            )
+        _LIVE_ROUTERS.add(self)
+        try:
+            self._wait_ready(t0 + self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RouterStartError(
+                    f"vllm-router exited with {self.proc.returncode} during startup; log "
+                    f"{self.log_path}:\n{self._log_tail()}"
+                )
+            try:
+                status, _ = http_json("GET", self.url + "/health", timeout=1.0)
+                if status == 200:
+                    healthy = set(self.healthy_workers())
+                    ours = healthy & {u.rstrip("/") for u in self.worker_urls}
+                    if len(ours if self.worker_urls else healthy) >= self.expect_workers:
+                        if self.proc.poll() is None:
+                            return
+                        continue  # exited meanwhile: reported at the top of the loop
+                    last = f"/workers lists {len(healthy)} healthy of {self.expect_workers}"
+                else:
+                    last = f"/health answered {status}"
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.05)
+        raise RouterStartError(
+            f"vllm-router not ready after {self.startup_timeout:.0f}s ({last}); log "
+            f"{self.log_path}:\n{self._log_tail()}"
+        )
+
+    def workers(self) -> list[dict]:
+        """The router's own view: ``GET /workers`` -> ``{"workers": [{url, is_healthy, load,
+        model_id, ...}], "total": N, "stats": {...}}``."""
+        status, body = http_json("GET", self.url + "/workers", timeout=2.0)
+        if status != 200 or not isinstance(body, dict):
+            return []
+        return list(body.get("workers") or [])
+
+    def healthy_workers(self) -> list[str]:
+        return [w["url"] for w in self.workers() if w.get("is_healthy")]
+
+    def metrics_text(self) -> str:
+        if not self.metrics_url:
+            return ""
+        status, body = http_json("GET", self.metrics_url, timeout=2.0, raw=True)
+        return body if status == 200 else ""
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=self.stop_timeout)
+        self.proc = None
+        _LIVE_ROUTERS.discard(self)
+
+    def __enter__(self) -> "RouterProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        if self._own_log_dir is not None and exc[0] is None:
+            self._own_log_dir.cleanup()
+            self._own_log_dir = None
+
+
+# --------------------------------------------------------------------------- client
+
+
+def _split(url: str) -> tuple[str, int, str]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"expected an http:// url, got {url!r}")
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.hostname, parts.port or 80, path
+
+
+def http_json(method: str, url: str, body: Any = None, *, headers: Mapping[str, str] | None = None,
+              timeout: float = 10.0, raw: bool = False) -> tuple[int, Any]:
+    """One request; returns (status, parsed JSON body, or text when ``raw`` or not JSON)."""
+    host, port, path = _split(url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        payload = resp.read().decode("utf-8", errors="replace")
+        if raw:
+            return resp.status, payload
+        try:
+            return resp.status, json.loads(payload) if payload else None
+        except ValueError:
+            return resp.status, payload
+    finally:
+        conn.close()
+
+
+@dataclasses.dataclass
+class ChatResult:
+    status: int
+    worker_id: str | None  # from the body's "worker_id" (every chunk when streaming)
+    header_worker_id: str | None  # X-Worker-Id as it reached the client, if passed through
+    ttft_s: float | None  # request sent -> first content token (whole response if not stream)
+    total_s: float
+    tokens: int  # content chunks received (stream) or usage.completion_tokens
+    text: str
+    usage: dict | None
+    cached_tokens: int | None
+    chunk_worker_ids: list[str]
+    done: bool  # saw data: [DONE] (stream) or a complete JSON body
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return self.ttft_s
+
+    @property
+    def total(self) -> float:
+        return self.total_s
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and self.done
+
+
+def chat(
+    url: str,
+    messages: Sequence[dict],
+    session_id: str | None = None,
+    stream: bool = True,
+    max_tokens: int = 16,
+    *,
+    model: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+    extra_body: Mapping[str, Any] | None = None,
+) -> ChatResult:
+    """One chat completion against a router or a worker at ``url`` (base url or full path).
+
+    Sends ``X-Session-ID`` when ``session_id`` is given. Never raises for HTTP-level failures:
+    look at ``status``/``error``.
+    """
+    host, port, path = _split(url)
+    if not path.rstrip("/").endswith("/chat/completions"):
+        path = path.rstrip("/") + "/v1/chat/completions"
+    body: dict[str, Any] = {"messages": list(messages), "max_tokens": max_tokens, "stream": stream}
+    if model:
+        body["model"] = model
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body.update(extra_body or {})
+    hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else
+            "application/json"}
+    if session_id is not None:
+        hdrs["X-Session-ID"] = session_id
+    hdrs.update(headers or {})
+
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    t0 = time.perf_counter()
+    ttft = None
+    text: list[str] = []
+    chunk_ids: list[str] = []
+    usage = None
+    tokens = 0
+    done = False
+    status = 0
+    header_id = None
+    error = None
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(), headers=hdrs)
+        resp = conn.getresponse()
+        status = resp.status
+        header_id = resp.getheader("X-Worker-Id")
+        if status != 200 or not stream:
+            payload = resp.read()
+            total = time.perf_counter() - t0
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                obj = None
+            if status != 200 or not isinstance(obj, dict):
+                error = payload.decode("utf-8", errors="replace")[:500] or f"HTTP {status}"
+                return ChatResult(status, None, header_id, None, total, 0, "", None, None, [],
+                                  False, error)
+            usage = obj.get("usage")
+            choice = (obj.get("choices") or [{}])[0]
+            content = (choice.get("message") or {}).get("content") or ""
+            return ChatResult(
+                status, obj.get("worker_id"), header_id, total, total,
+                (usage or {}).get("completion_tokens", 0), content, usage,
+                _cached(usage), [obj["worker_id"]] if obj.get("worker_id") else [], True,
+            )
+        deadline = t0 + timeout
+        for raw_line in resp:
+            if time.perf_counter() > deadline:
+                error = "stream exceeded timeout"
+                break
+            line = raw_line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if chunk.get("worker_id"):
+                chunk_ids.append(chunk["worker_id"])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    text.append(piece)
+                    tokens += 1
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    total = time.perf_counter() - t0
+    return ChatResult(
+        status, chunk_ids[0] if chunk_ids else None, header_id, ttft, total, tokens,
+        "".join(text), usage, _cached(usage), chunk_ids, done, error,
+    )
+
+
+def _cached(usage: dict | None) -> int | None:
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    return details.get("cached_tokens")
+
+
+@contextlib.contextmanager
+def loopback_router(rendered_args: Sequence[str], pool: FakeWorkerPool,
+                    **router_opts: Any) -> Iterator[RouterProcess]:
+    """Localize ``rendered_args`` onto ``pool`` and run the router for the block."""
+    args = localize_router_args(rendered_args, pool.urls, free_port(), free_port())
+    with RouterProcess(args, **router_opts) as router:
+        yield router
+
+
+__all__.append("loopback_router")

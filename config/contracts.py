@@ -31,6 +31,9 @@ KV_EVENTS_REPLAY_PORT = 5558
 CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
 LMCACHE_SERVER_PORT = 65432   # LMCache's own `lm://` cache server
 
+# The in-cluster Prometheus (China, self-hosted observability) that KEDA queries
+IN_CLUSTER_PROMETHEUS_URL = f"http://kvcache-prometheus.{MONITORING_NAMESPACE}.svc.cluster.local:9090"
+
 # Session affinity for the `session` strategy (vllm-router consistent_hash reads it first)
 SESSION_HEADER = "X-Session-ID"
 

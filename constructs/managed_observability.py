@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import RemovalPolicy, aws_aps as aps, aws_grafana as grafana, aws_iam as iam
+from aws_cdk import RemovalPolicy, Stack, aws_aps as aps, aws_grafana as grafana, aws_iam as iam
 from constructs import Construct
 from constructs.nag import acknowledge, wildcard
 
@@ -41,3 +41,10 @@ class ManagedObservability(Construct):
             description="KV cache and routing dashboards",
         )
         self.grafana.apply_removal_policy(props.removal_policy)
+
+    @property
+    def query_url(self) -> str:
+        """The workspace's Prometheus-compatible base URL (KEDA appends /api/v1/query)."""
+        stack = Stack.of(self)
+        return (f"https://aps-workspaces.{stack.region}.{stack.url_suffix}/workspaces/"
+                f"{self.workspace.attr_workspace_id}")

@@ -32,7 +32,8 @@ L2_BACKENDS = ("redis", "tieredstorage", "valkey", "lmcache-server")
 # Accepted but not acted on: they change nothing we deploy, so a warning, not an error.
 _HARMLESS = {
     "spec.tlsConfig": "TLS terminates at the load balancer listener; tlsConfig is ignored",
-    "spec.autoScalingSpec": "autoscaling is not applied yet; replicas stay fixed",
+    "spec.loadBalancer.routingAlgorithm": "the router, not the load balancer, picks workers",
+    "spec.metrics.metricsScrapeIntervalSeconds": "scrape intervals are set by the collector",
     "spec.modelSourceConfig.prefetchEnabled": "weights are always staged before vLLM starts",
     "spec.worker.modelInvocationPort.name": "the port is named http",
     "spec.worker.modelVolumeMount.name": "the volume is named model-weights",
@@ -41,6 +42,41 @@ _HARMLESS = {
     "spec.modelSourceConfig.s3Storage.region": "the environment's region is used",
     "metadata.namespace": "endpoints deploy to the serving namespace",
 }
+
+
+@dataclass(frozen=True)
+class PrometheusTrigger:
+    query: str
+    target_value: float
+    activation_target_value: float = 0.0
+    metric_type: str = "AverageValue"     # KEDA: AverageValue (per worker) or Value
+    name: str = "trigger"
+
+
+@dataclass(frozen=True)
+class AutoScaling:
+    """HyperPod `autoScalingSpec` (KEDA) with its defaults; rendered as a ScaledObject."""
+
+    min_replicas: int
+    max_replicas: int
+    polling_interval: int = 30
+    cooldown_period: int = 300
+    initial_cooldown_period: int = 300
+    scale_up_stabilization: int = 0
+    scale_down_stabilization: int = 300
+    triggers: tuple[PrometheusTrigger, ...] = ()
+    from_file: bool = True
+
+
+# Default trigger when the file has none: waiting requests per worker (vLLM's own queue).
+DEFAULT_WAITING_PER_WORKER = 4.0
+
+
+def default_trigger(model_name: str) -> PrometheusTrigger:
+    return PrometheusTrigger(
+        query=f'sum(vllm:num_requests_waiting{{model_name="{model_name}"}})',
+        target_value=DEFAULT_WAITING_PER_WORKER, activation_target_value=0.0,
+        metric_type="AverageValue", name="waiting-requests")
 
 
 @dataclass(frozen=True)
@@ -69,6 +105,7 @@ class EndpointSpec:
     port: int
     model_mount_path: str
     source_file: str
+    autoscaling: AutoScaling | None = None
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -183,6 +220,14 @@ def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
     kv.done(warnings)
 
     routing = spec.child("intelligentRoutingSpec", {})
+    # HyperPod accepts autoScalingSpec at spec level and, in newer CLIs, under routing.
+    autoscaling = None
+    for holder in (spec, routing):
+        if "autoScalingSpec" in holder.data:
+            if autoscaling is not None:
+                raise holder.fail("autoScalingSpec", "twice",
+                                  "one autoScalingSpec, under spec or intelligentRoutingSpec")
+            autoscaling = _autoscaling(holder.child("autoScalingSpec"), warnings)
     strategy = routing.get("routingStrategy", str, "prefixaware")
     if strategy not in ROUTING_POLICIES:
         raise routing.fail("routingStrategy", strategy, tuple(ROUTING_POLICIES))
@@ -257,8 +302,66 @@ def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
         metrics_path=metrics_path, health_check_path=health, worker_image=image,
         worker_args=tuple(args), worker_env=tuple(env_vars), cpu=cpu, memory=memory,
         gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
+        autoscaling=autoscaling,
         warnings=tuple(warnings),
     )
+
+
+def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
+    def seconds(key: str, default: int) -> int:
+        value = doc.get(key, int, default)
+        if not 0 <= value <= 86400:
+            raise doc.fail(key, value, "seconds from 0 to 86400")
+        return value
+
+    lo = doc.get("minReplicaCount", int, 1)
+    hi = doc.get("maxReplicaCount", int, 5)
+    if lo < 0:
+        raise doc.fail("minReplicaCount", lo, "0 or more")
+    if hi < max(lo, 1):
+        raise doc.fail("maxReplicaCount", hi, f"at least minReplicaCount ({lo}) and 1")
+    for key in ("cloudWatchTrigger", "cloudWatchTriggerList"):
+        if key in doc.data:
+            raise doc.fail(key, "CloudWatch trigger", "prometheusTrigger or prometheusTriggerList "
+                           "(metrics live in AMP or the in-cluster Prometheus, in China too)")
+    raw_triggers = []
+    if "prometheusTriggerList" in doc.data:
+        raw_triggers = [(f"prometheusTriggerList[{i}]", t) for i, t in
+                        enumerate(doc.get("prometheusTriggerList", list))]
+        doc.used.add("prometheusTrigger")
+    elif "prometheusTrigger" in doc.data:
+        raw_triggers = [("prometheusTrigger", doc.get("prometheusTrigger", Mapping))]
+    triggers = []
+    for i, (key, raw) in enumerate(raw_triggers):
+        t = _Doc(doc.env, doc.file, raw, doc.p(key))
+        query = t.get("query", str)
+        target = t.get("targetValue", (int, float), allowed="a number")
+        if isinstance(target, bool) or target <= 0:
+            raise t.fail("targetValue", target, "a positive number")
+        activation = t.get("activationTargetValue", (int, float), 0, allowed="a number")
+        metric_type = t.get("metricType", str, "Average")
+        if metric_type not in ("Average", "Value"):
+            raise t.fail("metricType", metric_type, ("Average", "Value"))
+        for ignored in ("serverAddress", "namespace", "customHeaders", "useCachedMetrics"):
+            if ignored in t.data:
+                t.used.add(ignored)
+                warnings.append(f"{doc.file}: {t.p(ignored)}: the environment's Prometheus or "
+                                "AMP workspace is queried; this field is ignored")
+        triggers.append(PrometheusTrigger(
+            query=query, target_value=float(target), activation_target_value=float(activation),
+            metric_type="AverageValue" if metric_type == "Average" else "Value",
+            name=t.get("name", str, f"trigger-{i}")))
+        t.done(warnings)
+    scaling = AutoScaling(
+        min_replicas=lo, max_replicas=hi,
+        polling_interval=seconds("pollingInterval", 30),
+        cooldown_period=seconds("cooldownPeriod", 300),
+        initial_cooldown_period=seconds("initialCooldownPeriod", 300),
+        scale_up_stabilization=seconds("scaleUpStabilizationTime", 0),
+        scale_down_stabilization=seconds("scaleDownStabilizationTime", 300),
+        triggers=tuple(triggers))
+    doc.done(warnings)
+    return scaling
 
 
 def _gib(quantity: str) -> float:

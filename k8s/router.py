@@ -27,6 +27,8 @@ class RouterProps:
     worker_selector: dict[str, str]              # labels of this endpoint's worker pods
     health_check_path: str = "/health"
     replicas: int = 2
+    max_replicas: int = 6             # HPA on CPU: the router scales on its own load
+    cpu_target_percent: int = 70
     public_listener: bool = False
     # kv_aware: static worker URLs and their ZMQ event endpoints (discovery cannot carry them)
     static_workers: tuple[str, ...] = ()
@@ -116,6 +118,16 @@ class RouterChart(Chart):
                                }],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
+        k8s_object(self, "Hpa", api_version="autoscaling/v2", kind="HorizontalPodAutoscaler",
+                   name=name, namespace=ns, labels=labels, body={"spec": {
+                       "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": name},
+                       "minReplicas": props.replicas, "maxReplicas": props.max_replicas,
+                       "metrics": [{"type": "Resource", "resource": {
+                           "name": "cpu", "target": {"type": "Utilization",
+                                                     "averageUtilization":
+                                                         props.cpu_target_percent}}}],
+                       "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}})
         scheme = "internet-facing" if props.public_listener else "internal"
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
                    labels=labels, annotations={

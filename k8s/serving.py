@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cdk8s import ApiObject, App, Chart
@@ -14,10 +14,10 @@ from config import ConfigError, EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
 from config.images import IMAGES, KV_EVENT_IMAGES, ImageResolver, catalogue_key_for
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
-from k8s.endpoint_spec import EndpointSpec, load_endpoint
+from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.objects import standard_labels
 from k8s.router import RouterChart, RouterProps
-from k8s.workers import KV_BLOCK_SIZE, L2Connection, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
+from k8s.workers import KV_BLOCK_SIZE, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
@@ -43,11 +43,43 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
             raise ConfigError(cfg.name, f"{where}.intelligentRoutingSpec.routingStrategy",
                               "kvaware", "prefixaware, session or roundrobin: the worker image "
                               "cannot publish KV events")
+        if s.autoscaling is not None:
+            scaling_path = f"{where}.autoScalingSpec"
+            if s.routing_strategy == "kvaware":
+                raise ConfigError(cfg.name, scaling_path, "set with kvaware",
+                                  "no autoScalingSpec: kvaware's KV event sources are a fixed "
+                                  "list of workers (or choose prefixaware/session/roundrobin)")
+            capacity = worker_capacity(cfg, s)
+            if s.autoscaling.max_replicas > capacity:
+                group = cfg.gpu_group_for(s.instance_type)
+                raise ConfigError(cfg.name, f"{scaling_path}.maxReplicaCount",
+                                  s.autoscaling.max_replicas,
+                                  f"at most {capacity} (node group {group.name}: maxSize "
+                                  f"{group.max_size} x {group.gpus_per_node // s.gpus} "
+                                  "workers per node)")
         if s.l2_backend == "redis" and cfg.cache.kind == "none":
             raise ConfigError(cfg.name, f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend",
                               "redis", "no L2 (enableL2Cache: false), valkey or lmcache-server: "
                               "the environment's cache.kind is none")
     return specs
+
+
+def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | None:
+    """The file's autoScalingSpec, or the default: waiting requests per worker, from the
+    file's replicas up to what the node group can hold. kvaware keeps a fixed worker set."""
+    if s.routing_strategy == "kvaware":
+        return None
+    capacity = worker_capacity(cfg, s)
+    spec = s.autoscaling or AutoScaling(min_replicas=s.replicas, max_replicas=max(
+        s.replicas, capacity), from_file=False)
+    if not spec.triggers:
+        spec = replace(spec, triggers=(default_trigger(s.model_name),))
+    return spec
+
+
+def worker_capacity(cfg: EnvironmentConfig, s: EndpointSpec) -> int:
+    group = cfg.gpu_group_for(s.instance_type)
+    return group.max_size * (group.gpus_per_node // s.gpus)
 
 
 @dataclass(frozen=True)
@@ -59,6 +91,7 @@ class ServingFacts:
     model_bucket: str
     managed_l2: L2Connection | None
     service_account: dict[str, str]   # endpoint -> worker service account name
+    metrics: MetricsSource            # what KEDA queries
 
 
 def worker_service_account(endpoint: str) -> str:
@@ -97,7 +130,9 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             l1_enabled=s.l1_enabled, l1_size_gib=s.l1_size_gib, l2=l2,
             publish_kv_events=kvaware, health_check_path=s.health_check_path,
             model_mount_path=s.model_mount_path, extra_args=s.worker_args,
-            extra_env=s.worker_env, stateful=kvaware)
+            extra_env=s.worker_env, stateful=kvaware,
+            scaling=(WorkerScaling(scaling, facts.metrics)
+                     if (scaling := effective_scaling(cfg, s)) else None))
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,

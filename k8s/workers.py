@@ -18,6 +18,7 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
 )
+from k8s.endpoint_spec import AutoScaling
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
 
 COMPONENT = "vllm-worker"
@@ -32,6 +33,21 @@ class L2Connection:
 
     url: str                          # without credentials
     secret_arn: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricsSource:
+    """Where KEDA reads worker metrics: AMP (SigV4 as the KEDA operator's Pod Identity) or the
+    in-cluster Prometheus."""
+
+    server_address: str
+    aws_region: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerScaling:
+    spec: AutoScaling
+    source: MetricsSource
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class WorkerProps:
     extra_env: tuple[tuple[str, str], ...] = ()
     shm_size: str = "16Gi"
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
+    scaling: WorkerScaling | None = None
 
 
 def lmcache_config(p: WorkerProps) -> dict:
@@ -217,8 +234,49 @@ class WorkersChart(Chart):
         if p.publish_kv_events:
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})
+        if p.scaling:
+            self._scaled_object(name, kind, labels, p.scaling)
         # Headless: stable per-pod DNS (StatefulSet) and a scrape target list for Prometheus.
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "clusterIP": "None", "selector": sel, "ports": svc_ports,
                        "publishNotReadyAddresses": False}})
+
+    def _scaled_object(self, name: str, kind: str, labels: dict, scaling: WorkerScaling) -> None:
+        s, src, ns = scaling.spec, scaling.source, self.namespace
+        auth = None
+        if src.aws_region:
+            auth = f"{name}-aws"
+            k8s_object(self, "TriggerAuthentication", api_version="keda.sh/v1alpha1",
+                       kind="TriggerAuthentication", name=auth, namespace=ns, labels=labels,
+                       body={"spec": {"podIdentity": {"provider": "aws",
+                                                      "identityOwner": "keda"}}})
+        triggers = []
+        for t in s.triggers:
+            meta = {"serverAddress": src.server_address, "query": t.query,
+                    "threshold": _num(t.target_value),
+                    "activationThreshold": _num(t.activation_target_value),
+                    "ignoreNullValues": "true"}
+            trigger = {"type": "prometheus", "name": t.name, "metricType": t.metric_type,
+                       "metadata": meta}
+            if auth:
+                meta["awsRegion"] = src.aws_region
+                trigger["authenticationRef"] = {"name": auth}
+            triggers.append(trigger)
+        k8s_object(self, "ScaledObject", api_version="keda.sh/v1alpha1", kind="ScaledObject",
+                   name=name, namespace=ns, labels=labels, body={"spec": {
+                       "scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": name},
+                       "minReplicaCount": s.min_replicas, "maxReplicaCount": s.max_replicas,
+                       "pollingInterval": s.polling_interval,
+                       "cooldownPeriod": s.cooldown_period,
+                       "initialCooldownPeriod": s.initial_cooldown_period,
+                       "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                           "scaleUp": {"stabilizationWindowSeconds": s.scale_up_stabilization},
+                           "scaleDown": {
+                               "stabilizationWindowSeconds": s.scale_down_stabilization}}}},
+                       "triggers": triggers}})
+
+
+def _num(value: float) -> str:
+    """KEDA thresholds are strings; keep `4` rather than `4.0`."""
+    return f"{value:g}"

@@ -8,8 +8,10 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from config import EnvironmentConfig
+from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from config.images import ImageResolver
 from k8s.endpoint_spec import EndpointSpec
+from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
 from stacks.cluster_stack import ClusterStack
 from stacks.network_stack import NetworkStack
@@ -38,12 +40,14 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     p = cfg.stack_prefix
     network = NetworkStack(app, f"{p}-Network", cfg=cfg, env=env)
     storage = StorageStack(app, f"{p}-Storage", cfg=cfg, env=env)
-    cluster = ClusterStack(app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, env=env)
+    observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, env=env)
+                     if cfg.observability == "managed" else None)
+    cluster = ClusterStack(
+        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, env=env,
+        amp_workspace_arn=observability.managed.workspace.attr_arn if observability else None)
     cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=network.vpc,
                         client_security_group=cluster.cluster.cluster_security_group, env=env)
              if cfg.cache.kind == "elasticache" else None)
-    observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, env=env)
-                     if cfg.observability == "managed" else None)
     l2 = cache.cache if cache else None
     serving = ServingStack(
         app, f"{p}-Serving", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
@@ -51,6 +55,8 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         l2_url=l2.url_without_credentials if l2 else None,
         l2_secret_arn=l2.auth_secret.secret_arn if l2 else None, l2_key=l2.key if l2 else None,
         router_base_image=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts).uri("python"),
+        metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
+                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
         env=env)
     stacks = EnvironmentStacks(network, storage, cluster, cache, observability, serving)
 
@@ -68,14 +74,16 @@ def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
     import yaml
 
     from k8s.serving import ServingFacts, build_charts, worker_service_account
-    from k8s.workers import L2Connection
+    from k8s.workers import L2Connection, MetricsSource
 
     facts = ServingFacts(
         router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
         managed_l2=(L2Connection(url="rediss://${L2_ENDPOINT}:6379",
                                  secret_arn="${L2_SECRET_ARN}")
                     if cfg.cache.kind == "elasticache" else None),
-        service_account={e.name: worker_service_account(e.name) for e in endpoints})
+        service_account={e.name: worker_service_account(e.name) for e in endpoints},
+        metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
+                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
     charts = build_charts(cdk8s.App(), cfg, endpoints, facts)
     outdir.mkdir(parents=True, exist_ok=True)
     for old in outdir.glob("*.yaml"):

@@ -5,13 +5,14 @@ from constructs import Construct
 
 from config import EnvironmentConfig
 from config.images import ALB_CONTROLLER_VERSION, ImageResolver
+from constructs.cluster_scaling import ClusterScaling, ClusterScalingProps
 from constructs.gpu_cluster import GpuCluster, GpuClusterProps
 from stacks.common import removal_policy
 
 
 class ClusterStack(Stack):
     def __init__(self, scope: Construct, id: str, *, cfg: EnvironmentConfig, vpc: ec2.IVpc,
-                 **kwargs) -> None:
+                 amp_workspace_arn: str | None = None, **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         built = GpuCluster(self, "Gpu", props=GpuClusterProps(
             vpc=vpc, kubernetes_version=cfg.kubernetes_version, facts=cfg.facts,
@@ -20,9 +21,13 @@ class ClusterStack(Stack):
             admin_role_names=cfg.admin_role_names, system_nodes=cfg.system_nodes,
             gpu_node_groups=cfg.gpu_node_groups, alb_controller_version=ALB_CONTROLLER_VERSION,
             device_plugin_image=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts).uri(
-                "nvidia-device-plugin"),
+                "nvidia-device-plugin"),  # one resolver per environment, as for every image
             removal_policy=removal_policy(cfg),
         ))
         self.gpu_cluster = built
         self.cluster = built.cluster
+        images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
+        self.scaling = ClusterScaling(self, "Scaling", props=ClusterScalingProps(
+            cluster=self.cluster, images=images, region=cfg.region,
+            amp_workspace_arn=amp_workspace_arn))
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

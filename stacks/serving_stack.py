@@ -14,7 +14,7 @@ from constructs.nag import acknowledge, wildcard, wildcard_action
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from k8s.endpoint_spec import EndpointSpec
 from k8s.serving import ServingFacts, build_charts, worker_service_account
-from k8s.workers import L2Connection
+from k8s.workers import L2Connection, MetricsSource
 
 ROUTER_CONTEXT = Path(__file__).resolve().parent.parent / "images" / "router"
 VLLM_ROUTER_VERSION = "0.1.17"  # same pin as requirements.txt (tests check they agree)
@@ -27,7 +27,7 @@ class ServingStack(Stack):
                  endpoints: tuple[EndpointSpec, ...], cluster: eks.ICluster,
                  model_bucket: s3.IBucket, model_key: kms.IKey | None,
                  l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
-                 router_base_image: str, **kwargs) -> None:
+                 router_base_image: str, metrics: MetricsSource, **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         router = ecr_assets.DockerImageAsset(
             self, "RouterImage", directory=str(ROUTER_CONTEXT),
@@ -65,7 +65,8 @@ class ServingStack(Stack):
         managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
         self.facts = ServingFacts(router_image=router.image_uri,
                                   model_bucket=model_bucket.bucket_name,
-                                  managed_l2=managed_l2, service_account=accounts)
+                                  managed_l2=managed_l2, service_account=accounts,
+                                  metrics=metrics)
         self.charts_app = cdk8s.App()
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None

@@ -25,9 +25,10 @@ N_WORKERS = 4
 WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhead_ms": 1.0}
 
 
-def _rendered_args(strategy: str) -> list[str]:
+def _rendered_args(strategy: str, replicas: int | None = None) -> list[str]:
     """The router container's args exactly as the rendered Kubernetes Deployment carries them,
-    for the shipped endpoint file switched to HyperPod routing strategy ``strategy``."""
+    for the shipped endpoint file switched to HyperPod routing strategy ``strategy`` (and to
+    ``replicas`` workers if given: ``kvaware`` lists every worker in the router's args)."""
     import copy
 
     import cdk8s
@@ -37,14 +38,18 @@ def _rendered_args(strategy: str) -> list[str]:
     from config.context import cdk_json_context
     from k8s.endpoint_spec import parse_endpoint
     from k8s.serving import ServingFacts, build_charts, worker_service_account
+    from k8s.workers import MetricsSource
 
     cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})
     raw = yaml.safe_load((_ROOT / cfg.endpoint_files[0]).read_text())
     raw = copy.deepcopy(raw)
     raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    if replicas is not None:
+        raw["spec"]["replicas"] = replicas
     spec = parse_endpoint(cfg.name, cfg.endpoint_files[0], raw)
     facts = ServingFacts(router_image="router", model_bucket="bucket", managed_l2=None,
-                         service_account={spec.name: worker_service_account(spec.name)})
+                         service_account={spec.name: worker_service_account(spec.name)},
+                         metrics=MetricsSource("http://prometheus:9090"))
     for chart in build_charts(cdk8s.App(), cfg, (spec,), facts):
         for doc in chart.to_json():
             if doc["kind"] == "Deployment" and doc["metadata"]["name"].endswith("-router"):

@@ -15,8 +15,10 @@ from config.contracts import GPU_RESOURCE, GPU_TAINT_KEY, SESSION_HEADER
 from k8s.endpoint_spec import parse_endpoint
 from k8s.router import router_args
 from k8s.serving import ServingFacts, build_charts, load_endpoints, worker_service_account
-from k8s.workers import L2Connection
+from k8s.workers import L2Connection, MetricsSource
+from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from tests.conftest import ROOT, context_for, normalise
+from tests.k8s.crds import is_custom_resource, validate_custom_resources
 
 SEED = yaml.safe_load((ROOT / "endpoints" / "llama-3.1-8b-instruct.yaml").read_text())
 STRATEGIES = ["prefixaware", "kvaware", "session", "roundrobin"]
@@ -47,7 +49,9 @@ def render(cfg, spec) -> list[dict]:
         managed_l2=L2Connection("rediss://l2.example.internal:6379",
                                 f"arn:{cfg.facts.partition}:secretsmanager:{cfg.region}:"
                                 f"{cfg.account}:secret:l2"),
-        service_account={spec.name: worker_service_account(spec.name)})
+        service_account={spec.name: worker_service_account(spec.name)},
+        metrics=(MetricsSource("https://aps-workspaces.example/workspaces/ws-1", cfg.region)
+                 if cfg.observability == "managed" else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
     return [doc for chart in build_charts(cdk8s.App(), cfg, (spec,), facts)
             for doc in chart.to_json()]
 
@@ -79,7 +83,14 @@ def rendered():
 def test_every_manifest_passes_strict_schema_at_the_cluster_version(rendered, case):
     cfg, docs = rendered[case]
     for doc in docs:
-        kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+        if not is_custom_resource(doc):
+            kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+
+
+def test_keda_objects_pass_the_keda_crd_schemas(rendered):
+    docs = [d for _, ds in rendered.values() for d in ds if is_custom_resource(d)]
+    assert {d["kind"] for d in docs} == {"ScaledObject", "TriggerAuthentication"}
+    validate_custom_resources(docs)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

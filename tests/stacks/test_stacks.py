@@ -192,3 +192,35 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
     text = dumps(t)
     assert "resolve:secretsmanager" not in text  # workers fetch it at start, never a manifest
     assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == len(synth.cfg.endpoint_files)
+
+
+def _helm(template: dict) -> dict[str, dict]:
+    return {r["Properties"]["Release"]: r["Properties"] for r in template["Resources"].values()
+            if r["Type"] == "Custom::AWSCDK-EKS-HelmChart"}
+
+
+def test_keda_and_cluster_autoscaler_are_pinned_and_pull_what_the_region_can_reach(synth):
+    charts = _helm(synth.template("Cluster"))
+    keda, ca = charts["keda"], charts["cluster-autoscaler"]
+    assert keda["Version"] == "2.20.2" and ca["Version"] == "9.54.0"
+    values = dumps(keda["Values"]) + dumps(ca["Values"])
+    if synth.cfg.facts.china:
+        registry = f"{synth.cfg.account}.dkr.ecr.{synth.cfg.region}.amazonaws.com.cn"
+        assert dumps(keda["Repository"]).startswith(f'"oci://{registry}/kvcache/charts/keda')
+        for upstream in ("ghcr.io", "registry.k8s.io", "docker.io"):
+            assert upstream not in values
+        assert registry in values
+    else:
+        assert keda["Repository"] == "https://kedacore.github.io/charts"
+    assert values.count("@sha256:") == 4  # three KEDA images and the autoscaler
+
+
+def test_scaling_identities(synth):
+    t = synth.template("Cluster")
+    sas = {a["Properties"]["ServiceAccount"]
+           for a in resources(t, "AWS::EKS::PodIdentityAssociation").values()}
+    assert {"keda-operator", "cluster-autoscaler", "ebs-csi-controller-sa"} <= sas
+    policies = dumps(resources(t, "AWS::IAM::Policy"))
+    assert "autoscaling:SetDesiredCapacity" in policies
+    assert "aws:ResourceTag/k8s.io/cluster-autoscaler/" in dumps(t)
+    assert ("aps:QueryMetrics" in policies) is (not synth.cfg.facts.china)

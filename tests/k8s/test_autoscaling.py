@@ -1,0 +1,137 @@
+"""Autoscaling: KEDA ScaledObjects for workers, an HPA for routers, and impossible input."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from config import ConfigError, resolve_environment
+from config.contracts import IN_CLUSTER_PROMETHEUS_URL
+from k8s.endpoint_spec import DEFAULT_WAITING_PER_WORKER, parse_endpoint
+from k8s.serving import load_endpoints
+from tests.conftest import ROOT, context_for
+from tests.k8s.test_charts import SEED, _env, _spec, render
+
+
+def _kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _with_scaling(**scaling):
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["autoScalingSpec"] = scaling
+    return raw
+
+
+def test_default_trigger_scales_on_waiting_requests_per_worker():
+    cfg = _env("dev")
+    docs = render(cfg, _spec(cfg))
+    (so,) = _kind(docs, "ScaledObject")
+    spec = so["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                      "name": "llama-3-1-8b-instruct-workers"}
+    # from the file's replicas up to the node group's capacity (g5: maxSize 4, 1 worker/node)
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 4)
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["query"] == (
+        'sum(vllm:num_requests_waiting{model_name="Llama-3.1-8B-Instruct"})')
+    assert trigger["metadata"]["threshold"] == f"{DEFAULT_WAITING_PER_WORKER:g}"
+
+
+def test_global_queries_amp_with_sigv4_and_china_the_in_cluster_prometheus():
+    dev, china = _env("dev"), _env("china")
+    (so,) = _kind(render(dev, _spec(dev)), "ScaledObject")
+    meta = so["spec"]["triggers"][0]["metadata"]
+    assert meta["serverAddress"].startswith("https://aps-workspaces.")
+    assert meta["awsRegion"] == "us-west-2"
+    assert so["spec"]["triggers"][0]["authenticationRef"]["name"]
+    (ta,) = _kind(render(dev, _spec(dev)), "TriggerAuthentication")
+    assert ta["spec"]["podIdentity"]["provider"] == "aws"
+    docs = render(china, _spec(china))
+    (so,) = _kind(docs, "ScaledObject")
+    meta = so["spec"]["triggers"][0]["metadata"]
+    assert meta["serverAddress"] == IN_CLUSTER_PROMETHEUS_URL and "awsRegion" not in meta
+    assert not _kind(docs, "TriggerAuthentication")
+
+
+def test_hyperpod_autoscaling_spec_maps_field_by_field():
+    cfg = _env("dev")
+    raw = _with_scaling(minReplicaCount=1, maxReplicaCount=3, pollingInterval=15,
+                        cooldownPeriod=120, initialCooldownPeriod=600,
+                        scaleUpStabilizationTime=30, scaleDownStabilizationTime=900,
+                        prometheusTrigger={"query": "sum(rate(vllm:prompt_tokens_total[1m]))",
+                                           "targetValue": 5000, "activationTargetValue": 10,
+                                           "metricType": "Value", "name": "prompt-rate",
+                                           "serverAddress": "http://ignored"})
+    spec = parse_endpoint(cfg.name, "e.yaml", raw)
+    assert any("serverAddress" in w for w in spec.warnings)
+    (so,) = _kind(render(cfg, spec), "ScaledObject")
+    s = so["spec"]
+    assert (s["minReplicaCount"], s["maxReplicaCount"], s["pollingInterval"],
+            s["cooldownPeriod"], s["initialCooldownPeriod"]) == (1, 3, 15, 120, 600)
+    behavior = s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 30
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 900
+    (t,) = s["triggers"]
+    assert (t["name"], t["metricType"], t["metadata"]["threshold"],
+            t["metadata"]["activationThreshold"]) == ("prompt-rate", "Value", "5000", "10")
+
+
+def test_routing_spec_nested_autoscaling_is_accepted_too():
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["intelligentRoutingSpec"]["autoScalingSpec"] = {"minReplicaCount": 1,
+                                                                "maxReplicaCount": 2}
+    spec = parse_endpoint("dev", "e.yaml", raw)
+    assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 2)
+
+
+def test_kvaware_keeps_a_fixed_worker_set():
+    cfg = _env("dev")
+    docs = render(cfg, _spec(cfg, strategy="kvaware"))
+    assert not _kind(docs, "ScaledObject")
+
+
+def test_router_scales_on_its_own_cpu():
+    cfg = _env("china")
+    (hpa,) = _kind(render(cfg, _spec(cfg)), "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"].endswith("-router")
+    assert hpa["spec"]["minReplicas"] >= 2 and hpa["spec"]["maxReplicas"] > hpa["spec"][
+        "minReplicas"]
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+
+
+@pytest.mark.parametrize("scaling, field, allowed", [
+    ({"minReplicaCount": 3, "maxReplicaCount": 2}, "spec.autoScalingSpec.maxReplicaCount",
+     "at least minReplicaCount (3)"),
+    ({"minReplicaCount": -1}, "spec.autoScalingSpec.minReplicaCount", "0 or more"),
+    ({"cloudWatchTrigger": {"metricName": "x"}}, "spec.autoScalingSpec.cloudWatchTrigger",
+     "prometheusTrigger"),
+    ({"prometheusTrigger": {"query": "up"}},
+     "spec.autoScalingSpec.prometheusTrigger.targetValue", "required"),
+    ({"prometheusTrigger": {"query": "up", "targetValue": 1, "metricType": "Max"}},
+     "spec.autoScalingSpec.prometheusTrigger.metricType", "Average"),
+    ({"pollingInterval": -5}, "spec.autoScalingSpec.pollingInterval", "seconds"),
+])
+def test_impossible_scaling_input_in_the_file(scaling, field, allowed):
+    with pytest.raises(ConfigError) as info:
+        parse_endpoint("dev", "e.yaml", _with_scaling(**scaling))
+    assert info.value.field == f"e.yaml: {field}" and allowed in info.value.allowed
+
+
+@pytest.mark.parametrize("strategy, scaling, field, allowed", [
+    ("prefixaware", {"minReplicaCount": 1, "maxReplicaCount": 9},
+     "spec.autoScalingSpec.maxReplicaCount", "at most 4 (node group g5: maxSize 4"),
+    ("kvaware", {"minReplicaCount": 1, "maxReplicaCount": 2}, "spec.autoScalingSpec",
+     "kvaware's KV event sources are a fixed list"),
+])
+def test_impossible_scaling_for_the_environment(tmp_path, strategy, scaling, field, allowed):
+    raw = _with_scaling(**scaling)
+    raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(raw))
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"]["endpoints"] = ["e.yaml"]
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(resolve_environment(ctx), tmp_path)
+    assert info.value.field == f"e.yaml: {field}" and allowed in info.value.allowed

@@ -79,15 +79,32 @@ class WorkerProps:
     scaling: WorkerScaling | None = None
 
 
+# A slow or dead L2 must cost a miss, not a stall: LMCache 0.5.6 bounds blocking remote reads
+# with `blocking_timeout_secs`, lookups with `lookup_timeout_ms`, and its health monitor
+# (extra_config) takes the remote out after repeated failures. `fallback_policy: local_cpu`
+# keeps L1 serving meanwhile (the default `recompute` would switch L1 off too). The redis
+# client's own socket timeouts bound the existence checks LMCache does not time out itself.
+L2_TIMEOUTS = {"blocking_timeout_secs": 2, "lookup_timeout_ms": 1000}
+L2_HEALTH = {"fallback_policy": "local_cpu", "ping_interval": 10.0, "ping_timeout": 2.0,
+             "get_blocking_failed_threshold": 5, "waiting_time_for_recovery": 60.0}
+REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
+
+
+def with_socket_timeouts(url: str) -> str:
+    if not url.startswith(("redis://", "rediss://")):
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{REDIS_SOCKET_TIMEOUTS}"
+
+
 def lmcache_config(p: WorkerProps) -> dict:
     """LMCache engine settings (keys of LMCacheEngineConfig, see ../shared/FACTS.md)."""
     cfg: dict = {"chunk_size": 256, "local_cpu": p.l1_enabled,
                  "max_local_cpu_size": float(p.l1_size_gib if p.l1_enabled else 0),
                  "save_unfull_chunk": False}
     if p.l2:
-        cfg["remote_serde"] = "naive"
+        cfg.update(remote_serde="naive", **L2_TIMEOUTS, extra_config=dict(L2_HEALTH))
         if not p.l2.secret_arn:  # with a secret, the URL is appended at pod start
-            cfg["remote_url"] = p.l2.url
+            cfg["remote_url"] = with_socket_timeouts(p.l2.url)
     return cfg
 
 
@@ -159,7 +176,7 @@ class WorkersChart(Chart):
                 "imagePullPolicy": "IfNotPresent", "command": ["/bin/sh", "-c", script],
                 "env": [{"name": "AWS_REGION", "value": p.region},
                         {"name": "SECRET_ARN", "value": p.l2.secret_arn},
-                        {"name": "L2_URL", "value": p.l2.url},
+                        {"name": "L2_URL", "value": with_socket_timeouts(p.l2.url)},
                         {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}],
                 "volumeMounts": [{"name": "lmcache-base", "mountPath": "/config"},
                                  {"name": "lmcache-runtime", "mountPath": "/run/lmcache"}],

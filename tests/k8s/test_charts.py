@@ -200,10 +200,15 @@ def test_l2_backend_mapping(rendered, backend, url_prefix):
     cfg = yaml.safe_load(cm["data"]["lmcache.yaml"])
     if backend == "redis":  # the secret-bearing URL is written at pod start, not here
         assert "remote_url" not in cfg
-        assert url_prefix in json.dumps(docs)
+        assert url_prefix in json.dumps(docs) and "socket_timeout=1" in json.dumps(docs)
     else:
         assert cfg["remote_url"].startswith(url_prefix)
+        if url_prefix.startswith("redis"):
+            assert "socket_timeout=1" in cfg["remote_url"]
     assert cfg["local_cpu"] is True and cfg["max_local_cpu_size"] > 0
+    # a dead or slow L2 costs a bounded miss, and L1 keeps serving (LMCache 0.5.6 keys)
+    assert cfg["blocking_timeout_secs"] <= 5 and cfg["lookup_timeout_ms"] <= 3000
+    assert cfg["extra_config"]["fallback_policy"] == "local_cpu"
 
 
 def test_no_l2_means_no_remote():

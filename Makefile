@@ -17,7 +17,14 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-deps: $(VENV)/.installed node_modules/.installed
+# LMCache's own config parser, apart from the main venv (it needs torch; CPU build from disk).
+.venv-lmcache/.installed: requirements-lmcache.txt
+	python3 -m venv .venv-lmcache
+	.venv-lmcache/bin/python -m pip install -q -r requirements-lmcache.txt
+	.venv-lmcache/bin/python -m pip install -q --no-deps lmcache==0.5.6
+	touch $@
+
+deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed
 
 ## Synthesize an environment into cdk.out/ (default: the `defaultEnvironment` in cdk.json).
 synth: deps

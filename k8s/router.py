@@ -129,8 +129,15 @@ class RouterChart(Chart):
                                                          props.cpu_target_percent}}}],
                        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}})
         scheme = "internet-facing" if props.public_listener else "internal"
+        annotations = {}
+        if props.policy == "cache_aware":
+            # Each cache_aware replica learns prefixes only from requests it sees, so two
+            # replicas disagree about a conversation (measured on loopback): keep a client on
+            # one replica. session (hash) and kvaware (workers' KV events) need no affinity.
+            annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"] = (
+                "stickiness.enabled=true,stickiness.type=source_ip")
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
-                   labels=labels, annotations={
+                   labels=labels, annotations={**annotations,
                        # AWS Load Balancer Controller: an NLB straight to pod IPs
                        "service.beta.kubernetes.io/aws-load-balancer-type": "external",
                        "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -15,7 +18,9 @@ if str(_ROOT) not in sys.path:  # `tools` is importable however pytest is starte
 from tools.loopback import (  # noqa: E402
     FakeWorkerPool,
     RouterProcess,
+    arg_value,
     free_port,
+    localize_for_pool,
     localize_router_args,
 )
 
@@ -25,10 +30,8 @@ N_WORKERS = 4
 WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhead_ms": 1.0}
 
 
-def _rendered_args(strategy: str, replicas: int | None = None) -> list[str]:
-    """The router container's args exactly as the rendered Kubernetes Deployment carries them,
-    for the shipped endpoint file switched to HyperPod routing strategy ``strategy`` (and to
-    ``replicas`` workers if given: ``kvaware`` lists every worker in the router's args)."""
+@functools.lru_cache(maxsize=None)
+def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
     import copy
 
     import cdk8s
@@ -50,11 +53,34 @@ def _rendered_args(strategy: str, replicas: int | None = None) -> list[str]:
     facts = ServingFacts(router_image="router", model_bucket="bucket", managed_l2=None,
                          service_account={spec.name: worker_service_account(spec.name)},
                          metrics=MetricsSource("http://prometheus:9090"))
-    for chart in build_charts(cdk8s.App(), cfg, (spec,), facts):
-        for doc in chart.to_json():
-            if doc["kind"] == "Deployment" and doc["metadata"]["name"].endswith("-router"):
-                return list(doc["spec"]["template"]["spec"]["containers"][0]["args"])
-    raise AssertionError("no router Deployment rendered")
+    return json.dumps([doc for chart in build_charts(cdk8s.App(), cfg, (spec,), facts)
+                       for doc in chart.to_json()])
+
+
+def _rendered_docs(strategy: str, replicas: int | None = None) -> list[dict]:
+    """Every Kubernetes object rendered for the shipped endpoint file switched to HyperPod
+    routing strategy ``strategy`` (and to ``replicas`` workers if given)."""
+    return json.loads(_rendered_docs_json(strategy, replicas))
+
+
+def _container_args(strategy: str, replicas: int | None, kind: str, suffix: str) -> list[str]:
+    for doc in _rendered_docs(strategy, replicas):
+        if doc["kind"] == kind and doc["metadata"]["name"].endswith(suffix):
+            return list(doc["spec"]["template"]["spec"]["containers"][0]["args"])
+    raise AssertionError(f"no {kind} *{suffix} rendered")
+
+
+def _rendered_args(strategy: str, replicas: int | None = None) -> list[str]:
+    """The router container's args exactly as the rendered Kubernetes Deployment carries them,
+    for the shipped endpoint file switched to HyperPod routing strategy ``strategy`` (and to
+    ``replicas`` workers if given: ``kvaware`` lists every worker in the router's args)."""
+    return _container_args(strategy, replicas, "Deployment", "-router")
+
+
+def _rendered_worker_args(strategy: str, replicas: int | None = None) -> list[str]:
+    """The vLLM container's args of the rendered workers (a StatefulSet for ``kvaware``)."""
+    kind = "StatefulSet" if strategy == "kvaware" else "Deployment"
+    return _container_args(strategy, replicas, kind, "-workers")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,9 +89,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+_FIGURES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("loopback measurements")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
-def router_args() -> Callable[[str], list[str]]:
-    """``router_args(strategy)`` -> the args list of the rendered router Deployment."""
+def report_figure() -> Callable[[str], None]:
+    """``report_figure(line)``: a measured figure (not an assertion), printed in the summary."""
+    return _FIGURES.append
+
+
+@pytest.fixture(scope="session")
+def router_args() -> Callable[..., list[str]]:
+    """``router_args(strategy, replicas=None)`` -> the args list of the rendered router
+    Deployment."""
     return _rendered_args
 
 
@@ -93,3 +136,57 @@ def router_for(
             return started[strategy]
 
         yield get
+
+
+def _kv_worker_opts(replicas: int) -> dict:
+    """FakeWorker options for what the rendered kvaware vLLM workers are told: publish KV events
+    (if ``--kv-events-config`` enables a zmq publisher) on its topic, in ``--block-size``
+    blocks. So a worker/router mismatch fails the loopback tests as it would fail in-cluster."""
+    args = _rendered_worker_args("kvaware", replicas)
+    events = json.loads(arg_value(args, "--kv-events-config") or "{}")
+    publishes = events.get("enable_kv_cache_events") and events.get("publisher") == "zmq"
+    return {"block_size": int(arg_value(args, "--block-size") or 16),
+            "kv_events_port": 0 if publishes else None,
+            "kv_events_topic": events.get("topic", "")}
+
+
+@pytest.fixture(scope="session")
+def kv_worker_opts() -> Callable[[int], dict]:
+    """``kv_worker_opts(n)`` -> FakeWorker options (timings and KV events) for ``n`` workers
+    configured as the rendered kvaware vLLM workers are."""
+    return lambda n: {**WORKER_OPTS, **_kv_worker_opts(n)}
+
+
+@pytest.fixture(scope="module")
+def kv_worker_pool(kv_worker_opts) -> Iterator[FakeWorkerPool]:
+    """``N_WORKERS`` fake workers that also publish their KV cache events (ZMQ, vLLM's format),
+    configured as the rendered kvaware workers are."""
+    with FakeWorkerPool(N_WORKERS, **kv_worker_opts(N_WORKERS)) as pool:
+        yield pool
+
+
+@pytest.fixture
+def launch_routers(router_args, tmp_path) -> Iterator[Callable[..., list[RouterProcess]]]:
+    """``launch_routers(strategy, pool, n=1, kv_endpoints=None)`` -> ``n`` real routers, started
+    side by side from the args rendered for ``strategy`` with one worker replica per pool
+    worker, each on its own ports in front of ``pool``. kv_aware ones are subscribed to every
+    worker's events before this returns (unless ``kv_endpoints`` points them elsewhere). All
+    stop when the test ends; their logs stay under the test's tmp dir."""
+    with contextlib.ExitStack() as stack:
+        def launch(strategy: str, pool: FakeWorkerPool, n: int = 1, *,
+                   kv_endpoints: list[str] | None = None) -> list[RouterProcess]:
+            rendered = router_args(strategy, len(pool))
+            routers = []
+            for _ in range(n):
+                log = tmp_path / f"router-{strategy}-{len(list(tmp_path.iterdir()))}.log"
+                router = RouterProcess(localize_for_pool(rendered, pool, kv_endpoints=kv_endpoints),
+                                       log_path=log)
+                stack.callback(router.stop)
+                routers.append(router)
+            with ThreadPoolExecutor(n) as starting:
+                list(starting.map(RouterProcess.start, routers))
+            if "--kv-event-source" in rendered and kv_endpoints is None:
+                pool.wait_kv_subscribers(n)
+            return routers
+
+        yield launch

@@ -291,3 +291,13 @@ def test_router_image_pin_matches_requirements():
     from stacks.serving_stack import VLLM_ROUTER_VERSION
     reqs = (ROOT / "requirements.txt").read_text()
     assert f"vllm-router=={VLLM_ROUTER_VERSION}" in reqs
+
+
+@pytest.mark.parametrize("strategy, sticky", [("prefixaware", True), ("session", False),
+                                              ("kvaware", False), ("roundrobin", False)])
+def test_client_affinity_only_where_router_state_is_per_replica(rendered, strategy, sticky):
+    _, docs = rendered[("dev", strategy, "redis")]
+    svc = next(d for d in _all(docs, "Service") if d["spec"].get("type") == "LoadBalancer")
+    attrs = svc["metadata"]["annotations"].get(
+        "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes", "")
+    assert ("stickiness.type=source_ip" in attrs) is sticky

@@ -1,0 +1,248 @@
+"""Issue 6: routing stays consistent across router replicas, and survives a worker's death.
+
+Two real routers, started from the same rendered Deployment args (each on its own ports), in
+front of the same fake workers; every conversation alternates its turns between them. Then a
+worker dies mid-run under each strategy. All on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tools.loopback import Conversation, FakeWorkerPool, arg_value, run_conversations
+
+pytestmark = pytest.mark.e2e
+
+SESSIONS, TURNS = 8, 4
+ROUTER_DEFAULTS = {"--retry-max-retries": 5, "--cb-failure-threshold": 10,
+                   "--health-check-interval-secs": 60, "--health-failure-threshold": 3}
+
+
+def setting(args: list[str], flag: str) -> int:
+    """A router setting as the rendered args set it, else vllm-router 0.1.17's default."""
+    value = arg_value(args, flag)
+    return int(value) if value is not None else ROUTER_DEFAULTS[flag]
+
+
+def placement(convs: list[Conversation]) -> dict[str, list[str | None]]:
+    return {c.name: c.workers for c in convs}
+
+
+def prefix_hit_rate(convs: list[Conversation]) -> tuple[float, float]:
+    """(cached / prompt tokens over turns 2+, the same if every turn found its whole history)."""
+    cached = prompt = ideal = 0
+    for c in convs:
+        done = [r for r in c.results if r.ok]
+        for prev, cur in zip(done, done[1:]):
+            total = cur.usage["prompt_tokens"]
+            cached += cur.cached_tokens
+            prompt += total
+            history = prev.usage["prompt_tokens"] + prev.usage["completion_tokens"]
+            ideal += min(history // 16 * 16, (total - 1) // 16 * 16)
+    return cached / prompt, ideal / prompt
+
+
+@pytest.mark.parametrize("strategy", ["session", "kvaware"])
+def test_two_replicas_keep_each_conversation_on_one_worker(strategy, kv_worker_pool,
+                                                           launch_routers, report_figure):
+    kv_worker_pool.reset()
+    routers = launch_routers(strategy, kv_worker_pool, n=2)
+    convs = run_conversations([r.url for r in routers], SESSIONS, TURNS, name=f"{strategy}-2r",
+                              session_header=strategy == "session")
+
+    assert all(r.ok for c in convs for r in c.results), [r for c in convs for r in c.results]
+    where = placement(convs)
+    moved = {name: w for name, w in where.items() if len(set(w)) != 1}
+    assert not moved, f"conversations moved between workers across replicas: {moved}"
+    per_worker = collections.Counter(w[0] for w in where.values())
+    assert len(per_worker) >= 3, f"load not spread: {where}"
+    served = [r.metric("vllm_router_requests_total") for r in routers]
+    assert served == [SESSIONS * TURNS / 2] * 2, served  # turns alternated between replicas
+    hit, ideal = prefix_hit_rate(convs)
+    assert hit == pytest.approx(ideal), (hit, ideal)
+    if strategy == "kvaware":
+        # Each replica subscribes to every worker: its index knows the turns the other
+        # replica routed. Only each conversation's first turn is a miss.
+        hits = [r.metric("vllm_router_kv_placement_lookups_total", result="hit") for r in routers]
+        assert sum(hits) == SESSIONS * (TURNS - 1), hits
+    report_figure(f"2 router replicas, {strategy}: {SESSIONS}x{TURNS} alternating turns, 0 "
+                  f"conversations moved, workers used {dict(sorted(per_worker.items()))}, "
+                  f"prefix hit rate on later turns {hit:.2f} (ideal {ideal:.2f})")
+
+
+def test_two_prefixaware_replicas_bounce_conversations_measured(kv_worker_pool, launch_routers,
+                                                               report_figure):
+    """cache_aware keeps its prefix tree in each replica's memory: a replica routes a turn
+    without knowing where the other one sent the previous turns. Measured, not asserted:
+    how many conversations bounce between workers and what that costs in prefix hits."""
+    rounds = 3
+    bounced = moves = 0
+    rates = []
+    routers = launch_routers("prefixaware", kv_worker_pool, n=2)
+    for rnd in range(rounds):
+        kv_worker_pool.reset()
+        convs = run_conversations([r.url for r in routers], SESSIONS, TURNS,
+                                  name=f"prefix-2r-{rnd}")
+        assert all(r.ok for c in convs for r in c.results)
+        assert all(len(c.workers) == TURNS for c in convs)
+        bounced += sum(len(set(c.workers)) > 1 for c in convs)
+        moves += sum(a != b for c in convs for a, b in zip(c.workers, c.workers[1:]))
+        rates.append(prefix_hit_rate(convs))
+    served = [r.metric("vllm_router_requests_total") for r in routers]
+    assert served == [rounds * SESSIONS * TURNS / 2] * 2, served
+    hit = sum(h for h, _ in rates) / rounds
+    ideal = sum(i for _, i in rates) / rounds
+    assert 0 <= bounced <= rounds * SESSIONS and 0 < ideal <= 1
+    report_figure(f"2 router replicas, prefixaware: {bounced}/{rounds * SESSIONS} conversations "
+                  f"bounced, {moves}/{rounds * SESSIONS * (TURNS - 1)} turns moved worker; "
+                  f"prefix hit rate on later turns {hit:.2f} (ideal {ideal:.2f}; per round "
+                  + ", ".join(f"{h:.2f}" for h, _ in rates) + ")")
+
+
+# --------------------------------------------------------------------------- worker death
+
+DEATH_USERS = 6
+TRAFFIC_AFTER_KILL_S = 3.0
+
+
+class _Traffic:
+    """Users holding conversations with one router until stopped: even users stream, odd
+    ones do not. Every attempt is logged with its start and end time."""
+
+    def __init__(self, url: str, name: str, session_header: bool) -> None:
+        self.url, self.session_header = url, session_header
+        self.convs = [Conversation(f"{name}-{i}", system_words=300) for i in range(DEATH_USERS)]
+        self.log: list[tuple[float, float, int, object]] = []  # (t0, t1, user, result)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._user, args=(i,), daemon=True)
+                         for i in range(DEATH_USERS)]
+
+    def _user(self, i: int) -> None:
+        for _ in range(2000):
+            if self._stop.is_set():
+                return
+            self.send(i)
+            time.sleep(0.05)
+
+    def send(self, i: int):
+        t0 = time.monotonic()
+        res = self.convs[i].turn(self.url, session_header=self.session_header,
+                                 stream=i % 2 == 0, timeout=10)
+        self.log.append((t0, time.monotonic(), i, res))
+        return res
+
+    def start(self) -> "_Traffic":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=15)
+
+    def wait_turns(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(c.turns_done < n for c in self.convs):
+            assert time.monotonic() < deadline, "conversations did not get going"
+            time.sleep(0.02)
+
+
+def _kill_mid_run(strategy: str, pool: FakeWorkerPool, router, args: list[str]) -> dict:
+    """Kill the worker of user 0 while it serves, keep the users talking, wait for the
+    router's health checker to mark it, then have every user talk once more."""
+    interval = setting(args, "--health-check-interval-secs")
+    window = interval * setting(args, "--health-failure-threshold")
+    traffic = _Traffic(router.url, f"death-{strategy}", strategy == "session").start()
+    try:
+        traffic.wait_turns(2, timeout=10)
+        victim = pool.by_id(traffic.convs[0].workers[-1])
+        deadline = time.monotonic() + 2
+        while victim.stats()["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)  # die while serving: some requests are in flight
+        on_victim = {i for i, c in enumerate(traffic.convs) if c.workers[-1] == victim.worker_id}
+        t_kill = time.monotonic()
+        victim.stop()
+        failures, last_failure = 0.0, 0.0  # the router's failed attempts on the dead worker
+        while time.monotonic() < t_kill + TRAFFIC_AFTER_KILL_S:
+            now = router.metric("vllm_router_cb_outcomes_total", worker=victim.url,
+                                outcome="failure")
+            if now != failures:
+                failures, last_failure = now, time.monotonic() - t_kill
+            time.sleep(0.05)
+    finally:
+        traffic.stop()
+    detected = None
+    while detected is None and time.monotonic() < t_kill + window + 3:
+        if victim.url not in router.healthy_workers():
+            detected = time.monotonic() - t_kill
+        time.sleep(0.1)
+    final = [traffic.send(i) for i in range(DEATH_USERS)]
+    return {"traffic": traffic, "victim": victim.worker_id, "on_victim": on_victim,
+            "t_kill": t_kill, "window": window, "interval": interval, "detected": detected,
+            "attempts_on_dead": failures, "last_attempt_on_dead": last_failure, "final": final,
+            "retries": router.metric("vllm_router_retries_total"),
+            "allowed_errors": 0 if strategy == "kvaware" else math.floor(
+                setting(args, "--cb-failure-threshold") / setting(args, "--retry-max-retries"))}
+
+
+def test_worker_death_moves_its_conversations_within_the_health_check_window(
+        kv_worker_opts, router_args, launch_routers, report_figure):
+    """One worker dies mid-run, under each strategy at once (the wait is the health checker's).
+
+    Within the rendered health-check window (interval x failure threshold) the router marks
+    the worker unhealthy; long before that, retries and the circuit breaker stop sending to
+    it. Its conversations continue on the other workers. The client sees errors only for
+    requests in flight at the moment of death (streams cut mid-answer), plus, under a policy
+    that re-picks the same worker on retry (cache_aware, consistent_hash), at most
+    floor(cb-failure-threshold / retry-max-retries) requests that exhaust their retries on it
+    before its circuit opens; kv_aware retries elsewhere, so it has none.
+    """
+    strategies = ["prefixaware", "session", "kvaware"]
+    pools, routers = {}, {}
+    with contextlib.ExitStack() as stack:
+        for strategy in strategies:
+            pools[strategy] = stack.enter_context(FakeWorkerPool(4, **kv_worker_opts(4)))
+            [routers[strategy]] = launch_routers(strategy, pools[strategy])
+        with ThreadPoolExecutor(len(strategies)) as ex:
+            futures = {s: ex.submit(_kill_mid_run, s, pools[s], routers[s], router_args(s, 4))
+                       for s in strategies}
+            runs = {s: f.result(timeout=60) for s, f in futures.items()}
+
+    for strategy, run in runs.items():
+        t_kill, victim = run["t_kill"], run["victim"]
+        log = run["traffic"].log
+        in_flight = [(t0, t1, i, r) for t0, t1, i, r in log if t0 < t_kill <= t1]
+        after = [(t0, t1, i, r) for t0, t1, i, r in log if t0 >= t_kill]
+        before = [r for t0, t1, i, r in log if t1 < t_kill]
+        failed_after = [(i, r.status, r.error) for t0, t1, i, r in after if not r.ok]
+        where = f"{strategy}: {run}"
+        assert all(r.ok for r in before), where
+        assert all(i in run["on_victim"] for t0, t1, i, r in in_flight + after if not r.ok), \
+            f"{strategy}: a conversation on a live worker saw an error: {where}"
+        assert len(failed_after) <= run["allowed_errors"], (strategy, failed_after)
+        # The router stopped trying the dead worker long before the health check marked it.
+        assert run["last_attempt_on_dead"] < TRAFFIC_AFTER_KILL_S - 1, where
+        assert run["detected"] is not None and run["detected"] <= run["window"] + 1, where
+        # Its conversations carried on elsewhere, and everyone talks once more after the mark.
+        for i in run["on_victim"]:
+            later = [r.worker_id for t0, t1, j, r in after if j == i and r.ok]
+            assert later and victim not in later, (strategy, i, later)
+            if strategy != "prefixaware":
+                assert len(set(later[1:])) <= 1, (strategy, i, later)  # and stay there
+        assert all(r.ok and r.worker_id != victim for r in run["final"]), run["final"]
+        cut = sum(not r.ok for _, _, _, r in in_flight)
+        report_figure(
+            f"worker death, {strategy}: attempts on the dead worker stop after "
+            f"{run['last_attempt_on_dead']:.2f}s ({run['attempts_on_dead']:.0f} failed attempts,"
+            f" {run['retries']:.0f} retries); health check marks it after {run['detected']:.1f}s "
+            f"(window {run['window']}s); in flight at death: {len(in_flight)} "
+            f"({cut} failed: {sum(not r.ok for _, _, i, r in in_flight if i % 2 == 0)} of them "
+            f"streams); sent after death: {len(after)}, failed {len(failed_after)} "
+            f"(allowed {run['allowed_errors']})")

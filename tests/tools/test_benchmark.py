@@ -1,0 +1,145 @@
+"""bench and bench-compare through the real vllm-router (rendered args, cache_aware) in front of
+fake workers on 127.0.0.1. Small and fast: structure, counts and files, never timings."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tools.__main__ import main
+from tools.bench_loopback import MODEL, rendered_router_args, run_policy
+from tools.benchmark import (
+    BenchConfig, build_phases, config_from_args, percentiles, register, run_benchmark,
+)
+from tools.bench_report import write_run
+from tools.loopback import FakeWorkerPool, RouterProcess, free_port, localize_router_args
+
+FAST = {"prefill_ms_per_token": 0.01, "decode_ms_per_token": 0.2, "overhead_ms": 0.5}
+SMALL = ["--requests", "2", "--prefix-words", "48", "--sessions", "2", "--turns", "2",
+         "--user-words", "8", "--documents", "1", "--questions", "2", "--contexts", "96",
+         "--max-tokens", "4", "--overhead-requests", "2", "--concurrency", "2"]
+SCENARIOS = ["cold", "warm", "shared-prefix", "distinct-prefix", "multi-turn", "document-96"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory) -> Iterator[tuple[RouterProcess, FakeWorkerPool]]:
+    with FakeWorkerPool(2, model=MODEL, **FAST) as pool:
+        args = localize_router_args(rendered_router_args("prefixaware"), pool.urls,
+                                    free_port(), free_port())
+        log = tmp_path_factory.mktemp("router") / "router.log"
+        with RouterProcess(args, log_path=log) as proc:
+            yield proc, pool
+
+
+def test_bench_then_compare_write_every_report(router, tmp_path, capsys):
+    proc, pool = router
+    metrics = [f"{u}/metrics" for u in pool.urls]
+    for label in ("first", "second"):
+        assert main(["bench", "--url", proc.url, "--label", label, "--out",
+                     str(tmp_path / label), "--worker-metrics", *metrics,
+                     "--direct-url", pool.urls[0], "--hourly-usd", "8.144", "--instances", "2",
+                     *SMALL]) == 0
+    summary = capsys.readouterr().out
+    assert "# Benchmark: second" in summary and "## Router hop" in summary
+
+    result = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert result["meta"]["model"] == MODEL  # read from GET /v1/models through the router
+    assert list(result["scenarios"]) == SCENARIOS
+    expected = {"cold": 2, "warm": 2, "shared-prefix": 2, "distinct-prefix": 2,
+                "multi-turn": 4, "document-96": 2}
+    for name, s in result["scenarios"].items():
+        assert (s["requests"], s["ok"], s["errors"]) == (expected[name], expected[name], 0)
+        assert set(s["ttft_s"]) == {"p50", "p90", "p95", "p99", "mean"}
+        assert 0 <= s["cache_hit_rate"] <= 1 and 0 <= s["usage_cached_fraction"] <= 1
+        assert s["output_tokens"] == 4 * s["ok"] and s["cost_per_1k_output_tokens_usd"] > 0
+        assert sum(s["workers"].values()) == s["ok"]
+    # a warm or later-turn request finds its prefix somewhere: hits are counted at all
+    assert result["scenarios"]["warm"]["cache_hit_rate"] > 0
+    overhead = result["router_overhead"]
+    assert overhead["endpoint"]["ok"] == overhead["direct"]["ok"] == 2
+    assert isinstance(overhead["added_ttft_s_p50"], float)
+    for name in ("summary.md", "ttft.png", "scenarios.png"):
+        assert (tmp_path / "first" / name).stat().st_size > 0
+    assert (tmp_path / "first" / "ttft.png").read_bytes().startswith(PNG)
+
+    assert main(["bench-compare", str(tmp_path / "first" / "results.json"),
+                 str(tmp_path / "second" / "results.json"), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert md.startswith("# second vs first") and all(f"| {n} |" in md for n in SCENARIOS)
+    assert (tmp_path / "cmp" / "compare.png").read_bytes().startswith(PNG)
+
+
+def test_unreachable_worker_metrics_leave_the_hit_rate_unknown(router, tmp_path):
+    proc, _ = router
+    config = BenchConfig(proc.url, model=MODEL, scenarios=("cold-warm",), requests=1,
+                         prefix_words=16, user_words=4, max_tokens=2, concurrency=1,
+                         worker_metrics=(f"http://127.0.0.1:{free_port()}/metrics",), salt="x")
+    result = run_benchmark(config, progress=False)
+    cold = result["scenarios"]["cold"]
+    assert cold["ok"] == 1 and cold["cache_hit_rate"] is None
+    assert cold["metrics_unreachable"][0].startswith("http://127.0.0.1:")
+
+
+def test_run_policy_renders_the_router_args_of_the_strategy():
+    args = rendered_router_args("roundrobin")
+    assert args[args.index("--policy") + 1] == "round_robin" and "--service-discovery" in args
+    result = run_policy("roundrobin", BenchConfig("", scenarios=("multi-turn",), sessions=2,
+                                                  turns=2, prefix_words=32, user_words=4,
+                                                  max_tokens=2, concurrency=2, salt="rr"),
+                        workers=2, worker_opts=FAST, progress=False)
+    mt = result["scenarios"]["multi-turn"]
+    assert mt["ok"] == 4 and 0 <= mt["cache_hit_rate"] <= 1
+    assert "--worker-urls" in result["meta"]["loopback"]["router_args"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--url", "ftp://x"], "--url = 'ftp://x' is not valid; allowed: an http://"),
+    (["bench", "--url", "http://x", "--scenarios", "chat"],
+     "--scenarios = 'chat' is not valid; allowed: cold-warm, prefix, multi-turn, document"),
+    (["bench", "--url", "http://x", "--concurrency", "0"], "--concurrency = 0 is not valid"),
+    (["bench", "--url", "http://x", "--env", "dev", "--endpoint", "nope"],
+     "--endpoint = 'nope' is not valid; allowed: llama-3-1-8b-instruct"),
+    (["bench-compare", "missing-a.json", "missing-b.json"],
+     "results = 'missing-a.json' is not valid; allowed: a results.json written by bench"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and "\n" not in err, err
+
+
+def test_price_and_instances_come_from_the_environment():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--url", "http://r:8000", "--env", "dev"])
+    c = config_from_args(args)
+    # dev: g5.24xlarge at 8.144/h; the endpoint's 2 replicas x 4 GPUs fill 2 nodes of 4 GPUs
+    assert (c.hourly_usd, c.instances) == (8.144, 2.0)
+
+
+def test_contexts_beyond_the_model_are_left_out_with_a_note():
+    phases, notes = build_phases(BenchConfig("", scenarios=("document",),
+                                             contexts=(8192, 65536), salt="s"), 32768)
+    assert [p.scenario for p in phases] == ["document-8k"]
+    assert notes == ["document-64k left out: 65536 tokens exceed the model's max_model_len "
+                     "32768"]
+    assert len(phases[0].jobs[0].system.split()) == 2 + 8192  # "Document <id>." + 8K words
+
+
+def test_percentiles_interpolate_like_numpy():
+    assert percentiles([4.0, 1.0, 3.0, 2.0]) == pytest.approx(
+        {"p50": 2.5, "p90": 3.7, "p95": 3.85, "p99": 3.97, "mean": 2.5})
+    assert percentiles([]) == {}
+
+
+def test_written_paths_are_relative_to_out(tmp_path: Path):
+    result = {"meta": {"label": "x", "url": "http://u", "model": "m", "started": "t",
+                       "salt": "s", "notes": [], "config": {"concurrency": 1, "max_tokens": 1,
+                                                            "ignore_eos": True}},
+              "scenarios": {}, "router_overhead": None}
+    paths = write_run(result, tmp_path / "run")
+    assert [p.name for p in paths] == ["results.json", "summary.md", "ttft.png", "scenarios.png"]

@@ -1,0 +1,171 @@
+"""preflight with botocore Stubbers: every AWS answer is scripted, in the order it is asked."""
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from config.images import IMAGES
+from tools.cli import Aws, ToolError, load_endpoints, load_environment
+from tools.preflight import FAIL, PASS, WARN, Preflight, main, print_rows
+
+CHINA = load_environment(argparse.Namespace(env="china", china=False))
+ZONES = list(CHINA.availability_zones)            # cn-northwest-1a..c
+MODEL = "models/Llama-3.1-8B-Instruct"            # the endpoint's modelLocation
+BUCKET = "kvcache-china-storage-models-1"
+K8S = CHINA.kubernetes_version
+
+
+def stubbed(calls: dict[str, list[tuple]]) -> tuple[Aws, list[Stubber]]:
+    """An Aws whose clients answer `calls[service]` = [(method, response | error code,
+    expected params | None)] in order."""
+    stubs = []
+
+    def factory(service: str):
+        client = boto3.client(service, region_name=CHINA.region, aws_access_key_id="x",
+                              aws_secret_access_key="y")
+        stub = Stubber(client)
+        for method, answer, params in calls.get(service, []):
+            if isinstance(answer, str):
+                stub.add_client_error(method, service_error_code=answer,
+                                      service_message=f"{answer} (scripted)",
+                                      http_status_code=400, expected_params=params)
+            else:
+                stub.add_response(method, answer, params)
+        stub.activate()
+        stubs.append(stub)
+        return client
+
+    return Aws(CHINA, factory=factory), stubs
+
+
+def happy(**override) -> dict[str, list[tuple]]:
+    calls = {
+        "sts": [("get_caller_identity", {"Account": CHINA.account, "UserId": "AIDA",
+                 "Arn": f"arn:aws-cn:iam::{CHINA.account}:user/ops"}, {})],
+        "ec2": [
+            ("describe_availability_zones", {"AvailabilityZones": [
+                {"ZoneName": z, "State": "available", "OptInStatus": "opt-in-not-required"}
+                for z in ZONES]}, {"Filters": [{"Name": "zone-name", "Values": ZONES}],
+                                   "AllAvailabilityZones": True}),
+            ("describe_instance_type_offerings", {"InstanceTypeOfferings": [
+                {"InstanceType": t, "LocationType": "availability-zone", "Location": z}
+                for t in ("g4dn.12xlarge", "g5.24xlarge", "m6i.xlarge") for z in ZONES]},
+             {"LocationType": "availability-zone", "Filters": [
+                 {"Name": "instance-type",
+                  "Values": ["g4dn.12xlarge", "g5.24xlarge", "m6i.xlarge"]},
+                 {"Name": "location", "Values": ZONES}]}),
+            ("describe_instance_types", {"InstanceTypes": [
+                {"InstanceType": "m6i.xlarge", "VCpuInfo": {"DefaultVCpus": 4}}]},
+             {"InstanceTypes": ["m6i.xlarge"]}),
+        ],
+        # china: g5.24xlarge x (2..6) + g4dn.12xlarge x (0..4) = 192..768 vCPUs; m6i 12..24
+        "service-quotas": [
+            ("get_service_quota", {"Quota": {"Value": 768.0}},
+             {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"}),
+            ("get_service_quota", {"Quota": {"Value": 64.0}},
+             {"ServiceCode": "ec2", "QuotaCode": "L-1216C47A"}),
+        ],
+        "eks": [("describe_cluster_versions", {"clusterVersions": [{
+            "clusterVersion": K8S, "versionStatus": "STANDARD_SUPPORT",
+            "endOfStandardSupportDate": datetime.datetime(2027, 12, 2)}]},
+            {"clusterVersions": [K8S], "includeAll": True})],
+        "ecr": [("describe_images", {"imageDetails": [{"imageDigest": i.digest or "sha256:" +
+                                                       "0" * 64}]},
+                 {"repositoryName": i.mirror_repository, "imageIds": [{"imageTag": i.tag}]})
+                for i in IMAGES.values()],
+        "cloudformation": [("describe_stacks", {"Stacks": [{
+            "StackName": "KvCache-china-Storage", "CreationTime": datetime.datetime(2026, 1, 1),
+            "StackStatus": "CREATE_COMPLETE",
+            "Outputs": [{"OutputKey": "ModelBucketName", "OutputValue": BUCKET}]}]},
+            {"StackName": "KvCache-china-Storage"})],
+        "s3": [("list_objects_v2", {"Contents": [
+            {"Key": f"{MODEL}/{n}"} for n in ("config.json", "tokenizer.json",
+                                              "model-00001-of-00002.safetensors",
+                                              "model-00002-of-00002.safetensors")]},
+            {"Bucket": BUCKET, "Prefix": f"{MODEL}/"})],
+    }
+    calls.update(override)
+    return calls
+
+
+def status(rows) -> dict[str, str]:
+    return {r.check: r.status for r in rows}
+
+
+def test_a_ready_account_passes_every_check(capsys):
+    aws, stubs = stubbed(happy())
+    rows = Preflight(aws, load_endpoints(CHINA)).run()
+    for stub in stubs:
+        stub.assert_no_pending_responses()
+    got = status(rows)
+    assert got.pop("image: vllm-lmcache") == WARN  # pinned by tag only, for now
+    assert set(got.values()) == {PASS}, rows
+    assert {"credentials", "services", "zones", "offered: g5.24xlarge", "offered: g4dn.12xlarge",
+            "offered: m6i.xlarge", "quota: Running On-Demand G and VT instances",
+            "quota: Running On-Demand Standard instances", f"EKS {K8S}",
+            "model: llama-3-1-8b-instruct"} <= set(got)
+    assert print_rows(CHINA, rows) == 0
+    out = capsys.readouterr().out
+    assert "preflight: china" in out and "768 vCPUs (L-DB2E81BA)" in out
+
+
+def test_blockers_are_failures_and_exit_non_zero(capsys):
+    calls = happy()
+    calls["sts"] = [("get_caller_identity", {"Account": "999999999999", "UserId": "x",
+                                             "Arn": "arn:aws-cn:iam::999999999999:user/x"}, {})]
+    offers = calls["ec2"][1][1]["InstanceTypeOfferings"]
+    offers[:] = [o for o in offers if (o["InstanceType"], o["Location"])
+                 != ("g5.24xlarge", "cn-northwest-1c")]
+    calls["service-quotas"][0] = ("get_service_quota", {"Quota": {"Value": 96.0}}, None)
+    calls["service-quotas"][1] = ("get_service_quota", "NoSuchResourceException", None)
+    calls["service-quotas"].append(("get_aws_default_service_quota",
+                                    {"Quota": {"Value": 16.0}}, None))
+    calls["eks"] = [("describe_cluster_versions", {"clusterVersions": []}, None)]
+    calls["ecr"][1] = ("describe_images", "ImageNotFoundException", None)
+    calls["ecr"][2] = ("describe_images", "RepositoryNotFoundException", None)
+    calls["s3"] = [("list_objects_v2", {"Contents": [{"Key": f"{MODEL}/config.json"}]}, None)]
+    aws, _ = stubbed(calls)
+    rows = Preflight(aws, load_endpoints(CHINA)).run()
+    got = status(rows)
+    assert got["credentials"] == FAIL
+    assert got["offered: g5.24xlarge"] == FAIL and got["offered: g4dn.12xlarge"] == PASS
+    assert got["quota: Running On-Demand G and VT instances"] == FAIL   # 96 < 192 desired
+    assert got["quota: Running On-Demand Standard instances"] == WARN   # 12 <= 16 < 24
+    assert got[f"EKS {K8S}"] == FAIL
+    second, third = list(IMAGES)[1:3]
+    assert got[f"image: {second}"] == FAIL and got[f"image: {third}"] == FAIL
+    assert got["model: llama-3-1-8b-instruct"] == FAIL
+    detail = {r.check: r.detail for r in rows}
+    assert "not offered in cn-northwest-1c" in detail["offered: g5.24xlarge"]
+    assert "run python -m tools mirror" in detail[f"image: {second}"]
+    assert "deploy KvCache-china-Storage" in detail[f"image: {third}"]
+    assert "no *.safetensors" in detail["model: llama-3-1-8b-instruct"]
+    with pytest.raises(ToolError, match=r"^7 blocker\(s\): credentials: account 999999999999"):
+        print_rows(CHINA, rows)
+
+
+def test_expired_credentials_and_a_missing_stack_are_rows_not_tracebacks():
+    calls = happy(sts=[("get_caller_identity", "ExpiredToken", {})],
+                  cloudformation=[("describe_stacks", "ValidationError", None)], s3=[])
+    aws, _ = stubbed(calls)
+    rows = {r.check: r for r in Preflight(aws, load_endpoints(CHINA)).run()}
+    assert rows["credentials"].status == FAIL
+    assert rows["credentials"].detail.startswith("AWS GetCallerIdentity failed: ExpiredToken")
+    model = rows["model: llama-3-1-8b-instruct"]
+    assert model.status == FAIL and "stack KvCache-china-Storage not found" in model.detail
+    assert all("\n" not in r.detail for r in rows.values())
+
+
+def test_the_command_line_reports_one_line_and_exit_1(monkeypatch, capsys):
+    from tools import __main__ as cli
+    from tools import preflight
+
+    aws, _ = stubbed(happy(eks=[("describe_cluster_versions", {"clusterVersions": []}, None)]))
+    monkeypatch.setattr(preflight, "Aws", lambda cfg, profile: aws)
+    assert cli.main(["preflight", "--env", "china"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: 1 blocker(s): EKS {K8S}: not offered in cn-northwest-1"

@@ -4,7 +4,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from config import EnvironmentConfig
-from config.images import IMAGES
+from config.images import CHARTS, IMAGES
 from constructs.image_repositories import ImageRepositories, ImageRepositoriesProps
 from constructs.model_bucket import ModelBucket, ModelBucketProps
 from stacks.common import removal_policy
@@ -19,7 +19,8 @@ class StorageStack(Stack):
             kms_encryption=cfg.bucket_encryption == "kms", removal_policy=removal_policy(cfg)))
         self.model_bucket, self.model_key = models.bucket, models.key
         self.repositories = ImageRepositories(self, "Images", props=ImageRepositoriesProps(
-            repository_names=tuple(sorted({i.mirror_repository for i in IMAGES.values()})),
+            repository_names=tuple(sorted({i.mirror_repository for i in IMAGES.values()}
+                                          | {c.mirror_repository for c in CHARTS.values()})),
             removal_policy=removal_policy(cfg))).repositories
         # ${MODEL_BUCKET} in dist/; the operator tools read it instead of guessing names.
         CfnOutput(self, "ModelBucketName", value=self.model_bucket.bucket_name)

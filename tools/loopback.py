@@ -23,16 +23,19 @@ import dataclasses
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from tools.fake_worker import FakeWorker
 
@@ -139,6 +142,18 @@ class FakeWorkerPool:
             w.reset_stats()
             w.cache.clear()
 
+    def wait_kv_subscribers(self, n: int = 1, timeout: float = 5.0) -> None:
+        """Wait until every live worker's KV event stream has ``n`` subscribers (one per
+        kv_aware router): events published before a router subscribes never reach it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = {w.worker_id: w.kv_subscribers() for w in self.workers if w.alive}
+            if all(c >= n for c in counts.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"KV event subscribers after {timeout}s: {counts}, want {n}")
+            time.sleep(0.02)
+
 
 # --------------------------------------------------------------------------- router args
 
@@ -243,7 +258,52 @@ def _map_kv_source(value: str, worker_map: Mapping[str, str], endpoint_map: Mapp
     return f"{mapped}={','.join(eps)}"
 
 
-def _arg_value(args: Sequence[str], flag: str) -> str | None:
+def localize_for_pool(
+    rendered_args: Sequence[str],
+    pool: FakeWorkerPool,
+    port: int | None = None,
+    prometheus_port: int | None = None,
+    *,
+    kv_endpoints: Sequence[str] | None = None,
+) -> list[str]:
+    """``localize_router_args`` onto ``pool``, the KV event sources included.
+
+    A rendered kv_aware router lists in-cluster workers (``--worker-urls``) and one
+    ``--kv-event-source WORKER=ENDPOINT`` each: the i-th rendered worker becomes
+    ``pool.workers[i]`` and its endpoint that worker's publisher (``kv_endpoints[i]`` instead,
+    if given, e.g. a port where nothing publishes). Ports default to free ones.
+    """
+    rendered_workers = _arg_values(rendered_args, "--worker-urls")
+    sources = [v.partition("=")[0] for f, v in zip(rendered_args, rendered_args[1:])
+               if f == "--kv-event-source"]
+    in_cluster = rendered_workers or sources
+    worker_map: dict[str, str] = {}
+    endpoint_map: dict[str, str] = {}
+    if sources:
+        if len(in_cluster) > len(pool):
+            raise ValueError(f"{len(in_cluster)} rendered workers, {len(pool)} local ones")
+        for remote, worker in zip(in_cluster, pool):
+            worker_map[remote] = worker.url
+        for flag, value in zip(rendered_args, rendered_args[1:]):
+            if flag != "--kv-event-source":
+                continue
+            remote, _, endpoint = value.partition("=")
+            i = in_cluster.index(remote)
+            local = kv_endpoints[i] if kv_endpoints is not None else \
+                pool.workers[i].kv_events_endpoint
+            if not local:
+                raise ValueError(f"worker {pool.workers[i].worker_id} publishes no KV events "
+                                 "(start the pool with kv_events_port=0)")
+            endpoint_map[endpoint] = local
+    urls = [worker_map[r] for r in in_cluster] if sources else pool.urls
+    return localize_router_args(
+        rendered_args, urls, port or free_port(), prometheus_port or free_port(),
+        kv_worker_map=worker_map, kv_endpoint_map=endpoint_map,
+    )
+
+
+def arg_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in an argument list (``--flag value`` or ``--flag=value``)."""
     for i, tok in enumerate(args):
         if tok == flag and i + 1 < len(args):
             return args[i + 1]
@@ -322,14 +382,14 @@ class RouterProcess:
         binary: str | None = None,
     ) -> None:
         self.args = list(args)
-        port = _arg_value(self.args, "--port")
+        port = arg_value(self.args, "--port")
         if port is None:
             raise ValueError("args must carry --port (use localize_router_args)")
-        host = _arg_value(self.args, "--host") or LOOPBACK
+        host = arg_value(self.args, "--host") or LOOPBACK
         if host not in (LOOPBACK, "localhost"):
             raise ValueError(f"router must bind 127.0.0.1 here, not {host!r}")
         self.port = int(port)
-        prom = _arg_value(self.args, "--prometheus-port")
+        prom = arg_value(self.args, "--prometheus-port")
         self.prometheus_port = int(prom) if prom else None
         self.worker_urls = _arg_values(self.args, "--worker-urls")
         self.expect_workers = len(self.worker_urls) if expect_workers is None else expect_workers
@@ -436,6 +496,10 @@ class RouterProcess:
             return ""
         status, body = http_json("GET", self.metrics_url, timeout=2.0, raw=True)
         return body if status == 200 else ""
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
+        return metric_sum(self.metrics_text(), name, **labels)
 
     def stop(self) -> None:
         proc = self.proc
@@ -592,18 +656,13 @@ def chat(
                 _cached(usage), [obj["worker_id"]] if obj.get("worker_id") else [], True,
             )
         deadline = t0 + timeout
-        for raw_line in resp:
+        for chunk in sse_chunks(resp):
             if time.perf_counter() > deadline:
                 error = "stream exceeded timeout"
                 break
-            line = raw_line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
+            if chunk is None:
                 done = True
                 break
-            chunk = json.loads(data)
             if chunk.get("worker_id"):
                 chunk_ids.append(chunk["worker_id"])
             if chunk.get("usage"):
@@ -626,18 +685,119 @@ def chat(
     )
 
 
+def sse_chunks(lines: Iterable[bytes]) -> Iterator[dict | None]:
+    """The JSON chunks of a streamed (SSE) completion body, then ``None`` for ``[DONE]``."""
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            yield None
+            return
+        yield json.loads(data)
+
+
 def _cached(usage: dict | None) -> int | None:
     details = (usage or {}).get("prompt_tokens_details") or {}
     return details.get("cached_tokens")
 
 
+_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus samples of ``name`` in ``text`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
 @contextlib.contextmanager
 def loopback_router(rendered_args: Sequence[str], pool: FakeWorkerPool,
                     **router_opts: Any) -> Iterator[RouterProcess]:
-    """Localize ``rendered_args`` onto ``pool`` and run the router for the block."""
-    args = localize_router_args(rendered_args, pool.urls, free_port(), free_port())
+    """Localize ``rendered_args`` onto ``pool`` (KV event sources included) and run the router
+    for the block; a kv_aware router is subscribed to every worker before the block runs."""
+    args = localize_for_pool(rendered_args, pool)
     with RouterProcess(args, **router_opts) as router:
+        if "--kv-event-source" in args:
+            pool.wait_kv_subscribers(1)
         yield router
 
 
-__all__.append("loopback_router")
+# --------------------------------------------------------------------------- conversations
+
+
+def filler(seed: str, words: int) -> str:
+    """Deterministic filler text, distinct per seed."""
+    rng = random.Random(seed)
+    letters = "bcdfghjklmnprstvz"
+    return " ".join(f"{rng.choice(letters)}{rng.randrange(10**6)}" for _ in range(words))
+
+
+class Conversation:
+    """One user's multi-turn chat: a long system prompt of its own (its prefix), then turns of
+    ``user_words`` each. ``turn(url)`` sends the next turn wherever it is told; a failed turn
+    is forgotten, so the next call sends it again, as a client retrying would."""
+
+    def __init__(self, name: str, *, system_words: int = 400, user_words: int = 30,
+                 max_tokens: int = 16) -> None:
+        self.name = name
+        self.user_words = user_words
+        self.max_tokens = max_tokens
+        self.messages = [{"role": "system", "content": filler(f"system-{name}", system_words)}]
+        self.results: list[ChatResult] = []  # every attempt, failures included
+
+    @property
+    def turns_done(self) -> int:
+        return sum(1 for r in self.results if r.ok)
+
+    @property
+    def workers(self) -> list[str | None]:
+        """Who answered each successful turn, in order."""
+        return [r.worker_id for r in self.results if r.ok]
+
+    def turn(self, url: str, *, session_header: bool = False, stream: bool = True,
+             timeout: float = 10.0) -> ChatResult:
+        turn = self.turns_done
+        self.messages.append({"role": "user",
+                              "content": filler(f"user-{self.name}-{turn}", self.user_words)})
+        res = chat(url, self.messages, session_id=self.name if session_header else None,
+                   stream=stream, max_tokens=self.max_tokens, timeout=timeout)
+        self.results.append(res)
+        if res.ok:
+            self.messages.append({"role": "assistant", "content": res.text})
+        else:
+            self.messages.pop()
+        return res
+
+
+def run_conversations(urls: Sequence[str], sessions: int, turns: int, *,
+                      session_header: bool = False, name: str = "conv",
+                      timeout: float = 10.0, **conversation_opts: Any) -> list[Conversation]:
+    """``sessions`` users arrive together and each holds ``turns`` turns, one after another;
+    turn ``t`` of user ``s`` goes to ``urls[(s + t) % len(urls)]`` (with two routers, every
+    conversation alternates between them and both carry load at every moment)."""
+    convs = [Conversation(f"{name}-{s}", **conversation_opts) for s in range(sessions)]
+    start = threading.Barrier(sessions, timeout=timeout)
+
+    def run(s: int) -> None:
+        start.wait()
+        for t in range(turns):
+            convs[s].turn(urls[(s + t) % len(urls)], session_header=session_header,
+                          timeout=timeout)
+
+    with ThreadPoolExecutor(sessions) as pool:
+        list(pool.map(run, range(sessions)))
+    return convs
+
+
+__all__ += ["arg_value", "loopback_router", "localize_for_pool", "metric_sum", "sse_chunks",
+            "filler", "Conversation", "run_conversations"]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
-from config.images import IMAGES
+from config.images import CHARTS, IMAGES
 from tests.conftest import dumps, resources
 
 ENVS = ["dev", "china", "dev-cn"]
@@ -20,9 +20,10 @@ def synth(request, synths):
 def test_stack_set_follows_the_variant(dev, china):
     assert set(dev.templates) == {f"KvCache-dev-{s}" for s in
                                   ("Network", "Storage", "Cluster", "Cache", "Observability",
-                                   "Serving")}
+                                   "Serving", "Monitoring")}
     assert set(china.templates) == {f"KvCache-china-{s}" for s in
-                                    ("Network", "Storage", "Cluster", "Cache", "Serving")}
+                                    ("Network", "Storage", "Cluster", "Cache", "Serving",
+                                     "Monitoring")}
 
 
 def test_no_hand_written_aws_partition_anywhere(synth):
@@ -87,7 +88,8 @@ def test_model_bucket_is_encrypted_private_tls_only_versioned_logged_and_retaine
 def test_ecr_repository_per_catalogue_image(synth):
     repos = resources(synth.template("Storage"), "AWS::ECR::Repository").values()
     assert {r["Properties"]["RepositoryName"] for r in repos} == {
-        i.mirror_repository for i in IMAGES.values()}
+        i.mirror_repository for i in IMAGES.values()} | {
+        c.mirror_repository for c in CHARTS.values()}
     for r in repos:
         p = r["Properties"]
         assert p["ImageScanningConfiguration"] == {"ScanOnPush": True}

@@ -10,7 +10,7 @@ from botocore.stub import Stubber
 
 from config.images import IMAGES
 from tools.cli import Aws, ToolError, load_endpoints, load_environment
-from tools.preflight import FAIL, PASS, WARN, Preflight, main, print_rows
+from tools.preflight import FAIL, PASS, WARN, Preflight, print_rows
 
 CHINA = load_environment(argparse.Namespace(env="china", china=False))
 ZONES = list(CHINA.availability_zones)            # cn-northwest-1a..c
@@ -158,6 +158,15 @@ def test_expired_credentials_and_a_missing_stack_are_rows_not_tracebacks():
     model = rows["model: llama-3-1-8b-instruct"]
     assert model.status == FAIL and "stack KvCache-china-Storage not found" in model.detail
     assert all("\n" not in r.detail for r in rows.values())
+
+
+def test_without_describe_cluster_versions_the_add_ons_tell_the_version():
+    aws, _ = stubbed(happy(eks=[
+        ("describe_cluster_versions", "AccessDeniedException", None),
+        ("describe_addon_versions", {"addons": [{"addonName": "vpc-cni"}]},
+         {"kubernetesVersion": K8S, "maxResults": 1})]))
+    row, = [r for r in Preflight(aws, ()).run() if r.check == f"EKS {K8S}"]
+    assert (row.status, row.detail) == (PASS, f"add-ons are published for {K8S}")
 
 
 def test_the_command_line_reports_one_line_and_exit_1(monkeypatch, capsys):

@@ -1,6 +1,8 @@
 """upload-model against moto's S3: multipart with SHA-256 checksums, resume, verify, bad input."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -12,7 +14,7 @@ from moto import mock_aws
 
 from tools.__main__ import main
 from tools.upload_model import (
-    MiB, Hasher, UploadOptions, head_remote, scan_model_dir, upload_model,
+    MiB, Hasher, LocalFile, UploadOptions, head_remote, scan_model_dir, upload_model,
 )
 
 REGION = "us-west-2"          # the dev environment's region (cdk.json)
@@ -108,6 +110,11 @@ def test_cli_uploads_to_the_endpoint_location_then_a_second_run_uploads_nothing(
     assert (report.uploaded, len(report.skipped), report.verified) == ([], 4, 4)
     assert main(["upload-model", "--env", "dev", str(model_dir)]) == 0
     assert "0 uploaded, 4 already there" in capsys.readouterr().out
+    (model_dir / "generation_config.json").write_text("{}")
+    assert main(["upload-model", "--env", "dev", "--dry-run", str(model_dir)]) == 0
+    assert f"1 of 5 files to upload, 4 already there\n  upload {PREFIX}/generation_config.json" \
+        in capsys.readouterr().out
+    assert f"{PREFIX}/generation_config.json" not in keys(bucket)
 
 
 def test_an_interrupted_upload_resumes_with_only_what_is_missing(model_dir, bucket):
@@ -147,20 +154,18 @@ def test_a_changed_or_foreign_object_is_uploaded_again(model_dir, bucket):
 def test_local_checksums_are_the_ones_s3_computes(tmp_path):
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"x" * (2 * MiB + 5))
-    from tools.upload_model import LocalFile
-    lf = LocalFile(f, "k", f.stat().st_size)
+    local = LocalFile(f, "k", f.stat().st_size)
     with mock_aws():
         s3 = s3_client()
         s3.create_bucket(Bucket="b-1", CreateBucketConfiguration={"LocationConstraint": REGION})
         s3.put_object(Bucket="b-1", Key="k", Body=f.read_bytes(), ChecksumAlgorithm="SHA256")
         single = s3.head_object(Bucket="b-1", Key="k", ChecksumMode="ENABLED")["ChecksumSHA256"]
-    assert Hasher().checksum(lf, 0, 0) == single
+    assert Hasher().checksum(local, 0, 0) == single
     # composite: SHA-256 over the parts' raw SHA-256 digests
-    import base64
-    import hashlib
     data = f.read_bytes()
-    digests = b"".join(hashlib.sha256(data[i:i + MiB]).digest() for i in range(0, len(data), MiB))
-    assert Hasher().checksum(lf, 3, MiB) == base64.b64encode(hashlib.sha256(digests).digest()).decode()
+    parts = b"".join(hashlib.sha256(data[i:i + MiB]).digest() for i in range(0, len(data), MiB))
+    composite = base64.b64encode(hashlib.sha256(parts).digest()).decode()
+    assert Hasher().checksum(local, 3, MiB) == composite
 
 
 @pytest.mark.parametrize("case, argv, message", [

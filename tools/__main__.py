@@ -1,0 +1,41 @@
+"""Operator tools around a deploy: `python -m tools <command> --help` for each.
+
+  upload-model   copy a local model directory to the environment's model bucket
+  mirror         copy the pinned images (and charts) into the environment's ECR
+  preflight      check an account and region before `cdk deploy`
+  bench          measure TTFT, throughput, cache hits and cost of an OpenAI-compatible endpoint
+  bench-compare  put two `bench` runs side by side
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from tools import benchmark, mirror, preflight, upload_model
+from tools.cli import run_command
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line too (`--help` shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m tools", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (upload_model, mirror, preflight, benchmark):
+        module.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return run_command(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

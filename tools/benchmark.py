@@ -1,0 +1,645 @@
+"""Benchmark any OpenAI-compatible endpoint (the router's) with the scenarios HyperPod users run.
+
+    python -m tools bench --url http://ROUTER:8000 --label prefixaware --out runs/prefixaware \\
+        --worker-metrics http://W1:8000/metrics http://W2:8000/metrics --env dev
+    python -m tools bench-compare runs/roundrobin/results.json runs/prefixaware/results.json
+
+Scenarios (each a phase, one after the other, so metric deltas belong to one scenario):
+- cold / warm: distinct long prompts, each sent once (cold), then all again (warm);
+- shared-prefix / distinct-prefix: one long system prompt shared by every request, or one each;
+- multi-turn: chat sessions whose history grows turn after turn (X-Session-ID set);
+- document-<N>k: long-document Q&A, several questions per document, one document per context
+  size (8K and 64K tokens by default; tokens are approximated by common English words).
+
+Streams every response and reports TTFT P50/P90/P95/P99, inter-token latency, output tokens/s,
+request throughput, errors, the prefix cache hit rate from the workers' `/metrics`
+(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` deltas) where reachable,
+and the cost per 1K tokens from the instance price. Every run salts its prompts, so one run's
+cache never warms the next. Writes results.json, summary.md and PNG plots (`bench_report`).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import random
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tools.cli import ToolError, add_command, err_console, out_console
+from tools.loopback import metric_sum, sse_chunks
+
+SCENARIO_GROUPS = ("cold-warm", "prefix", "multi-turn", "document")
+PERCENTILES = (50, 90, 95, 99)
+HIT_METRICS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+EXTERNAL_HIT_METRICS = ("vllm:external_prefix_cache_hits_total",
+                        "vllm:external_prefix_cache_queries_total")
+
+# Common English words: about one token each in Llama/GPT-style vocabularies.
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her they this have are be "
+    "not had but one all were when there can an which their said if do will each about how up "
+    "out them then she many some so these would other into has more two like him see time "
+    "could no make than first been its who now people my made over did down only way find use "
+    "may water long little very after words called just where most know get through back much "
+    "before go good new write our used me man too any day same right look think also around "
+    "another came come work three word must because does part even place well such here take "
+    "why things help put years different away again off went old number great tell men say "
+    "small every found still between name should home big give air line set own under read "
+    "last never us left end along while might next sound below saw something thought both few "
+    "those always looked show large often together asked house world going want school "
+    "important until form food keep children feet land side without boy once animals life "
+    "enough took sometimes four head above kind began almost live page got earth need far hand "
+    "high year mother light parts country father let night following picture being study "
+    "second eyes soon times story boys since white days ever paper hard near sentence better "
+    "best across during today others however sure means knew try told young miles sun ways "
+    "thing whole hear example heard several change answer room sea against top turned learn "
+    "point city play toward five using himself usually money seen car morning river table"
+).split()
+
+
+def words(seed: str, n: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Job:
+    """One client's sequence of requests, sent one after the other."""
+
+    session: str
+    system: str | None
+    users: tuple[str, ...]
+    history: bool = False  # multi-turn: each request carries the previous turns
+
+
+@dataclass(frozen=True)
+class Phase:
+    scenario: str
+    jobs: tuple[Job, ...]
+    prompt_words: int  # approximate prompt size of one request (for the report)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    url: str
+    model: str | None = None
+    label: str = ""
+    scenarios: tuple[str, ...] = SCENARIO_GROUPS
+    contexts: tuple[int, ...] = (8192, 65536)
+    concurrency: int = 8
+    requests: int = 16          # cold-warm and prefix scenarios
+    prefix_words: int = 2000    # their prompt size, and the multi-turn system prompt
+    sessions: int = 8
+    turns: int = 5
+    user_words: int = 40
+    documents: int = 4
+    questions: int = 4
+    max_tokens: int = 64
+    timeout_s: float = 300.0
+    time_limit_s: float = 600.0  # per scenario: no new request after it
+    worker_metrics: tuple[str, ...] = ()
+    direct_url: str | None = None
+    overhead_requests: int = 40
+    overhead_prompt_words: int = 2000
+    hourly_usd: float | None = None
+    instances: float = 1.0
+    ignore_eos: bool = True
+    api_key: str | None = field(default=None, repr=False)
+    salt: str = ""
+
+
+def build_phases(c: BenchConfig, max_model_len: int | None = None) -> tuple[list[Phase],
+                                                                           list[str]]:
+    """The phases of a run, and notes on scenarios left out (contexts beyond the model)."""
+    salt = c.salt
+    phases: list[Phase] = []
+    notes: list[str] = []
+
+    def q(tag: str) -> str:
+        return f"Question {tag}: " + words(f"{salt}-q-{tag}", c.user_words)
+
+    if "cold-warm" in c.scenarios:
+        jobs = tuple(Job(f"cw{i}", f"Document {salt}-cw-{i}. " + words(f"{salt}-cw-{i}",
+                                                                        c.prefix_words),
+                         (q(f"cw{i}"),)) for i in range(c.requests))
+        phases += [Phase("cold", jobs, c.prefix_words), Phase("warm", jobs, c.prefix_words)]
+    if "prefix" in c.scenarios:
+        # `concurrency` clients, each asking in turn: after the first wave, a shared prefix
+        # can be in cache; distinct ones never are.
+        clients = max(1, min(c.concurrency, c.requests))
+        ids = [list(range(k, c.requests, clients)) for k in range(clients)]
+        shared = f"Instructions {salt}. " + words(f"{salt}-shared", c.prefix_words)
+        phases.append(Phase("shared-prefix", tuple(
+            Job(f"sp{k}", shared, tuple(q(f"sp{i}") for i in mine))
+            for k, mine in enumerate(ids)), c.prefix_words))
+        phases.append(Phase("distinct-prefix", tuple(
+            Job(f"dp{k}", None, tuple(
+                f"Instructions {salt}-{i}. " + words(f"{salt}-dp-{i}", c.prefix_words)
+                + "\n\n" + q(f"dp{i}") for i in mine)) for k, mine in enumerate(ids)),
+            c.prefix_words))
+    if "multi-turn" in c.scenarios:
+        phases.append(Phase("multi-turn", tuple(
+            Job(f"mt{s}", f"You are assistant {salt}-{s}. " + words(f"{salt}-mt-{s}",
+                                                                    c.prefix_words),
+                tuple(q(f"mt{s}-{t}") for t in range(c.turns)), history=True)
+            for s in range(c.sessions)), c.prefix_words + c.turns * c.user_words))
+    if "document" in c.scenarios:
+        for ctx in c.contexts:
+            name = f"document-{ctx // 1024}k" if ctx % 1024 == 0 else f"document-{ctx}"
+            if max_model_len and ctx + c.user_words + c.max_tokens + 64 > max_model_len:
+                notes.append(f"{name} left out: {ctx} tokens exceed the model's max_model_len "
+                             f"{max_model_len}")
+                continue
+            phases.append(Phase(name, tuple(
+                Job(f"{name}-d{d}", f"Document {salt}-{ctx}-{d}. "
+                    + words(f"{salt}-doc-{ctx}-{d}", ctx),
+                    tuple(q(f"{ctx}-{d}-{i}") for i in range(c.questions)))
+                for d in range(c.documents)), ctx))
+    return phases, notes
+
+
+# --------------------------------------------------------------------------- client
+
+
+@dataclass
+class Sample:
+    scenario: str
+    session: str
+    turn: int
+    ok: bool = False
+    status: int = 0
+    error: str | None = None
+    start_s: float = 0.0            # since the phase started
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    worker: str | None = None       # when the server names it (fake workers do)
+
+
+class Client:
+    """Streams chat completions over http.client (http or https), one connection per request."""
+
+    def __init__(self, url: str, model: str | None, *, api_key: str | None = None,
+                 timeout_s: float = 300.0, max_tokens: int = 64, ignore_eos: bool = True):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ToolError.bad_input("--url", url, "an http:// or https:// base URL")
+        self.parts, self.model, self.timeout_s = parts, model, timeout_s
+        self.base = parts.path.rstrip("/")
+        if self.base.endswith("/v1/chat/completions"):
+            self.base = self.base[: -len("/v1/chat/completions")]
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.max_tokens, self.ignore_eos = max_tokens, ignore_eos
+
+    def _conn(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self.parts.scheme == "https" else \
+            http.client.HTTPConnection
+        return cls(self.parts.hostname, self.parts.port, timeout=self.timeout_s)
+
+    def get_json(self, path: str) -> Any:
+        conn = self._conn()
+        try:
+            conn.request("GET", self.base + path, headers=self.headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status != 200:
+                raise OSError(f"HTTP {resp.status}")
+            return json.loads(body)
+        finally:
+            conn.close()
+
+    def chat(self, messages: list[dict], sample: Sample, session: str | None = None) -> str:
+        """Fills `sample` from one streamed completion; returns the answer text."""
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+                "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+        if self.ignore_eos:
+            body["ignore_eos"] = True  # vLLM: always generate max_tokens, comparable runs
+        headers = dict(self.headers, Accept="text/event-stream")
+        if session:
+            headers["X-Session-ID"] = session
+        text: list[str] = []
+        conn = self._conn()
+        t0 = time.perf_counter()
+        last = None
+        try:
+            conn.request("POST", self.base + "/v1/chat/completions",
+                         body=json.dumps(body).encode(), headers=headers)
+            resp = conn.getresponse()
+            sample.status = resp.status
+            if resp.status != 200:
+                sample.error = f"HTTP {resp.status}: " + resp.read(300).decode(
+                    errors="replace").strip()
+                return ""
+            for chunk in sse_chunks(resp):
+                if chunk is None:
+                    sample.ok = True
+                    break
+                sample.worker = sample.worker or chunk.get("worker_id")
+                usage = chunk.get("usage")
+                if usage:
+                    sample.prompt_tokens = usage.get("prompt_tokens")
+                    sample.output_tokens = usage.get("completion_tokens") or sample.output_tokens
+                    sample.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens")
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content")
+                    if not piece:
+                        continue
+                    now = time.perf_counter()
+                    if last is None:
+                        sample.ttft_s = now - t0
+                    else:
+                        sample.itl_s.append(now - last)
+                    last = now
+                    text.append(piece)
+            if not sample.ok and sample.error is None:
+                sample.error = "stream ended without [DONE]"
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            sample.error = f"{type(exc).__name__}: {exc}"
+            sample.ok = False
+        finally:
+            conn.close()
+            sample.e2e_s = time.perf_counter() - t0
+        if sample.ok and not sample.output_tokens:
+            sample.output_tokens = len(sample.itl_s) + (sample.ttft_s is not None)
+        return "".join(text)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def scrape(urls: Sequence[str], timeout: float = 5.0) -> tuple[dict[str, float] | None,
+                                                                list[str]]:
+    """Sums of the cache counters over every worker; None if any worker did not answer."""
+    totals = dict.fromkeys(HIT_METRICS + EXTERNAL_HIT_METRICS, 0.0)
+    failed = []
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the chat client
+    for url in urls:
+        try:
+            with direct.open(url, timeout=timeout) as resp:
+                text = resp.read().decode(errors="replace")
+        except (OSError, ValueError) as exc:
+            failed.append(f"{url}: {exc}")
+            continue
+        for name in totals:
+            totals[name] += metric_sum(text, name)
+    return (None if failed or not urls else totals), failed
+
+
+def hit_rate(before: dict | None, after: dict | None, names: tuple[str, str]) -> float | None:
+    if before is None or after is None:
+        return None
+    queries = after[names[1]] - before[names[1]]
+    return None if queries <= 0 else (after[names[0]] - before[names[0]]) / queries
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def percentiles(values: Sequence[float], ps: Sequence[int] = PERCENTILES) -> dict[str, float]:
+    """Linear-interpolated percentiles (numpy's default), plus mean; {} when empty."""
+    xs = sorted(values)
+    if not xs:
+        return {}
+    out = {}
+    for p in ps:
+        k = (len(xs) - 1) * p / 100
+        lo, hi = math.floor(k), math.ceil(k)
+        out[f"p{p}"] = xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    out["mean"] = sum(xs) / len(xs)
+    return out
+
+
+def summarise(phase: Phase, samples: list[Sample], wall_s: float, skipped: int,
+              hits: dict[str, float | None], c: BenchConfig) -> dict:
+    ok = [s for s in samples if s.ok]
+    out_tokens = sum(s.output_tokens for s in ok)
+    prompt = [s.prompt_tokens for s in ok if s.prompt_tokens is not None]
+    cached = [(s.cached_tokens, s.prompt_tokens) for s in ok
+              if s.cached_tokens is not None and s.prompt_tokens]
+    total_tokens = out_tokens + sum(prompt)
+    tpot = [(s.e2e_s - s.ttft_s) / (s.output_tokens - 1) for s in ok
+            if s.ttft_s is not None and s.output_tokens > 1]
+    fleet_usd_per_s = (c.hourly_usd * c.instances / 3600) if c.hourly_usd else None
+
+    def per_1k(tokens: int) -> float | None:
+        return fleet_usd_per_s * wall_s / tokens * 1000 if fleet_usd_per_s and tokens else None
+
+    errors: dict[str, int] = {}
+    for s in samples:
+        if not s.ok:
+            errors[s.error or "?"] = errors.get(s.error or "?", 0) + 1
+    return {
+        "scenario": phase.scenario, "prompt_words": phase.prompt_words,
+        "requests": len(samples), "ok": len(ok), "errors": len(samples) - len(ok),
+        "skipped_after_time_limit": skipped, "error_kinds": errors,
+        "wall_s": wall_s,
+        "ttft_s": percentiles([s.ttft_s for s in ok if s.ttft_s is not None]),
+        "itl_s": percentiles([x for s in ok for x in s.itl_s]),
+        "tpot_s": percentiles(tpot),
+        "e2e_s": percentiles([s.e2e_s for s in ok]),
+        "output_tokens": out_tokens, "prompt_tokens": sum(prompt) if prompt else None,
+        "request_throughput_rps": len(ok) / wall_s if wall_s else 0.0,
+        "output_tokens_per_s": out_tokens / wall_s if wall_s else 0.0,
+        "total_tokens_per_s": total_tokens / wall_s if wall_s and prompt else None,
+        "cache_hit_rate": hits.get("local"),
+        "external_cache_hit_rate": hits.get("external"),
+        "usage_cached_fraction": (sum(a for a, _ in cached) / sum(b for _, b in cached)
+                                  if cached else None),
+        "cost_per_1k_output_tokens_usd": per_1k(out_tokens),
+        "cost_per_1k_tokens_usd": per_1k(total_tokens) if prompt else None,
+        "workers": _spread(ok),
+        "ttft_samples_s": [s.ttft_s for s in ok if s.ttft_s is not None],
+    }
+
+
+def _spread(samples: list[Sample]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in samples:
+        if s.worker:
+            out[s.worker] = out.get(s.worker, 0) + 1
+    return dict(sorted(out.items()))
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def run_phase(client: Client, phase: Phase, c: BenchConfig,
+              on_request: Callable[[], None] = lambda: None) -> dict:
+    before, failed = scrape(c.worker_metrics)
+    deadline = time.monotonic() + c.time_limit_s
+    t0 = time.perf_counter()
+    lock = threading.Lock()
+    samples: list[Sample] = []
+    skipped = 0
+    stop = threading.Event()  # Ctrl-C: every client stops after its current request
+
+    def run_job(job: Job) -> None:
+        nonlocal skipped
+        history: list[dict] = []
+        for turn, user in enumerate(job.users):
+            if time.monotonic() > deadline or stop.is_set():
+                with lock:
+                    skipped += len(job.users) - turn
+                return
+            messages = ([{"role": "system", "content": job.system}] if job.system else [])
+            messages += history + [{"role": "user", "content": user}]
+            sample = Sample(phase.scenario, job.session, turn,
+                            start_s=time.perf_counter() - t0)
+            answer = client.chat(messages, sample, session=job.session)
+            with lock:
+                samples.append(sample)
+            on_request()
+            if job.history and sample.ok:
+                history += [{"role": "user", "content": user},
+                            {"role": "assistant", "content": answer}]
+
+    with ThreadPoolExecutor(max(1, min(c.concurrency, len(phase.jobs)))) as pool:
+        try:
+            list(pool.map(run_job, phase.jobs))
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+    wall = time.perf_counter() - t0
+    after, failed_after = scrape(c.worker_metrics)
+    hits = {"local": hit_rate(before, after, HIT_METRICS),
+            "external": hit_rate(before, after, EXTERNAL_HIT_METRICS)}
+    summary = summarise(phase, samples, wall, skipped, hits, c)
+    summary["metrics_unreachable"] = sorted(set(failed + failed_after))
+    summary["samples"] = [_compact(s) for s in samples]
+    return summary
+
+
+def _compact(s: Sample) -> dict:
+    d = asdict(s)
+    d.pop("itl_s")
+    return d
+
+
+def router_overhead(c: BenchConfig, model: str) -> dict:
+    """Median time to first token and end-to-end time of the same warm request, sent in turn
+    to the endpoint and straight to one worker (`--direct-url`): the router's added latency."""
+    prompt = [{"role": "system", "content": f"Overhead probe {c.salt}. "
+               + words(f"{c.salt}-overhead", c.overhead_prompt_words)},
+              {"role": "user", "content": "Say something."}]
+    routes = {"endpoint": Client(c.url, model, api_key=c.api_key, timeout_s=c.timeout_s,
+                                 max_tokens=8, ignore_eos=c.ignore_eos),
+              "direct": Client(c.direct_url, model, api_key=c.api_key, timeout_s=c.timeout_s,
+                               max_tokens=8, ignore_eos=c.ignore_eos)}
+    warmups = 2 * len(c.worker_metrics) or 8  # enough for every worker the endpoint may pick
+    for client in routes.values():
+        for _ in range(warmups):
+            client.chat(prompt, Sample("overhead", "warm", 0))
+    got: dict[str, list[Sample]] = {k: [] for k in routes}
+    for i in range(c.overhead_requests):
+        for name, client in (routes.items() if i % 2 else reversed(routes.items())):
+            s = Sample("overhead", name, i)
+            client.chat(prompt, s)
+            got[name].append(s)
+    out: dict[str, Any] = {"prompt_words": c.overhead_prompt_words, "requests_each":
+                           c.overhead_requests, "direct_url": c.direct_url}
+    for name, samples in got.items():
+        ok = [s for s in samples if s.ok and s.ttft_s is not None]
+        out[name] = {"ok": len(ok), "ttft_s": percentiles([s.ttft_s for s in ok]),
+                     "e2e_s": percentiles([s.e2e_s for s in ok])}
+    for metric in ("ttft_s", "e2e_s"):
+        a, b = out["endpoint"][metric], out["direct"][metric]
+        out[f"added_{metric}_p50"] = a["p50"] - b["p50"] if a and b else None
+    return out
+
+
+def run_benchmark(c: BenchConfig, *, progress: bool = True) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+
+    client = Client(c.url, c.model, api_key=c.api_key, timeout_s=c.timeout_s,
+                    max_tokens=c.max_tokens, ignore_eos=c.ignore_eos)
+    model, max_len = c.model, None
+    try:
+        card = (client.get_json("/v1/models").get("data") or [{}])[0]
+        model, max_len = model or card.get("id"), card.get("max_model_len")
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if not model:
+            raise ToolError.bad_input("--model", None, f"a model name (GET {c.url}/v1/models "
+                                      f"did not answer: {exc})")
+    client.model = model
+    phases, notes = build_phases(c, max_len)
+    result: dict[str, Any] = {
+        "meta": {"label": c.label, "url": c.url, "model": model, "max_model_len": max_len,
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "salt": c.salt,
+                 "config": {k: v for k, v in asdict(c).items() if k != "api_key"},
+                 "notes": notes},
+        "scenarios": {}, "router_overhead": None,
+    }
+    total = sum(len(j.users) for p in phases for j in p.jobs)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, disable=not progress) as bar:
+        task = bar.add_task("bench", total=total)
+        for phase in phases:
+            bar.update(task, description=phase.scenario)
+            result["scenarios"][phase.scenario] = run_phase(
+                client, phase, c, on_request=lambda: bar.advance(task))
+        if c.direct_url:
+            bar.update(task, description="router overhead")
+            result["router_overhead"] = router_overhead(c, model)
+    return result
+
+
+# --------------------------------------------------------------------------- command
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "bench", main, "measure an OpenAI-compatible endpoint", __doc__,
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--url", required=True, help="endpoint base URL (the router's)")
+    p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
+    p.add_argument("--label", default="", help="name of this run in reports (e.g. the policy)")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    p.add_argument("--scenarios", nargs="+", default=list(SCENARIO_GROUPS),
+                   metavar="GROUP", help=f"of {', '.join(SCENARIO_GROUPS)}")
+    p.add_argument("--contexts", nargs="+", type=int, default=[8192, 65536],
+                   metavar="TOKENS", help="document sizes (tokens ~ words)")
+    d = BenchConfig("")
+    for name, help_text in (("concurrency", "requests in flight at most"),
+                            ("requests", "requests of the cold/warm and prefix scenarios"),
+                            ("prefix-words", "their prompt size; multi-turn system prompt"),
+                            ("sessions", "multi-turn sessions"), ("turns", "turns per session"),
+                            ("user-words", "words of each question / user turn"),
+                            ("documents", "documents per context size"),
+                            ("questions", "questions per document"),
+                            ("max-tokens", "tokens generated per request"),
+                            ("overhead-requests", "requests each way for --direct-url")):
+        p.add_argument(f"--{name}", type=int, default=getattr(d, name.replace("-", "_")),
+                       help=help_text)
+    p.add_argument("--timeout", type=float, default=d.timeout_s, help="per request, seconds")
+    p.add_argument("--time-limit", type=float, default=d.time_limit_s,
+                   help="per scenario, seconds: no new request after it")
+    p.add_argument("--worker-metrics", nargs="+", default=[], metavar="URL",
+                   help="every worker's /metrics URL, for cache hit rates")
+    p.add_argument("--direct-url", help="one worker's base URL: measure the router's added "
+                   "latency against it")
+    p.add_argument("--hourly-usd", type=float, help="price of one instance per hour")
+    p.add_argument("--instances", type=float, help="instances serving the endpoint")
+    p.add_argument("--endpoint", help="with --env: price and instance count from the "
+                   "environment (instanceHourlyUsd x replicas)")
+    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding a "
+                   "bearer token")
+    p.add_argument("--no-ignore-eos", action="store_true",
+                   help="do not send vLLM's ignore_eos (for non-vLLM servers)")
+    p.add_argument("--seed", help="prompt salt (default: random, so runs never share cache)")
+
+    c = add_command(sub, "bench-compare", compare_main, "two bench runs side by side "
+                    "(Markdown + PNG)", env=False)
+    c.add_argument("baseline", type=Path, help="results.json of run A (e.g. roundrobin)")
+    c.add_argument("candidate", type=Path, help="results.json of run B (e.g. prefixaware)")
+    c.add_argument("--out", type=Path, help="directory for compare.md and compare.png "
+                   "(default: beside B)")
+
+
+def config_from_args(a: argparse.Namespace) -> BenchConfig:
+    for name in ("concurrency", "requests", "prefix_words", "sessions", "turns", "user_words",
+                 "documents", "questions", "max_tokens", "overhead_requests"):
+        value = getattr(a, name)
+        if not 1 <= value <= 100_000:
+            raise ToolError.bad_input(f"--{name.replace('_', '-')}", value, "1 to 100000")
+    for ctx in a.contexts:
+        if not 16 <= ctx <= 2_000_000:
+            raise ToolError.bad_input("--contexts", ctx, "16 to 2000000 tokens")
+    for s in a.scenarios:
+        if s not in SCENARIO_GROUPS:
+            raise ToolError.bad_input("--scenarios", s, SCENARIO_GROUPS)
+    for name in ("timeout", "time_limit"):
+        if getattr(a, name) <= 0:
+            raise ToolError.bad_input(f"--{name.replace('_', '-')}", getattr(a, name),
+                                      "a positive number of seconds")
+    hourly, instances = a.hourly_usd, a.instances
+    if a.endpoint or a.env:
+        hourly, instances = _env_price(a, hourly, instances)
+    if hourly is not None and hourly <= 0:
+        raise ToolError.bad_input("--hourly-usd", hourly, "a positive price")
+    api_key = None
+    if a.api_key_env:
+        api_key = os.environ.get(a.api_key_env)
+        if not api_key:
+            raise ToolError.bad_input("--api-key-env", a.api_key_env,
+                                      "the name of a set environment variable")
+    Client(a.url, None)  # validates the URL
+    if a.direct_url:
+        Client(a.direct_url, None)
+    return BenchConfig(
+        url=a.url, model=a.model, label=a.label or urllib.parse.urlsplit(a.url).netloc,
+        scenarios=tuple(dict.fromkeys(a.scenarios)), contexts=tuple(a.contexts),
+        concurrency=a.concurrency, requests=a.requests, prefix_words=a.prefix_words,
+        sessions=a.sessions, turns=a.turns, user_words=a.user_words, documents=a.documents,
+        questions=a.questions, max_tokens=a.max_tokens, timeout_s=a.timeout,
+        time_limit_s=a.time_limit, worker_metrics=tuple(a.worker_metrics),
+        direct_url=a.direct_url, overhead_requests=a.overhead_requests, hourly_usd=hourly,
+        instances=instances or 1.0, ignore_eos=not a.no_ignore_eos, api_key=api_key,
+        salt=a.seed or uuid.uuid4().hex[:8])
+
+
+def _env_price(a: argparse.Namespace, hourly: float | None,
+               instances: float | None) -> tuple[float | None, float | None]:
+    """instanceHourlyUsd of the endpoint's instance type; replicas x GPUs / GPUs per node."""
+    from config.instances import gpu_shape
+    from tools.cli import load_endpoints, load_environment, pick_endpoint
+
+    cfg = load_environment(a)
+    spec = pick_endpoint(cfg, load_endpoints(cfg), a.endpoint)
+    if hourly is None:
+        if spec.instance_type not in cfg.instance_hourly_usd:
+            raise ToolError.bad_input("--hourly-usd", None, f"a price: environment "
+                                      f"'{cfg.name}' has no instanceHourlyUsd for "
+                                      f"{spec.instance_type}")
+        hourly = cfg.instance_hourly_usd[spec.instance_type]
+    if instances is None:
+        instances = spec.replicas * spec.gpus / gpu_shape(spec.instance_type).gpus
+    return hourly, instances
+
+
+def main(args: argparse.Namespace) -> int:
+    from tools import bench_report
+
+    c = config_from_args(args)
+    result = run_benchmark(c)
+    paths = bench_report.write_run(result, args.out)
+    out_console.print(bench_report.summary_markdown(result), markup=False)
+    err_console.print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    from tools import bench_report
+
+    runs = []
+    for path in (args.baseline, args.candidate):
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ToolError.bad_input("results", str(path), f"a results.json written by bench "
+                                      f"({type(exc).__name__})")
+        if "scenarios" not in runs[-1]:
+            raise ToolError.bad_input("results", str(path), "a results.json written by bench")
+    out = args.out or args.candidate.parent
+    md, paths = bench_report.write_compare(runs[0], runs[1], out)
+    out_console.print(md, markup=False)
+    err_console.print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

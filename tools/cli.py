@@ -1,0 +1,188 @@
+"""What every `python -m tools` command shares: environment selection, errors, AWS clients.
+
+Environments are picked exactly as the CDK app picks them (`--env NAME [--china]` reads
+`cdk.json` through `config.context` and validates it with `config.environment`), so a tool never
+disagrees with a synth about account, region, partition or bucket.
+
+Bad input is a `ToolError`: one line naming the field, the value and what is allowed, exit 2.
+A failure the user can only retry (a broken upload, an unreachable registry) is exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from rich.console import Console
+
+from config import ConfigError, EnvironmentConfig, resolve_environment
+from config.context import ROOT, cdk_json_context
+
+# Progress bars and notes go to stderr, results (tables, reports) to stdout.
+# Result lines are never wrapped (they are read and grepped); tables fit the terminal.
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = Console(highlight=False, soft_wrap=True)
+
+
+class ToolError(Exception):
+    """One line for the user; `exit_code` 2 = bad input, 1 = the work failed."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @classmethod
+    def bad_input(cls, field: str, value: Any, allowed: str | Iterable[str]) -> "ToolError":
+        if not isinstance(allowed, str):
+            allowed = ", ".join(str(a) for a in allowed)
+        return cls(f"{field} = {value!r} is not valid; allowed: {allowed}", exit_code=2)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def add_env_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", metavar="NAME",
+                        help="environment in cdk.json (default: its defaultEnvironment)")
+    parser.add_argument("--china", action="store_true",
+                        help="the environment's China variant (as `-c china=true`)")
+    parser.add_argument("--profile", metavar="NAME", help="AWS profile for credentials")
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, func: Callable, help: str,
+                doc: str | None = None, *, env: bool = True,
+                **kwargs: Any) -> argparse.ArgumentParser:
+    """One `python -m tools` command: its parser (described by the module docstring's first
+    paragraph), the environment options, and the function it runs."""
+    p = sub.add_parser(name, help=help, description=(doc or help).split("\n\n")[0], **kwargs)
+    if env:
+        add_env_args(p)
+    p.set_defaults(func=func)
+    return p
+
+
+def load_environment(args: argparse.Namespace) -> EnvironmentConfig:
+    """The same resolution as `app.py`: cdk.json context, `env`, then the China switch."""
+    context = cdk_json_context(ROOT)
+    if getattr(args, "env", None):
+        context["env"] = args.env
+    if getattr(args, "china", False):
+        context["china"] = "true"
+    return resolve_environment(context)
+
+
+def load_endpoints(cfg: EnvironmentConfig) -> tuple:
+    """The environment's endpoint files, validated as the synth validates them."""
+    from k8s.serving import load_endpoints as _load  # cdk8s: imported only when needed
+
+    return _load(cfg, ROOT)
+
+
+def pick_endpoint(cfg: EnvironmentConfig, endpoints: tuple, name: str | None):
+    names = [e.name for e in endpoints]
+    if name is None:
+        if len(endpoints) == 1:
+            return endpoints[0]
+        raise ToolError.bad_input("--endpoint", None, names or
+                                  f"none: environment '{cfg.name}' lists no endpoint files")
+    for e in endpoints:
+        if e.name == name:
+            return e
+    raise ToolError.bad_input("--endpoint", name, names or
+                              f"none: environment '{cfg.name}' lists no endpoint files")
+
+
+# --------------------------------------------------------------------------- AWS
+
+
+@dataclass
+class Aws:
+    """Clients for one environment's account and region (the partition follows the region)."""
+
+    cfg: EnvironmentConfig
+    profile: str | None = None
+    factory: Callable[[str], Any] | None = None  # tests inject stubbed clients here
+
+    def __post_init__(self) -> None:
+        self._clients: dict[str, Any] = {}
+        self._session = None
+
+    def client(self, service: str) -> Any:
+        if service not in self._clients:
+            if self.factory is not None:
+                self._clients[service] = self.factory(service)
+            else:
+                import boto3
+                from botocore.config import Config
+
+                if self._session is None:
+                    self._session = boto3.Session(profile_name=self.profile,
+                                                  region_name=self.cfg.region)
+                self._clients[service] = self._session.client(service, config=Config(
+                    retries={"mode": "standard", "max_attempts": 5},
+                    max_pool_connections=32))
+        return self._clients[service]
+
+    def stack_output(self, suffix: str, key: str) -> str:
+        """An output of `KvCache-<env>-<suffix>`; a clear error when the stack is not there."""
+        from botocore.exceptions import ClientError
+
+        name = f"{self.cfg.stack_prefix}-{suffix}"
+        try:
+            stacks = self.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+        except ClientError as err:
+            if error_code(err) == "ValidationError":  # "Stack with id X does not exist"
+                raise ToolError(f"stack {name} not found in {self.cfg.region} (account "
+                                f"{self.cfg.account}): deploy it first (cdk deploy {name} "
+                                f"-c env={self.cfg.name.removesuffix('-cn')}"
+                                f"{' -c china=true' if self.cfg.name.endswith('-cn') else ''})"
+                                ) from None
+            raise
+        for output in stacks[0].get("Outputs", []):
+            if output.get("OutputKey") == key:
+                return output["OutputValue"]
+        raise ToolError(f"stack {name} has no output {key}: deploy the current version of it")
+
+
+def error_code(err: Exception) -> str:
+    return getattr(err, "response", {}).get("Error", {}).get("Code", "")
+
+
+def describe_aws_error(err: Exception) -> str:
+    """A botocore failure as one line."""
+    from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
+
+    if isinstance(err, NoCredentialsError):
+        return "no AWS credentials found: set AWS_PROFILE, pass --profile, or export keys"
+    if isinstance(err, NoRegionError):
+        return "no AWS region: the environment's region should have been used"
+    if isinstance(err, ClientError):
+        op = getattr(err, "operation_name", "?")
+        msg = err.response.get("Error", {}).get("Message", "")
+        return f"AWS {op} failed: {error_code(err)}: {msg}"
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}"
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Runs one command; every expected failure becomes one line on stderr and an exit code."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    try:
+        return int(func(args) or 0)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ToolError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except (BotoCoreError, ClientError) as err:
+        print(f"error: {describe_aws_error(err)}", file=sys.stderr)
+        return 2 if isinstance(err, NoCredentialsError) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,474 @@
+"""Copy the pinned images (and Helm charts) of `config/images.py` into the environment's ECR.
+
+    python -m tools mirror --env china          # from a machine outside China, into China ECR
+    python -m tools mirror --resolve            # only print digests of unpinned images
+
+Each image is copied by digest (`skopeo copy --all --preserve-digests`), so the multi-arch index
+in ECR has the digest the catalogue pins and `repo:tag@digest` resolves there. Idempotent: the
+destination tag is inspected first and an image already there with the pinned digest is not
+copied again. An image pinned by tag only (digest None) is resolved with `skopeo inspect`, copied
+by that digest, and the digest is printed for pasting into the catalogue: never guessed.
+
+ECR credentials come from `ecr:GetAuthorizationToken` in the destination region (its partition
+follows the region), written to a private authfile for skopeo rather than put on its command
+line, where other local users could read it.
+
+Helm charts, where the catalogue has a `CHARTS` table, go to `<registry>/kvcache/charts/<name>`
+as OCI artifacts: copied as they are from an `oci://` repository, or, from an HTTPS Helm
+repository, downloaded, checked against the repository index's digest and pushed the way
+`helm push` lays them out.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from tools.cli import Aws, ToolError, add_command, err_console, load_environment, out_console
+
+_NOT_FOUND = ("manifest unknown", "name unknown", "not found", "does not exist")
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
+HELM_CHART = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+
+
+class SkopeoError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Skopeo:
+    """The skopeo binary with the source and destination settings of one run."""
+
+    binary: str = "skopeo"
+    src_tls_verify: bool = True
+    dest_tls_verify: bool = True
+    src_authfile: str | None = None
+    dest_authfile: str | None = None
+    timeout_s: float = 3600.0
+
+    def _run(self, args: Sequence[str]) -> bytes:
+        try:
+            proc = subprocess.run([self.binary, *args], capture_output=True,
+                                  timeout=self.timeout_s, check=False)
+        except FileNotFoundError:
+            raise ToolError(f"{self.binary} not found: install skopeo (Debian: apt-get install "
+                            "skopeo)", exit_code=2) from None
+        except subprocess.TimeoutExpired:
+            raise SkopeoError(f"skopeo {args[0]} timed out after {self.timeout_s:.0f}s")
+        if proc.returncode != 0:
+            raise SkopeoError(_last_line(proc.stderr.decode(errors="replace")))
+        return proc.stdout
+
+    def manifest(self, ref: str, *, dest: bool) -> bytes | None:
+        """The raw manifest (the index, for a multi-arch image) `ref` names; None when the
+        registry does not have it."""
+        tls = self.dest_tls_verify if dest else self.src_tls_verify
+        auth = self.dest_authfile if dest else self.src_authfile
+        args = ["inspect", "--raw", f"--tls-verify={str(tls).lower()}"]
+        if auth:
+            args += ["--authfile", auth]
+        try:
+            return self._run([*args, f"docker://{ref}"])
+        except SkopeoError as err:
+            if any(s in str(err).lower() for s in _NOT_FOUND):
+                return None
+            raise
+
+    def digest(self, ref: str, *, dest: bool) -> str | None:
+        raw = self.manifest(ref, dest=dest)
+        return None if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
+
+    def copy(self, src: str, dest: str) -> None:
+        """`src` and `dest` with their transport (`docker://`, `oci:`)."""
+        args = ["copy", "--all", "--preserve-digests", "--retry-times", "3", "--quiet",
+                f"--src-tls-verify={str(self.src_tls_verify).lower()}",
+                f"--dest-tls-verify={str(self.dest_tls_verify).lower()}"]
+        if self.src_authfile:
+            args += ["--src-authfile", self.src_authfile]
+        if self.dest_authfile:
+            args += ["--dest-authfile", self.dest_authfile]
+        self._run([*args, src, dest])
+
+
+def _last_line(text: str) -> str:
+    """skopeo's last log line, its message only: `level=fatal msg="Error parsing image name
+    \"docker://x\": pinging ..."` -> `pinging ...`."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    line = lines[-1] if lines else "skopeo failed"
+    if 'msg="' in line:
+        line = line.split('msg="', 1)[1].rstrip('"').replace('\\"', '"')
+    return re.sub(r'^Error parsing image name "[^"]*": ', "", line)
+
+
+# --------------------------------------------------------------------------- charts
+
+
+@dataclass(frozen=True)
+class ChartRef:
+    """A chart of the catalogue, read from whatever shape `CHARTS` entries have."""
+
+    key: str
+    repository: str   # oci://host/path or https://... Helm repository
+    name: str
+    version: str
+    digest: str | None
+    mirror_repository: str
+
+    @classmethod
+    def of(cls, key: str, entry: Any) -> "ChartRef":
+        def get(*names: str, default: Any = None) -> Any:
+            for n in names:
+                value = entry.get(n) if isinstance(entry, Mapping) else getattr(entry, n, None)
+                if value is not None:
+                    return value
+            return default
+
+        name = get("chart", "name")
+        repository, version = get("repository", "repo", "url"), get("version")
+        if not (name and repository and version):
+            raise ToolError.bad_input(f"CHARTS[{key!r}]", entry,
+                                      "an entry with repository, chart (or name) and version")
+        from config.images import MIRROR_PREFIX
+        return cls(key, str(repository).rstrip("/"), str(name), str(version),
+                   get("digest"), get("mirror_repository",
+                                      default=f"{MIRROR_PREFIX}/charts/{name}"))
+
+
+def catalogue_charts() -> list[ChartRef]:
+    """`config.images.CHARTS` if the catalogue has one (a dict by key, or a sequence)."""
+    import config.images as images
+
+    charts = getattr(images, "CHARTS", None) or {}
+    items = charts.items() if isinstance(charts, Mapping) else (
+        (getattr(c, "key", None) or getattr(c, "name", str(i)), c) for i, c in enumerate(charts))
+    return [ChartRef.of(str(k), v) for k, v in items]
+
+
+def write_oci_layout(root: Path, manifests: Sequence[tuple[str, bytes, dict]]) -> None:
+    """An OCI image layout (`oci:` for skopeo) holding blobs and tagged top-level manifests.
+
+    `manifests`: (tag, manifest bytes, descriptor fields such as mediaType); blobs the
+    manifests refer to are written with `write_blob` first.
+    """
+    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    index = []
+    for tag, body, extra in manifests:
+        desc = write_blob(root, body)
+        index.append({**desc, **extra,
+                      "annotations": {"org.opencontainers.image.ref.name": tag}})
+    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": index}))
+
+
+def write_blob(root: Path, data: bytes, media_type: str | None = None) -> dict:
+    digest = hashlib.sha256(data).hexdigest()
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    (blobs / digest).write_bytes(data)
+    desc = {"digest": f"sha256:{digest}", "size": len(data)}
+    return {"mediaType": media_type, **desc} if media_type else desc
+
+
+def helm_chart_layout(root: Path, chart_tgz: bytes) -> str:
+    """The OCI layout `helm push` would upload for `chart_tgz`; returns the tag (version)."""
+    meta = _chart_yaml(chart_tgz)
+    config = write_blob(root, json.dumps(meta, sort_keys=True).encode(), HELM_CONFIG)
+    layer = write_blob(root, chart_tgz, HELM_CHART)
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config, "layers": [layer],
+        "annotations": {"org.opencontainers.image.title": meta["name"],
+                        "org.opencontainers.image.version": meta["version"]}}).encode()
+    write_oci_layout(root, [(meta["version"], manifest, {"mediaType": OCI_MANIFEST})])
+    return meta["version"]
+
+
+def _chart_yaml(chart_tgz: bytes) -> dict:
+    import yaml
+
+    with tarfile.open(fileobj=io.BytesIO(chart_tgz), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            if member.name.count("/") == 1 and member.name.endswith("/Chart.yaml"):
+                return yaml.safe_load(tar.extractfile(member).read())
+    raise SkopeoError("the chart archive has no Chart.yaml")
+
+
+def fetch_https_chart(chart: ChartRef, timeout: float = 60.0) -> tuple[bytes, str]:
+    """The chart archive from an HTTPS Helm repository, checked against the pinned digest or
+    else the repository index's."""
+    import yaml
+
+    index = yaml.safe_load(_get(f"{chart.repository}/index.yaml", timeout).content)
+    entry = next((e for e in index.get("entries", {}).get(chart.name, [])
+                  if str(e.get("version")) == chart.version), None)
+    if entry is None:
+        raise SkopeoError(f"{chart.repository} has no {chart.name} {chart.version}")
+    url = entry["urls"][0]
+    if "://" not in url:
+        url = f"{chart.repository}/{url}"
+    data = _get(url, timeout).content
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    expected = chart.digest or (f"sha256:{entry['digest']}" if entry.get("digest") else None)
+    if expected and digest != expected:
+        raise SkopeoError(f"{url}: sha256 {digest} differs from the pinned {expected}")
+    return data, digest
+
+
+def _get(url: str, timeout: float):
+    import requests
+
+    resp = requests.get(url, timeout=timeout)
+    if resp.status_code != 200:
+        raise SkopeoError(f"GET {url}: HTTP {resp.status_code}")
+    return resp
+
+
+# --------------------------------------------------------------------------- mirror
+
+
+@dataclass
+class Row:
+    kind: str        # image | chart
+    key: str
+    source: str
+    dest: str
+    digest: str | None = None
+    action: str = ""  # present | copied | would copy | resolved | failed
+    note: str = ""
+    unpinned: bool = False
+
+
+@dataclass
+class MirrorReport:
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Row]:
+        return [r for r in self.rows if r.action == "failed"]
+
+    @property
+    def copied(self) -> list[Row]:
+        return [r for r in self.rows if r.action == "copied"]
+
+
+class Mirror:
+    """Mirrors a catalogue into `registry` (host[:port]). Catalogue and registry are
+    parameters so tests can use their own against local registries."""
+
+    def __init__(self, skopeo: Skopeo, registry: str | None, *, dry_run: bool = False,
+                 jobs: int = 2) -> None:
+        self.skopeo, self.registry, self.dry_run, self.jobs = skopeo, registry, dry_run, jobs
+
+    def run(self, images: Iterable[Any], charts: Iterable[ChartRef] = (),
+            progress: bool = True) -> MirrorReport:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        work = [(self._image, i) for i in images] + [(self._chart, c) for c in charts]
+        report = MirrorReport()
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
+                "{task.completed}/{task.total}"), TimeElapsedColumn(), console=err_console,
+                disable=not progress) as bar:
+            task = bar.add_task("mirror", total=len(work))
+
+            def one(item: tuple) -> Row:
+                row = item[0](item[1])
+                bar.advance(task)
+                return row
+
+            with ThreadPoolExecutor(max(1, self.jobs)) as pool:
+                report.rows = list(pool.map(one, work))
+        return report
+
+    def _image(self, image: Any) -> Row:
+        dest = f"{self.registry}/{image.mirror_repository}:{image.tag}" if self.registry else ""
+        row = Row("image", image.key, f"{image.source}:{image.tag}", dest, image.digest)
+        try:
+            if row.digest is None or not self.registry:
+                upstream = self.skopeo.digest(f"{image.source}:{image.tag}", dest=False)
+                if upstream is None:
+                    raise SkopeoError(f"{image.source}:{image.tag} not found upstream")
+                if row.digest is None:
+                    row.digest, row.unpinned = upstream, True
+                elif upstream != row.digest:
+                    row.note = (f"the tag now points to {upstream} upstream; the pinned digest "
+                                "is still the one mirrored")
+            if not self.registry:
+                row.action = "resolved"
+                return row
+            self._place(row, f"docker://{image.source}@{row.digest}")
+        except SkopeoError as err:
+            row.action, row.note = "failed", str(err)
+        return row
+
+    def _chart(self, chart: ChartRef) -> Row:
+        dest = f"{self.registry}/{chart.mirror_repository}:{chart.version}"
+        row = Row("chart", chart.key, f"{chart.repository}/{chart.name}:{chart.version}", dest,
+                  chart.digest)
+        try:
+            if chart.repository.startswith("oci://"):
+                src = f"{chart.repository.removeprefix('oci://')}/{chart.name}"
+                if row.digest is None:
+                    row.digest = self.skopeo.digest(f"{src}:{chart.version}", dest=False)
+                    row.unpinned = True
+                    if row.digest is None:
+                        raise SkopeoError(f"{src}:{chart.version} not found upstream")
+                self._place(row, f"docker://{src}@{row.digest}")
+                return row
+            # An HTTPS Helm repository: the archive's digest is what we can compare.
+            present = self._dest_chart_layer(dest)
+            data, tgz_digest = fetch_https_chart(chart)
+            row.digest, row.unpinned = tgz_digest, chart.digest is None
+            if present == tgz_digest:
+                row.action = "present"
+                return row
+            if self.dry_run:
+                row.action = "would copy"
+                return row
+            with tempfile.TemporaryDirectory(prefix="chart-") as tmp:
+                tag = helm_chart_layout(Path(tmp), data)
+                self.skopeo.copy(f"oci:{tmp}:{tag}", f"docker://{dest}")
+            if self._dest_chart_layer(dest) != tgz_digest:
+                raise SkopeoError(f"{dest}: chart archive differs after the copy")
+            row.action = "copied"
+        except SkopeoError as err:
+            row.action, row.note = "failed", str(err)
+        return row
+
+    def _dest_chart_layer(self, dest: str) -> str | None:
+        raw = self.skopeo.manifest(dest, dest=True)
+        layers = json.loads(raw).get("layers", []) if raw else []
+        return next((l["digest"] for l in layers if l.get("mediaType") == HELM_CHART), None)
+
+    def _place(self, row: Row, src: str) -> None:
+        """Copy `src` to `row.dest` unless the destination already holds `row.digest`."""
+        present = self.skopeo.digest(row.dest, dest=True)
+        if present == row.digest:
+            row.action = "present"
+            return
+        if present is not None:
+            raise SkopeoError(f"{row.dest} holds {present}, not {row.digest}: tags are immutable "
+                              "in ECR; bump the tag in the catalogue instead")
+        if self.dry_run:
+            row.action = "would copy"
+            return
+        self.skopeo.copy(src, f"docker://{row.dest}")
+        after = self.skopeo.digest(row.dest, dest=True)
+        if after != row.digest:
+            raise SkopeoError(f"{row.dest} has digest {after} after the copy, not {row.digest}")
+        row.action = "copied"
+
+
+# --------------------------------------------------------------------------- ECR
+
+
+def ecr_registry(aws: Aws) -> str:
+    cfg = aws.cfg
+    return f"{cfg.account}.{cfg.facts.ecr_host_suffix}"
+
+
+def ecr_authfile(aws: Aws, registry: str, directory: Path) -> str:
+    """A docker-style auth file for `registry` from ecr:GetAuthorizationToken (12 h token)."""
+    data = aws.client("ecr").get_authorization_token()["authorizationData"][0]
+    token = data["authorizationToken"]
+    base64.b64decode(token)  # a malformed answer fails here, not inside skopeo
+    path = directory / "auth.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"auths": {registry: {"auth": token}}}, fh)
+    return str(path)
+
+
+def missing_repositories(aws: Aws, names: Iterable[str]) -> list[str]:
+    have: set[str] = set()
+    for page in aws.client("ecr").get_paginator("describe_repositories").paginate():
+        have |= {r["repositoryName"] for r in page["repositories"]}
+    return sorted(set(names) - have)
+
+
+# --------------------------------------------------------------------------- command
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "mirror", main, "copy the pinned images (and charts) into the "
+                    "environment's ECR with skopeo", __doc__)
+    p.add_argument("--only", nargs="+", metavar="KEY", help="catalogue keys to mirror")
+    p.add_argument("--resolve", action="store_true",
+                   help="only resolve and print digests (no destination, no AWS)")
+    p.add_argument("--dry-run", action="store_true", help="inspect, but copy nothing")
+    p.add_argument("--dest-registry", metavar="HOST",
+                   help="another destination registry (default: the environment's ECR)")
+    p.add_argument("--dest-authfile", help="auth file for --dest-registry")
+    p.add_argument("--src-authfile", help="auth file for the source registries (Docker Hub "
+                   "rate limits)")
+    p.add_argument("--src-tls-verify", default="true", choices=("true", "false"))
+    p.add_argument("--dest-tls-verify", default="true", choices=("true", "false"))
+    p.add_argument("--jobs", type=int, default=2, help="images copied at once (default 2)")
+
+
+def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
+    from config.images import IMAGES
+
+    if not shutil.which("skopeo"):
+        raise ToolError("skopeo not found: install it (Debian: apt-get install skopeo)", 2)
+    images = list(IMAGES.values())
+    charts = catalogue_charts()
+    if args.only:
+        known = list(dict.fromkeys([i.key for i in images] + [c.key for c in charts]))
+        for key in args.only:
+            if key not in known:
+                raise ToolError.bad_input("--only", key, known)
+        images = [i for i in images if i.key in args.only]
+        charts = [c for c in charts if c.key in args.only]
+    if not 1 <= args.jobs <= 8:
+        raise ToolError.bad_input("--jobs", args.jobs, "1 to 8")
+    with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
+        registry, dest_authfile = args.dest_registry, args.dest_authfile
+        if args.resolve:
+            registry, charts = None, []
+        elif not registry:
+            cfg = load_environment(args)
+            aws = aws or Aws(cfg, args.profile)
+            registry = ecr_registry(aws)
+            missing = missing_repositories(aws, [i.mirror_repository for i in images]
+                                           + [c.mirror_repository for c in charts])
+            if missing:
+                raise ToolError(f"ECR repositories missing in {cfg.region}: {', '.join(missing)}"
+                                f"; deploy {cfg.stack_prefix}-Storage first")
+            dest_authfile = ecr_authfile(aws, registry, Path(tmp))
+        skopeo = Skopeo(src_tls_verify=args.src_tls_verify == "true",
+                        dest_tls_verify=args.dest_tls_verify == "true",
+                        src_authfile=args.src_authfile, dest_authfile=dest_authfile)
+        report = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs).run(
+            images, charts)
+    return print_report(report)
+
+
+def print_report(report: MirrorReport) -> int:
+    from rich.table import Table
+
+    table = Table("kind", "key", "action", "digest", "destination / note")
+    for r in report.rows:
+        table.add_row(r.kind, r.key, r.action, (r.digest or "-")[:19],
+                      r.note or r.dest or r.source)
+    out_console.print(table)
+    for r in report.rows:
+        if r.unpinned and r.digest:
+            out_console.print(f"pin {r.key}: digest=\"{r.digest}\"  ({r.source}; paste into "
+                              "config/images.py)")
+    if report.failed:
+        first = report.failed[0]
+        raise ToolError(f"{len(report.failed)} of {len(report.rows)} not mirrored "
+                        f"({first.key}: {first.note})")
+    return 0
+

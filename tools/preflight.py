@@ -1,0 +1,295 @@
+"""Before `cdk deploy`: can this account and region take this environment?
+
+    python -m tools preflight --env china
+
+Checks, with the caller's credentials (read-only calls): the credentials are the environment's
+account; the services the variant needs exist in the region; the zones exist; every node
+group's instance types are offered in every chosen zone; the EC2 vCPU quotas cover the node
+groups (desired sizes must fit, max sizes should); the Kubernetes version is offered by EKS;
+the mirrored images are in ECR with their pinned digests; each endpoint's model is in the
+bucket. One table, and exit 1 when any row is a blocker (FAIL).
+"""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from config import EnvironmentConfig
+from config.instances import gpu_shape
+from tools.cli import (
+    Aws, ToolError, add_command, describe_aws_error, error_code, load_endpoints,
+    load_environment, out_console,
+)
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+
+# EC2 vCPU quotas by instance class and purchase option (service code ec2).
+QUOTAS = {
+    ("G and VT", "ON_DEMAND"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("P", "ON_DEMAND"): ("L-417A185B", "Running On-Demand P instances"),
+    ("Standard", "ON_DEMAND"): ("L-1216C47A", "Running On-Demand Standard instances"),
+    ("G and VT", "SPOT"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("P", "SPOT"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("Standard", "SPOT"): ("L-34B43A08", "All Standard Spot Instance Requests"),
+}
+_STANDARD = set("acdhimrtz")
+
+
+@dataclass(frozen=True)
+class Row:
+    check: str
+    status: str
+    detail: str
+
+
+def instance_class(instance_type: str) -> str:
+    family = instance_type.split(".")[0]
+    if family.startswith(("g", "vt")):
+        return "G and VT"
+    if family.startswith("p"):
+        return "P"
+    if family[0] in _STANDARD:
+        return "Standard"
+    raise ToolError.bad_input("instance type", instance_type, "G, VT, P or standard families")
+
+
+def needed_services(cfg: EnvironmentConfig) -> list[str]:
+    """boto3 service names the stacks use in this variant."""
+    services = ["cloudformation", "sts", "ec2", "eks", "eks-auth", "s3", "ecr", "kms", "logs",
+                "iam", "elbv2", "ssm"]
+    if cfg.cache.kind == "elasticache":
+        services += ["elasticache", "secretsmanager"]
+    if cfg.observability == "managed":
+        services += ["amp", "grafana"]
+    return services
+
+
+class Preflight:
+    def __init__(self, aws: Aws, endpoints: Iterable[Any], *, bucket: str | None = None,
+                 images: Iterable[Any] | None = None) -> None:
+        from config.images import IMAGES
+
+        self.aws, self.cfg = aws, aws.cfg
+        self.endpoints = tuple(endpoints)
+        self.bucket = bucket
+        self.images = list(IMAGES.values() if images is None else images)
+
+    def run(self) -> list[Row]:
+        rows: list[Row] = []
+        for check in (self.credentials, self.services, self.zones, self.offerings,
+                      self.quotas, self.kubernetes, self.images_in_ecr, self.models):
+            try:
+                rows += check()
+            except ToolError:
+                raise
+            except Exception as err:  # one broken check must not hide the others
+                rows.append(Row(check.__name__.replace("_", " "), FAIL,
+                                describe_aws_error(err)))
+        return rows
+
+    # -- checks, in the order the table shows them
+
+    def credentials(self) -> list[Row]:
+        ident = self.aws.client("sts").get_caller_identity()
+        ok = ident["Account"] == self.cfg.account
+        return [Row("credentials", PASS if ok else FAIL,
+                    f"{ident['Arn']}" if ok else f"account {ident['Account']} is not the "
+                    f"environment's {self.cfg.account}: use that account's credentials")]
+
+    def services(self) -> list[Row]:
+        import boto3
+
+        session = boto3.session.Session()
+        missing = [s for s in needed_services(self.cfg) if s != "iam" and self.cfg.region
+                   not in session.get_available_regions(s, self.cfg.facts.partition)]
+        wanted = ", ".join(needed_services(self.cfg))
+        if missing:
+            return [Row("services", FAIL, f"not in {self.cfg.region}: {', '.join(missing)}")]
+        return [Row("services", PASS, f"{wanted} (botocore endpoint data)")]
+
+    def zones(self) -> list[Row]:
+        zones = self.aws.client("ec2").describe_availability_zones(
+            Filters=[{"Name": "zone-name", "Values": list(self.cfg.availability_zones)}],
+            AllAvailabilityZones=True)["AvailabilityZones"]
+        state = {z["ZoneName"]: (z.get("State"), z.get("OptInStatus")) for z in zones}
+        bad = [f"{z} ({'missing' if z not in state else state[z][0]})"
+               for z in self.cfg.availability_zones
+               if state.get(z, (None,))[0] != "available"
+               or state[z][1] not in (None, "opt-in-not-required", "opted-in")]
+        if bad:
+            return [Row("zones", FAIL, "not available to this account: " + ", ".join(bad))]
+        return [Row("zones", PASS, ", ".join(self.cfg.availability_zones))]
+
+    def offerings(self) -> list[Row]:
+        groups = (self.cfg.system_nodes, *self.cfg.gpu_node_groups)
+        types = sorted({t for g in groups for t in g.instance_types})
+        offered: dict[str, set[str]] = defaultdict(set)
+        pages = self.aws.client("ec2").get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": types},
+                     {"Name": "location", "Values": list(self.cfg.availability_zones)}])
+        for page in pages:
+            for o in page["InstanceTypeOfferings"]:
+                offered[o["InstanceType"]].add(o["Location"])
+        rows = []
+        for t in types:
+            missing = [z for z in self.cfg.availability_zones if z not in offered[t]]
+            rows.append(Row(f"offered: {t}", FAIL if missing else PASS,
+                            f"not offered in {', '.join(missing)}: node groups span every zone"
+                            if missing else "in " + ", ".join(self.cfg.availability_zones)))
+        return rows
+
+    def quotas(self) -> list[Row]:
+        groups = (self.cfg.system_nodes, *self.cfg.gpu_node_groups)
+        vcpus = self._vcpus({t for g in groups for t in g.instance_types})
+        need_max: dict[tuple, int] = defaultdict(int)
+        need_desired: dict[tuple, int] = defaultdict(int)
+        for g in groups:
+            per_node = max(vcpus[t] for t in g.instance_types)
+            key = (instance_class(g.instance_types[0]), g.capacity_type)
+            need_max[key] += g.max_size * per_node
+            need_desired[key] += g.desired_size * per_node
+        sq = self.aws.client("service-quotas")
+        rows = []
+        for key in sorted(need_max):
+            code, name = QUOTAS[key]
+            try:
+                value = sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+            except Exception as err:
+                if error_code(err) != "NoSuchResourceException":
+                    raise
+                value = sq.get_aws_default_service_quota(
+                    ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+            status = (FAIL if value < need_desired[key] else WARN if value < need_max[key]
+                      else PASS)
+            rows.append(Row(f"quota: {name}", status,
+                            f"{value:g} vCPUs ({code}); node groups need {need_desired[key]} at "
+                            f"desired size, {need_max[key]} at max size (instances already "
+                            "running in the region count too)"))
+        return rows
+
+    def _vcpus(self, types: set[str]) -> dict[str, int]:
+        out = {t: gpu_shape(t).vcpus for t in types if gpu_shape(t)}
+        rest = sorted(types - set(out))
+        if rest:
+            for it in self.aws.client("ec2").describe_instance_types(
+                    InstanceTypes=rest)["InstanceTypes"]:
+                out[it["InstanceType"]] = it["VCpuInfo"]["DefaultVCpus"]
+        return out
+
+    def kubernetes(self) -> list[Row]:
+        version = self.cfg.kubernetes_version
+        eks = self.aws.client("eks")
+        try:
+            found = eks.describe_cluster_versions(clusterVersions=[version],
+                                                  includeAll=True)["clusterVersions"]
+        except Exception as err:  # older partitions or policies: add-ons published instead
+            if error_code(err) not in ("AccessDeniedException", "UnknownOperationException",
+                                       "InvalidAction"):
+                raise
+            addons = eks.describe_addon_versions(kubernetesVersion=version,
+                                                 maxResults=1)["addons"]
+            return [Row(f"EKS {version}", PASS if addons else FAIL,
+                        f"add-ons are published for {version}" if addons else
+                        f"no add-on versions for {version} in {self.cfg.region}")]
+        if not found:
+            return [Row(f"EKS {version}", FAIL, f"not offered in {self.cfg.region}")]
+        status = found[0].get("versionStatus") or found[0].get("status", "")
+        ok = status.upper().replace("-", "_") in ("STANDARD_SUPPORT", "EXTENDED_SUPPORT")
+        until = found[0].get("endOfStandardSupportDate")
+        detail = status + (f", standard support until {until:%Y-%m-%d}" if until else "")
+        return [Row(f"EKS {version}", PASS if ok else FAIL, detail)]
+
+    def images_in_ecr(self) -> list[Row]:
+        if not self.cfg.use_ecr_images:
+            return [Row("images", SKIP, "the environment pulls from the upstream registries")]
+        ecr = self.aws.client("ecr")
+        rows = []
+        for image in self.images:
+            check = f"image: {image.key}"
+            try:
+                found = ecr.describe_images(repositoryName=image.mirror_repository,
+                                            imageIds=[{"imageTag": image.tag}])["imageDetails"]
+            except Exception as err:
+                code = error_code(err)
+                if code == "RepositoryNotFoundException":
+                    rows.append(Row(check, FAIL, f"no repository {image.mirror_repository}: "
+                                    f"deploy {self.cfg.stack_prefix}-Storage"))
+                    continue
+                if code == "ImageNotFoundException":
+                    rows.append(Row(check, FAIL, f"{image.mirror_repository}:{image.tag} "
+                                    "missing: run python -m tools mirror"))
+                    continue
+                raise
+            digest = found[0]["imageDigest"]
+            if image.digest is None:
+                rows.append(Row(check, WARN, f"{image.tag} present as {digest}; the catalogue "
+                                "pins no digest yet"))
+            elif digest != image.digest:
+                rows.append(Row(check, FAIL, f"{image.tag} is {digest}, the catalogue pins "
+                                f"{image.digest}"))
+            else:
+                rows.append(Row(check, PASS, f"{image.mirror_repository}:{image.tag}"))
+        return rows
+
+    def models(self) -> list[Row]:
+        if not self.endpoints:
+            return [Row("models", SKIP, "the environment lists no endpoint files")]
+        bucket = self.bucket
+        if bucket is None:
+            try:
+                bucket = self.aws.stack_output("Storage", "ModelBucketName")
+            except ToolError as err:
+                return [Row(f"model: {e.name}", FAIL, f"{err}; then upload-model")
+                        for e in self.endpoints]
+        s3 = self.aws.client("s3")
+        rows = []
+        for e in self.endpoints:
+            keys = []
+            for page in s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=e.model_location + "/"):
+                keys += [o["Key"] for o in page.get("Contents", [])]
+            weights = [k for k in keys if k.endswith(".safetensors")]
+            has_config = f"{e.model_location}/config.json" in keys
+            where = f"s3://{bucket}/{e.model_location}/"
+            if weights and has_config:
+                rows.append(Row(f"model: {e.name}", PASS, f"{where}: {len(weights)} safetensors"))
+            else:
+                rows.append(Row(f"model: {e.name}", FAIL, f"{where}: "
+                                f"{'no *.safetensors' if not weights else 'no config.json'}; "
+                                "run python -m tools upload-model"))
+        return rows
+
+
+# --------------------------------------------------------------------------- command
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "preflight", main, "check an account and region before cdk deploy",
+                    __doc__)
+    p.add_argument("--bucket", help="model bucket instead of the Storage stack's output")
+
+
+def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
+    cfg = load_environment(args)
+    endpoints = load_endpoints(cfg)
+    rows = Preflight(aws or Aws(cfg, args.profile), endpoints, bucket=args.bucket).run()
+    return print_rows(cfg, rows)
+
+
+def print_rows(cfg: EnvironmentConfig, rows: list[Row]) -> int:
+    from rich.table import Table
+
+    colour = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
+    table = Table("check", "status", "detail", title=f"preflight: {cfg.name} "
+                  f"({cfg.account}, {cfg.region})", title_justify="left")
+    for r in rows:
+        table.add_row(r.check, f"[{colour[r.status]}]{r.status}[/]", r.detail)
+    out_console.print(table)
+    blockers = [r for r in rows if r.status == FAIL]
+    if blockers:
+        raise ToolError(f"{len(blockers)} blocker(s): " + "; ".join(
+            f"{r.check}: {r.detail}" for r in blockers[:3]))
+    return 0

@@ -1,0 +1,371 @@
+"""Copy a local model directory to the environment's model bucket, under an endpoint's
+`modelLocation`, where the workers' init container (`aws s3 sync`) fetches it.
+
+    python -m tools upload-model --env dev --endpoint llama-3-1-8b-instruct ./Llama-3.1-8B-Instruct
+
+- Multipart and parallel (s3transfer's TransferManager, one pool for every file).
+- Every object carries an S3 SHA-256 checksum that S3 itself verified on arrival: full-object
+  for a single PUT, composite (SHA-256 of the parts' SHA-256s, `-N` parts) for a multipart
+  upload. ETags cannot stand in: with SSE-KMS (the bucket's default) they are not MD5s.
+- Resumable: a file already there with the same size and the same checksum, computed locally
+  with the part size the object was uploaded with, is skipped. An interrupted run leaves only
+  whole objects behind (s3transfer aborts an unfinished multipart upload; the bucket's
+  lifecycle rule reaps any it could not), so re-running finishes the job.
+- Verified at the end: every object's checksum is read back and compared with the local file.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tools.cli import (
+    Aws, ToolError, add_command, err_console, error_code, load_endpoints, load_environment,
+    out_console, pick_endpoint,
+)
+
+MiB = 1024 * 1024
+CHECKSUM = "SHA256"
+# What vLLM needs to load a model from a directory (tokenizer files vary by model family).
+REQUIRED = ("config.json",)
+WEIGHTS = "*.safetensors"
+_PREFIX = re.compile(r"[A-Za-z0-9._\-/]+")
+_HASH_BLOCK = 8 * MiB
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: Path
+    key: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    size: int
+    checksum: str | None   # base64 SHA-256 (composite without its -N suffix), None if absent
+    parts: int             # 0: a single PUT; N: a multipart upload of N parts
+    part_size: int         # size of part 1 (every part but the last has it)
+
+
+@dataclass
+class UploadReport:
+    bucket: str
+    prefix: str
+    files: int = 0
+    bytes_total: int = 0
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    verified: int = 0
+    extra: list[str] = field(default_factory=list)  # objects under the prefix not in the dir
+
+
+# --------------------------------------------------------------------------- input
+
+
+def scan_model_dir(source: Path, prefix: str) -> list[LocalFile]:
+    """The files to upload (hidden files and folders such as `.cache/` left out), or a
+    ToolError naming what is missing."""
+    if not source.exists() or not source.is_dir():
+        raise ToolError.bad_input("model_dir", str(source), "an existing directory")
+    files = []
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        if any(part.startswith(".") for part in rel.parts) or not path.is_file():
+            continue
+        files.append(LocalFile(path, f"{prefix}/{rel.as_posix()}", path.stat().st_size))
+    top = {f.path.name for f in files if f.path.parent == source}
+    if not any(Path(n).match(WEIGHTS) for n in top):
+        raise ToolError.bad_input("model_dir", str(source),
+                                  f"a model directory with {WEIGHTS} weights at its top level")
+    for name in REQUIRED:
+        if name not in top:
+            raise ToolError.bad_input("model_dir", str(source),
+                                      f"a model directory with {name} at its top level")
+    return files
+
+
+def check_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    if not prefix or not _PREFIX.fullmatch(prefix) or ".." in prefix:
+        raise ToolError.bad_input("--prefix", prefix,
+                                  "an S3 key prefix of letters, digits, '.', '_', '-' and '/'")
+    return prefix
+
+
+def check_bucket(s3: Any, bucket: str, region: str) -> None:
+    """The bucket exists, is ours to write, and is in the environment's region."""
+    from botocore.exceptions import ClientError
+
+    try:
+        head = s3.head_bucket(Bucket=bucket)
+    except ClientError as err:
+        code = error_code(err)
+        if code in ("404", "NoSuchBucket"):
+            raise ToolError.bad_input("bucket", bucket,
+                                      "an existing bucket (the Storage stack's ModelBucketName)")
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise ToolError.bad_input("bucket", bucket, "a bucket these credentials may write to")
+        if code in ("301", "PermanentRedirect", "400"):
+            raise ToolError.bad_input("bucket", bucket, f"a bucket in {region}")
+        raise
+    actual = head.get("BucketRegion") or head.get("ResponseMetadata", {}).get(
+        "HTTPHeaders", {}).get("x-amz-bucket-region")
+    if actual and actual != region:
+        raise ToolError.bad_input("bucket", bucket, f"a bucket in {region} (it is in {actual})")
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+class Hasher:
+    """Local SHA-256 checksums the way S3 computes them, cached per file and part size."""
+
+    def __init__(self, on_bytes: Callable[[int], None] | None = None) -> None:
+        self._cache: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+        self.on_bytes = on_bytes
+
+    def checksum(self, f: LocalFile, parts: int, part_size: int) -> str:
+        """Base64 SHA-256 of the file (parts == 0), or of its parts' digests (composite)."""
+        st = f.path.stat()
+        key = (str(f.path), st.st_size, st.st_mtime_ns, parts, part_size if parts else 0)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        whole = hashlib.sha256()
+        digests: list[bytes] = []
+        part = hashlib.sha256()
+        in_part = 0
+        with open(f.path, "rb") as fh:
+            while True:
+                want = _HASH_BLOCK if not parts else min(_HASH_BLOCK, part_size - in_part)
+                block = fh.read(want)
+                if not block:
+                    break
+                if parts:
+                    part.update(block)
+                    in_part += len(block)
+                    if in_part == part_size:
+                        digests.append(part.digest())
+                        part, in_part = hashlib.sha256(), 0
+                else:
+                    whole.update(block)
+                if self.on_bytes:
+                    self.on_bytes(len(block))
+        if parts and in_part:
+            digests.append(part.digest())
+        raw = hashlib.sha256(b"".join(digests)).digest() if parts else whole.digest()
+        value = base64.b64encode(raw).decode()
+        with self._lock:
+            self._cache[key] = value
+        return value
+
+    def matches(self, f: LocalFile, remote: RemoteObject | None) -> bool:
+        if remote is None or remote.size != f.size or remote.checksum is None:
+            return False
+        if remote.parts and -(-f.size // max(remote.part_size, 1)) != remote.parts:
+            return False
+        return self.checksum(f, remote.parts, remote.part_size) == remote.checksum
+
+
+def head_remote(s3: Any, bucket: str, key: str) -> RemoteObject | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    except ClientError as err:
+        if error_code(err) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    checksum = head.get("ChecksumSHA256")
+    parts = 0
+    if checksum and re.search(r"-\d+$", checksum):
+        checksum, n = checksum.rsplit("-", 1)
+        parts = int(n)
+    etag = head.get("ETag", "").strip('"')
+    if not parts and re.search(r"-\d+$", etag):  # a multipart object whatever the checksum says
+        parts = int(etag.rsplit("-", 1)[1])
+    if head.get("ChecksumType") == "COMPOSITE" and not parts:
+        parts = int(head.get("PartsCount") or 0)
+    part_size = 0
+    if parts:
+        part_size = s3.head_object(Bucket=bucket, Key=key, PartNumber=1)["ContentLength"]
+    return RemoteObject(head["ContentLength"], checksum, parts, part_size)
+
+
+# --------------------------------------------------------------------------- upload
+
+
+@dataclass(frozen=True)
+class UploadOptions:
+    chunk_mib: int = 64
+    concurrency: int = 10
+    hash_workers: int = 4
+    dry_run: bool = False
+
+
+def upload_model(s3: Any, files: list[LocalFile], bucket: str, prefix: str,
+                 opts: UploadOptions = UploadOptions(), *, show_progress: bool = True
+                 ) -> UploadReport:
+    """Plan (skip what is there), upload the rest in parallel, verify everything."""
+    from rich.progress import (
+        BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+    )
+
+    report = UploadReport(bucket, prefix, len(files), sum(f.size for f in files))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), TimeRemainingColumn(), console=err_console,
+                        disable=not show_progress, transient=False)
+    with progress:
+        # 1. what is there already (HEAD in parallel; hash only files whose size matches)
+        check = progress.add_task("check", total=report.bytes_total)
+        hasher = Hasher()
+        remote: dict[str, RemoteObject | None] = {}
+
+        def plan(f: LocalFile) -> bool:
+            remote[f.key] = head_remote(s3, bucket, f.key)
+            same = hasher.matches(f, remote[f.key])
+            progress.advance(check, f.size)
+            return same
+
+        with ThreadPoolExecutor(opts.hash_workers) as pool:
+            same = dict(zip((f.key for f in files), pool.map(plan, files)))
+        todo = [f for f in files if not same[f.key]]
+        report.skipped = [f.key for f in files if same[f.key]]
+        report.extra = _extra_objects(s3, bucket, prefix, {f.key for f in files})
+        if opts.dry_run:
+            report.uploaded = [f.key for f in todo]
+            return report
+
+        # 2. upload what is missing or different
+        if todo:
+            _transfer(s3, todo, bucket, opts, progress, report)
+
+        # 3. verify every object against the local file
+        verify = progress.add_task("verify", total=sum(f.size for f in files))
+        hasher.on_bytes = lambda n: progress.advance(verify, n)
+        done = [f for f in files if f.key not in report.failed]
+        for f in done:
+            if f.key in report.skipped:
+                progress.advance(verify, f.size)  # compared a moment ago
+
+        def verify_one(f: LocalFile) -> str | None:
+            obj = remote[f.key] if f.key in report.skipped else head_remote(s3, bucket, f.key)
+            return None if hasher.matches(f, obj) else f.key
+
+        with ThreadPoolExecutor(opts.hash_workers) as pool:
+            bad = [k for k in pool.map(verify_one, [f for f in done
+                                                    if f.key not in report.skipped]) if k]
+        for key in bad:
+            report.failed[key] = "checksum in S3 differs from the local file after upload"
+        report.verified = len(done) - len(bad)
+    return report
+
+
+def _transfer(s3: Any, todo: list[LocalFile], bucket: str, opts: UploadOptions, progress: Any,
+              report: UploadReport) -> None:
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    from s3transfer.subscribers import BaseSubscriber
+
+    config = TransferConfig(
+        multipart_threshold=opts.chunk_mib * MiB, multipart_chunksize=opts.chunk_mib * MiB,
+        max_concurrency=opts.concurrency, use_threads=True, preferred_transfer_client="classic")
+    task = progress.add_task("upload", total=sum(f.size for f in todo))
+
+    class _Progress(BaseSubscriber):
+        def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+            progress.advance(task, bytes_transferred)
+
+    manager = create_transfer_manager(s3, config)
+    futures = []
+    try:
+        for f in todo:
+            futures.append((f, manager.upload(
+                str(f.path), bucket, f.key, extra_args={"ChecksumAlgorithm": CHECKSUM},
+                subscribers=[_Progress()])))
+        for f, future in futures:
+            try:
+                future.result()
+                report.uploaded.append(f.key)
+            except Exception as exc:  # one file's failure must not hide the others' success
+                report.failed[f.key] = f"{type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        manager.shutdown(cancel=True, cancel_msg="interrupted")
+        raise ToolError(f"interrupted after {len(report.uploaded)} of {len(todo)} files; "
+                        "run the same command again to resume", exit_code=130) from None
+    manager.shutdown()
+
+
+def _extra_objects(s3: Any, bucket: str, prefix: str, keys: set[str]) -> list[str]:
+    extra = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        extra += [o["Key"] for o in page.get("Contents", []) if o["Key"] not in keys]
+    return extra
+
+
+# --------------------------------------------------------------------------- command
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "upload-model", main, "copy a local model directory to the model "
+                    "bucket", __doc__)
+    p.add_argument("model_dir", type=Path, help="local directory: *.safetensors, config.json, "
+                   "tokenizer files")
+    p.add_argument("--endpoint", metavar="NAME",
+                   help="endpoint whose modelLocation receives the files (needed when the "
+                   "environment serves more than one)")
+    p.add_argument("--prefix", help="S3 key prefix instead of the endpoint's modelLocation")
+    p.add_argument("--bucket", help="bucket instead of the Storage stack's ModelBucketName")
+    p.add_argument("--chunk-mib", type=int, default=64, help="multipart part size (default 64)")
+    p.add_argument("--concurrency", type=int, default=10, help="parallel requests (default 10)")
+    p.add_argument("--dry-run", action="store_true", help="show what would be uploaded")
+
+
+def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
+    cfg = load_environment(args)
+    if not 5 <= args.chunk_mib <= 5 * 1024:
+        raise ToolError.bad_input("--chunk-mib", args.chunk_mib, "5 to 5120 (S3 part sizes)")
+    if not 1 <= args.concurrency <= 64:
+        raise ToolError.bad_input("--concurrency", args.concurrency, "1 to 64")
+    if args.prefix:
+        prefix = check_prefix(args.prefix)
+    else:
+        prefix = pick_endpoint(cfg, load_endpoints(cfg), args.endpoint).model_location
+    files = scan_model_dir(args.model_dir, prefix)
+    aws = aws or Aws(cfg, args.profile)
+    bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
+    s3 = aws.client("s3")
+    check_bucket(s3, bucket, cfg.region)
+    report = upload_model(s3, files, bucket, prefix, UploadOptions(
+        chunk_mib=args.chunk_mib, concurrency=args.concurrency, dry_run=args.dry_run))
+    return print_report(report, args.dry_run)
+
+
+def print_report(report: UploadReport, dry_run: bool = False) -> int:
+    where = f"s3://{report.bucket}/{report.prefix}/"
+    gib = report.bytes_total / 1024**3
+    if dry_run:
+        out_console.print(f"{where}: {len(report.uploaded)} of {report.files} files to upload, "
+                          f"{len(report.skipped)} already there")
+        for key in report.uploaded:
+            out_console.print(f"  upload {key}")
+    else:
+        out_console.print(f"{where}: {report.files} files ({gib:.2f} GiB): "
+                          f"{len(report.uploaded)} uploaded, {len(report.skipped)} already there, "
+                          f"{report.verified} verified (SHA-256)")
+    for key in report.extra:
+        err_console.print(f"warning: s3://{report.bucket}/{key} is not in the model directory "
+                          "(a stale file? workers sync the whole prefix)")
+    if report.failed:
+        first = next(iter(report.failed.items()))
+        raise ToolError(f"{len(report.failed)} of {report.files} files not uploaded "
+                        f"({first[0]}: {first[1]}); run the same command again to resume")
+    return 0

@@ -89,6 +89,7 @@ class EnvironmentConfig:
     endpoint_files: tuple[str, ...]
     instance_hourly_usd: Mapping[str, float]
     tags: Mapping[str, str] = field(default_factory=dict)
+    ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
 
     @property
     def stack_prefix(self) -> str:
@@ -285,6 +286,9 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         if isinstance(price, bool) or not isinstance(price, (int, float)) or price <= 0:
             raise ConfigError(name, f"instanceHourlyUsd.{itype}", price, "a positive number")
     tags = r.get("tags", Mapping, {}, allowed="an object of string -> string")
+    ttft = r.get("ttftObjectiveSeconds", (int, float), None, allowed="seconds, e.g. 2.5")
+    if ttft is not None and not 0 < ttft <= 600:
+        raise r.fail("ttftObjectiveSeconds", ttft, "seconds above 0, at most 600")
     for k, v in tags.items():
         if not isinstance(v, str):
             raise ConfigError(name, f"tags.{k}", v, "a string")
@@ -304,6 +308,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         log_retention_days=r.choice("logRetentionDays", LOG_RETENTION_DAYS, 90),
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
         instance_hourly_usd=dict(prices), tags=dict(tags),
+        ttft_objective_seconds=float(ttft) if ttft is not None else None,
     )
     r.done()
     return cfg

@@ -64,6 +64,36 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
     Image("cluster-autoscaler", "registry.k8s.io/autoscaling/cluster-autoscaler", "v1.35.2",
           "sha256:aac369dc283927a623deb1af54696efcc722ae79255aa07788422e495bab887d",
           "GPU and system node groups follow pending pods (same minor as Kubernetes)"),
+    # Observability: kube-prometheus-stack 88.5.2's images (public lock of that chart version)
+    # and NVIDIA's DCGM exporter. Tag@digest pairs from /tmp/research/images.md.
+    Image("prometheus", "quay.io/prometheus/prometheus", "v3.14.0-distroless",
+          "sha256:50c707e96da5ade383cb1707790576480485e93de06aa60ad8802cb5f744bd0a",
+          "Prometheus: agent remote-writing to AMP (global), server (China)"),
+    Image("alertmanager", "quay.io/prometheus/alertmanager", "v0.34.0",
+          "sha256:690c7b525f4367aa91f73e2f91c632206d32e97c6384bdbf2fb7a861b420340d",
+          "Alertmanager for the in-cluster Prometheus (China)"),
+    Image("prometheus-operator", "quay.io/prometheus-operator/prometheus-operator", "v0.93.1",
+          "sha256:e52bb28fd41c98dd407c7a8cba8bdcfe7eabd7447e250afaf1fe7bb816dedbff",
+          "Prometheus Operator (kube-prometheus-stack)"),
+    Image("prometheus-config-reloader",
+          "quay.io/prometheus-operator/prometheus-config-reloader", "v0.93.1",
+          "sha256:428f088fe6fe07ab138bda92113664b04848a1dc408e4d3680a60ecdb55d1a65",
+          "config reloader sidecar the operator adds to Prometheus and Alertmanager"),
+    Image("node-exporter", "quay.io/prometheus/node-exporter", "v1.12.1-distroless",
+          "sha256:8c9bac11973b94b59be88d6e11fee4429aa743c8846cdc75d65b18db33f6a106",
+          "node metrics on every node"),
+    Image("kube-state-metrics", "registry.k8s.io/kube-state-metrics/kube-state-metrics",
+          "v2.20.0", "sha256:42cfe3723a5f058171c627537fb57a3ea0f26e4380fa18555a95cb1a1b4cfc5b",
+          "Kubernetes object state (pod readiness, replicas)"),
+    Image("grafana", "docker.io/grafana/grafana", "13.2.0",
+          "sha256:3fd54ae1214669f8355f065ec9f6445d5279a3d77095ab048ca045685272429b",
+          "in-cluster Grafana (China)"),
+    Image("k8s-sidecar", "quay.io/kiwigrid/k8s-sidecar", "2.10.1",
+          "sha256:7eac5c4fed714a18d038fc9fea57d8744d113367935dac0ea4eb6a87cef704a3",
+          "Grafana sidecar loading dashboards and data sources from ConfigMaps"),
+    Image("dcgm-exporter", "nvcr.io/nvidia/k8s/dcgm-exporter", "4.5.3-4.8.2-distroless",
+          "sha256:60d3b00ac80b4ae77f94dae2f943685605585ad9e92fdccda3154d009ae317cc",
+          "GPU metrics on GPU nodes"),
 )}
 
 
@@ -88,6 +118,13 @@ CHARTS: dict[str, Chart] = {c.key: c for c in (
           ("keda", "keda-metrics-apiserver", "keda-admission-webhooks")),
     Chart("cluster-autoscaler", "cluster-autoscaler", "https://kubernetes.github.io/autoscaler",
           "9.54.0", ("cluster-autoscaler",)),
+    # Operator v0.93.1, Prometheus v3.14.0, Grafana 13.2.0 (subchart grafana 12.11.1),
+    # kube-state-metrics 2.20.0, node-exporter 1.12.1. Its admission-webhook certgen image is
+    # not mirrored: k8s/monitoring.py turns the webhooks off.
+    Chart("kube-prometheus-stack", "kube-prometheus-stack",
+          "https://prometheus-community.github.io/helm-charts", "88.5.2",
+          ("prometheus", "alertmanager", "prometheus-operator", "prometheus-config-reloader",
+           "node-exporter", "kube-state-metrics", "grafana", "k8s-sidecar")),
 )}
 
 

@@ -12,6 +12,7 @@ from constructs.nag import acknowledge, wildcard
 @dataclass(frozen=True)
 class ManagedObservabilityProps:
     removal_policy: RemovalPolicy
+    alert_rules: str | None = None   # a Prometheus rule file (YAML) AMP evaluates
 
 
 class ManagedObservability(Construct):
@@ -19,6 +20,9 @@ class ManagedObservability(Construct):
         super().__init__(scope, id)
         self.workspace = aps.CfnWorkspace(self, "Prometheus")
         self.workspace.apply_removal_policy(props.removal_policy)
+        self.rules = (aps.CfnRuleGroupsNamespace(
+            self, "AlertRules", workspace=self.workspace.attr_arn, name="kvcache",
+            data=props.alert_rules) if props.alert_rules else None)
         self.grafana_role = iam.Role(
             self, "GrafanaRole", assumed_by=iam.ServicePrincipal("grafana.amazonaws.com"),
             description="Amazon Managed Grafana reads the AMP workspace")

@@ -16,7 +16,7 @@ the readiness of a self-hosted cache (no exporter image for Valkey is pinned yet
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cdk8s import ApiObject, App, Chart
@@ -58,7 +58,8 @@ _GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSche
 
 
 def _meta(label: str) -> str:
-    """Prometheus's name for a Kubernetes label (`app.kubernetes.io/name` -> app_kubernetes_io_name)."""
+    """Prometheus's name for a Kubernetes label: `app.kubernetes.io/name` ->
+    `app_kubernetes_io_name`."""
     return "".join(c if c.isalnum() else "_" for c in label)
 
 
@@ -181,7 +182,6 @@ class MonitoringValuesProps:
     retention: str = "15d"
     retention_size: str = "45GB"
     alertmanager_storage: str = "2Gi"
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.remote_write is None) == (self.grafana is None):
@@ -322,15 +322,7 @@ def kube_prometheus_stack_values(p: MonitoringValuesProps) -> dict:
                 "resources": _resources("20m", "64Mi", "256Mi")}},
             "grafana": _grafana_values(p, p.grafana),
         })
-    return _merge(values, p.extra)
-
-
-def _merge(base: dict, extra: Mapping[str, Any]) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (_merge(out[key], value) if isinstance(value, Mapping)
-                    and isinstance(out.get(key), dict) else value)
-    return out
+    return values
 
 
 def chart_images(values: Mapping[str, Any]) -> list[str]:

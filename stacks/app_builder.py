@@ -14,6 +14,7 @@ from k8s.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
 from stacks.cluster_stack import ClusterStack
+from stacks.monitoring_stack import MonitoringStack
 from stacks.network_stack import NetworkStack
 from stacks.observability_stack import ObservabilityStack
 from stacks.serving_stack import ServingStack
@@ -28,10 +29,11 @@ class EnvironmentStacks:
     cache: CacheStack | None
     observability: ObservabilityStack | None
     serving: ServingStack
+    monitoring: MonitoringStack | None = None
 
     def all(self) -> list[cdk.Stack]:
         return [s for s in (self.network, self.storage, self.cluster, self.cache,
-                            self.observability, self.serving) if s is not None]
+                            self.observability, self.serving, self.monitoring) if s is not None]
 
 
 def build(app: cdk.App, cfg: EnvironmentConfig,
@@ -58,7 +60,12 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
         env=env)
-    stacks = EnvironmentStacks(network, storage, cluster, cache, observability, serving)
+    monitoring = MonitoringStack(
+        app, f"{p}-Monitoring", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
+        amp_workspace=observability.managed.workspace if observability else None,
+        grafana_workspace=observability.managed.grafana if observability else None, env=env)
+    stacks = EnvironmentStacks(network, storage, cluster, cache, observability, serving,
+                               monitoring=monitoring)
 
     cdk.Tags.of(app).add("kvcache:environment", cfg.name)
     for key, value in sorted(cfg.tags.items()):

@@ -1,0 +1,176 @@
+"""Prometheus alerting rules, one standard rule file for both variants.
+
+The same `groups:` document goes to AMP's rule groups namespace (global regions) and into a
+PrometheusRule the in-cluster Prometheus loads (China). Every series is grouped by the
+`kvcache_endpoint` label the scrape configs add, so each endpoint alerts on its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from config import EnvironmentConfig
+from config.contracts import SERVING_NAMESPACE
+from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
+
+# TTFT P90 objective. 2.5 s rather than 2 s: vLLM 0.27.1's TTFT histogram has buckets at 1.0 and
+# 2.5 s and none at 2, so at 2.5 the quantile is exact instead of a straight-line guess between
+# buckets. An environment may override it (`ttftObjectiveSeconds` in cdk.json).
+TTFT_P90_OBJECTIVE_SECONDS = 2.5
+# L2 get latency (P90) above which fetching KV from L2 stops paying off (LMCache buckets, ms).
+L2_GET_P90_SLOW_MS = 500
+# Hit rate collapse: the last 30 minutes fall below this share of the day's hit rate.
+HIT_RATE_COLLAPSE_RATIO = 0.5
+# Below this many queried prompt tokens/s per endpoint a hit rate says nothing.
+MIN_QUERIED_TOKENS_PER_S = 50
+QUEUE_WAITING_THRESHOLD = 10      # waiting requests per endpoint before "queue growing" counts
+KV_CACHE_USAGE_PRESSURE = 0.95    # vllm:kv_cache_usage_perc (1 = full)
+GPU_FB_FREE_RATIO_MIN = 0.02      # framebuffer free / total on one GPU
+WORKER_STARTUP_BUDGET = "40m"     # workers may take 30 min to stage and load weights
+
+_BY = f"sum by ({ENDPOINT_LABEL})"
+_W = f'job="{WORKERS_JOB}"'
+_R = f'job="{ROUTERS_JOB}"'
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+
+    def rule(self) -> dict:
+        return {"alert": self.name, "expr": self.expr, "for": self.for_,
+                "labels": {"severity": self.severity},
+                "annotations": {"summary": self.summary, "description": self.description}}
+
+
+def ttft_objective(cfg: EnvironmentConfig) -> float:
+    return cfg.ttft_objective_seconds or TTFT_P90_OBJECTIVE_SECONDS
+
+
+def _ratio(hits: str, queries: str, window: str, selector: str = _W) -> str:
+    return (f"{_BY} (rate({hits}{{{selector}}}[{window}])) / "
+            f"{_BY} (rate({queries}{{{selector}}}[{window}]))")
+
+
+def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
+    objective = ttft_objective(cfg)
+    ep = f"{{{{ $labels.{ENDPOINT_LABEL} }}}}"
+    # Any-tier reuse: tokens found in the GPU prefix cache or in LMCache (L1 + L2), over the
+    # tokens vLLM looked up. An endpoint without LMCache has no external series: count 0.
+    def reuse(window: str) -> str:
+        gpu = f"{_BY} (rate(vllm:prefix_cache_hits_total{{{_W}}}[{window}]))"
+        ext = f"{_BY} (rate(vllm:external_prefix_cache_hits_total{{{_W}}}[{window}]))"
+        return (f"({gpu} + ({ext} or {gpu} * 0)) / "
+                f"{_BY} (rate(vllm:prefix_cache_queries_total{{{_W}}}[{window}]))")
+
+    return {
+        "kvcache.latency": (
+            Alert("KvcacheTtftP90AboveObjective",
+                  f"histogram_quantile(0.9, sum by ({ENDPOINT_LABEL}, le) "
+                  f"(rate(vllm:time_to_first_token_seconds_bucket{{{_W}}}[5m]))) > {objective:g}",
+                  "10m", "warning", f"TTFT P90 above {objective:g} s on {ep}",
+                  f"P90 time to first token on {ep} is {{{{ $value | humanizeDuration }}}} "
+                  f"(objective {objective:g} s) for 10 minutes. Check queueing, cache hit "
+                  "rates and GPU KV-cache usage."),
+        ),
+        "kvcache.cache": (
+            Alert("KvcacheHitRateCollapse",
+                  f"({reuse('30m')}) < {HIT_RATE_COLLAPSE_RATIO:g} * ({reuse('1d')}) and "
+                  f"{_BY} (rate(vllm:prefix_cache_queries_total{{{_W}}}[30m])) > "
+                  f"{MIN_QUERIED_TOKENS_PER_S}",
+                  "15m", "warning", f"KV cache hit rate collapsed on {ep}",
+                  f"Prefix reuse (GPU + LMCache) on {ep} is below {HIT_RATE_COLLAPSE_RATIO:.0%} "
+                  "of its daily level: routing lost affinity, the cache was flushed, or the "
+                  "workload changed."),
+            Alert("KvcacheRouterCannotTokenize",
+                  f"{_BY} (rate(vllm_router_prefix_routing_decisions_total"
+                  f"{{{_R},outcome=\"missing_tokens\"}}[10m])) / "
+                  f"{_BY} (rate(vllm_router_prefix_routing_decisions_total{{{_R}}}[10m])) > 0.5",
+                  "10m", "warning", f"Router routes {ep} without token ids",
+                  "More than half the prefix-aware decisions fell back to least-load because "
+                  "workers did not answer render/tokenize: prefix affinity is lost."),
+            Alert("KvcacheL2Unhealthy",
+                  f"min by ({ENDPOINT_LABEL}) (lmcache:lmcache_is_healthy{{{_W}}}) == 0",
+                  "5m", "critical", f"LMCache reports its L2 unreachable on {ep}",
+                  "LMCache's health monitor marked the engine unhealthy (failed L2 gets or "
+                  "pings). With fallback_policy recompute L1 is bypassed too until recovery."),
+            Alert("KvcacheL2Slow",
+                  f"histogram_quantile(0.9, sum by ({ENDPOINT_LABEL}, le) "
+                  f"(rate(lmcache:remote_time_to_get_bucket{{{_W}}}[5m]))) > {L2_GET_P90_SLOW_MS}",
+                  "10m", "warning", f"L2 reads slow on {ep}",
+                  f"P90 L2 get latency on {ep} is {{{{ $value }}}} ms (limit "
+                  f"{L2_GET_P90_SLOW_MS} ms): recomputing may be faster than fetching."),
+            Alert("KvcacheL2ReadsFailing",
+                  f"max by ({ENDPOINT_LABEL}) (lmcache:get_blocking_failed_count{{{_W}}}) > 0",
+                  "10m", "warning", f"LMCache L2 gets failing on {ep}",
+                  "Blocking gets from L2 keep failing (timeouts or errors); they count as "
+                  "misses."),
+            Alert("KvcacheSharedCacheDown",
+                  f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
+                  'statefulset=~"kvcache-(valkey|lmcache-server)"} < 1',
+                  "5m", "critical", "Self-hosted L2 cache {{ $labels.statefulset }} not ready",
+                  "The in-cluster L2 cache has no ready replica: every L2 read misses."),
+        ),
+        "kvcache.availability": (
+            Alert("KvcacheEndpointNoWorkers",
+                  f"max by ({ENDPOINT_LABEL}) (vllm_router_active_workers{{{_R}}}) == 0",
+                  "10m", "critical", f"Router of {ep} has no worker",
+                  "The router has no usable worker: every request fails."),
+            Alert("KvcacheWorkerUnhealthy",
+                  f"min by ({ENDPOINT_LABEL}, worker) (vllm_router_worker_health{{{_R}}}) == 0",
+                  "3m", "warning", f"Worker {{{{ $labels.worker }}}} of {ep} unhealthy",
+                  "The router's health checks fail for this worker; it gets no traffic."),
+            Alert("KvcacheWorkerNotReady",
+                  f'sum by (namespace, pod) (kube_pod_status_ready{{'
+                  f'namespace="{SERVING_NAMESPACE}",condition="true",pod=~".+-workers-.+"}}) == 0',
+                  WORKER_STARTUP_BUDGET, "warning", "Worker pod {{ $labels.pod }} not ready",
+                  "Not ready for longer than the weight staging and loading budget."),
+            Alert("KvcacheRouterDown", f"up{{{_R}}} == 0", "5m", "critical",
+                  f"Router {{{{ $labels.pod }}}} of {ep} down",
+                  "Prometheus cannot scrape the router's metrics port."),
+            Alert("KvcacheRoutersAllDown", f"{_BY} (up{{{_R}}}) == 0", "3m", "critical",
+                  f"No router of {ep} is up", "The endpoint is unreachable."),
+        ),
+        "kvcache.capacity": (
+            Alert("KvcacheQueueGrowing",
+                  f"{_BY} (deriv(vllm:num_requests_waiting{{{_W}}}[10m])) > 0 and "
+                  f"{_BY} (vllm:num_requests_waiting{{{_W}}}) > {QUEUE_WAITING_THRESHOLD}",
+                  "10m", "warning", f"Request queue growing on {ep}",
+                  f"{{{{ $value }}}} requests waiting on {ep} and rising for 10 minutes: add "
+                  "workers or check preemptions."),
+            Alert("KvcacheGpuKvCacheFull",
+                  f"max by ({ENDPOINT_LABEL}) (vllm:kv_cache_usage_perc{{{_W}}}) > "
+                  f"{KV_CACHE_USAGE_PRESSURE:g}",
+                  "10m", "warning", f"GPU KV cache nearly full on {ep}",
+                  "vLLM's GPU KV cache is above 95%: new requests queue and running ones may "
+                  "be preempted."),
+            Alert("KvcachePreemptions",
+                  f"{_BY} (rate(vllm:num_preemptions_total{{{_W}}}[5m])) > 0",
+                  "15m", "warning", f"Requests preempted on {ep}",
+                  "vLLM keeps preempting requests for lack of GPU KV-cache blocks."),
+            Alert("KvcacheGpuMemoryPressure",
+                  f'min by (Hostname, gpu) (DCGM_FI_DEV_FB_FREE{{job="{DCGM_JOB}"}} / '
+                  f'(DCGM_FI_DEV_FB_FREE{{job="{DCGM_JOB}"}} + '
+                  f'DCGM_FI_DEV_FB_USED{{job="{DCGM_JOB}"}})) < {GPU_FB_FREE_RATIO_MIN:g}',
+                  "10m", "warning", "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} out of memory",
+                  "Less than 2% of GPU memory is free: allocations outside vLLM's budget may "
+                  "fail with CUDA out-of-memory."),
+        ),
+    }
+
+
+def rule_file(cfg: EnvironmentConfig) -> dict:
+    """The standard Prometheus rule file (`groups:`), as data."""
+    return {"groups": [{"name": name, "rules": [a.rule() for a in alerts]}
+                       for name, alerts in alert_groups(cfg).items()]}
+
+
+def render(cfg: EnvironmentConfig) -> str:
+    """YAML for AMP's RuleGroupsNamespace `data` and for `promtool check rules`."""
+    return yaml.safe_dump(rule_file(cfg), sort_keys=False, width=1000)

@@ -135,3 +135,10 @@ def test_impossible_scaling_for_the_environment(tmp_path, strategy, scaling, fie
     with pytest.raises(ConfigError) as info:
         load_endpoints(resolve_environment(ctx), tmp_path)
     assert info.value.field == f"e.yaml: {field}" and allowed in info.value.allowed
+
+
+def test_keda_queries_the_prometheus_service_the_monitoring_chart_creates():
+    from config.contracts import MONITORING_NAMESPACE
+    from k8s.monitoring import PROMETHEUS_PORT, RELEASE
+    assert IN_CLUSTER_PROMETHEUS_URL == (
+        f"http://{RELEASE}-prometheus.{MONITORING_NAMESPACE}.svc.cluster.local:{PROMETHEUS_PORT}")

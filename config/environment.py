@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from .images import ImageResolver
 from .instances import GPU_SHAPES, gpu_shape
 from .regions import (
     RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
@@ -90,6 +91,11 @@ class EnvironmentConfig:
     instance_hourly_usd: Mapping[str, float]
     tags: Mapping[str, str] = field(default_factory=dict)
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
+
+    @property
+    def images(self) -> ImageResolver:
+        """Where this environment's pods pull each catalogue image from (decided here, once)."""
+        return ImageResolver(self.use_ecr_images, self.account, self.facts)
 
     @property
     def stack_prefix(self) -> str:

@@ -483,7 +483,7 @@ class MonitoringCharts:
 
 def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
                             specs: tuple[EndpointSpec, ...]) -> MonitoringCharts:
-    images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
+    images = cfg.images
     in_cluster = cfg.observability == "self-hosted"
     base = MonitoringBaseChart(app, "monitoring-base", props=MonitoringBaseProps(
         namespace=MONITORING_NAMESPACE, storage_class=STORAGE_CLASS if in_cluster else None,

@@ -12,7 +12,7 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
-from config.images import IMAGES, KV_EVENT_IMAGES, ImageResolver, catalogue_key_for
+from config.images import IMAGES, KV_EVENT_IMAGES, catalogue_key_for
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.objects import standard_labels
@@ -100,7 +100,7 @@ def worker_service_account(endpoint: str) -> str:
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
                  facts: ServingFacts) -> list[Chart]:
-    images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
+    images = cfg.images
     ns = Chart(app, "namespace")
     ApiObject(ns, "Namespace", api_version="v1", kind="Namespace", metadata={
         "name": SERVING_NAMESPACE, "labels": standard_labels("serving", cfg.name)})

@@ -9,7 +9,6 @@ from cdk_nag import AwsSolutionsChecks
 
 from config import EnvironmentConfig
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
-from config.images import ImageResolver
 from k8s.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
@@ -56,7 +55,7 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         model_bucket=storage.model_bucket, model_key=storage.model_key,
         l2_url=l2.url_without_credentials if l2 else None,
         l2_secret_arn=l2.auth_secret.secret_arn if l2 else None, l2_key=l2.key if l2 else None,
-        router_base_image=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts).uri("python"),
+        router_base_image=cfg.images.uri("python"),
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
         env=env)

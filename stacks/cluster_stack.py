@@ -4,7 +4,7 @@ from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2
 from constructs import Construct
 
 from config import EnvironmentConfig
-from config.images import ALB_CONTROLLER_VERSION, ImageResolver
+from config.images import ALB_CONTROLLER_VERSION
 from constructs.cluster_scaling import ClusterScaling, ClusterScalingProps
 from constructs.gpu_cluster import GpuCluster, GpuClusterProps
 from stacks.common import removal_policy
@@ -20,14 +20,12 @@ class ClusterStack(Stack):
                                    if cfg.cluster_endpoint.public else ()),
             admin_role_names=cfg.admin_role_names, system_nodes=cfg.system_nodes,
             gpu_node_groups=cfg.gpu_node_groups, alb_controller_version=ALB_CONTROLLER_VERSION,
-            device_plugin_image=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts).uri(
-                "nvidia-device-plugin"),  # one resolver per environment, as for every image
+            device_plugin_image=cfg.images.uri("nvidia-device-plugin"),
             removal_policy=removal_policy(cfg),
         ))
         self.gpu_cluster = built
         self.cluster = built.cluster
-        images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
         self.scaling = ClusterScaling(self, "Scaling", props=ClusterScalingProps(
-            cluster=self.cluster, images=images, region=cfg.region,
+            cluster=self.cluster, images=cfg.images, region=cfg.region,
             amp_workspace_arn=amp_workspace_arn))
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

@@ -5,7 +5,6 @@ from aws_cdk import CfnOutput, Stack, aws_aps as aps, aws_eks_v2 as eks, aws_gra
 from constructs import Construct
 
 from config import EnvironmentConfig
-from config.images import ImageResolver
 from constructs.cluster_monitoring import ClusterMonitoring, ClusterMonitoringProps
 from constructs.managed_grafana_dashboards import (
     ManagedGrafanaDashboards, ManagedGrafanaDashboardsProps,
@@ -32,7 +31,7 @@ class MonitoringStack(Stack):
         self.charts_app = cdk8s.App()
         self.charts = build_monitoring_charts(self.charts_app, cfg, endpoints)
         self.collector = ClusterMonitoring(self, "Collector", props=ClusterMonitoringProps(
-            cluster=cluster, images=ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts),
+            cluster=cluster, images=cfg.images,
             region=cfg.region, charts=self.charts,
             scrape_configs=scrape_configs(endpoints=scraped_endpoints(endpoints)),
             removal_policy=removal_policy(cfg), amp_workspace=amp_workspace))

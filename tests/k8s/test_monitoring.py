@@ -38,7 +38,7 @@ def rendered(synths):
         cfg = synths[name].cfg
         specs = load_endpoints(cfg, ROOT)
         charts = build_monitoring_charts(cdk8s.App(), cfg, specs)
-        images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
+        images = cfg.images
         jobs = scrape_configs(endpoints=scraped_endpoints(specs))
         mode = (dict(remote_write=RemoteWrite(
                     "https://aps-workspaces.us-west-2.amazonaws.com/workspaces/ws-1/api/v1/"
@@ -179,15 +179,14 @@ def test_dcgm_exporter_runs_on_gpu_nodes_only(rendered, name):
     assert pod["tolerations"] == [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                    "effect": "NoSchedule"}]
     (container,) = pod["containers"]
-    assert container["image"] == ImageResolver(cfg.use_ecr_images, cfg.account,
-                                               cfg.facts).uri(DCGM_COMPONENT)
+    assert container["image"] == cfg.images.uri(DCGM_COMPONENT)
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])   # it takes no GPU
 
 
 @pytest.mark.parametrize("name", ENVS)
 def test_chart_values_pin_every_image_of_the_catalogue_entry(rendered, name):
     cfg, _, _, values = rendered[name]
-    images = ImageResolver(cfg.use_ecr_images, cfg.account, cfg.facts)
+    images = cfg.images
     used = set(chart_images(values))
     keys = set(CHARTS[CHART_KEY].images)
     if cfg.observability == "managed":        # agent: no Grafana, no Alertmanager

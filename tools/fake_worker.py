@@ -5,10 +5,11 @@ health-checks it, renders/tokenizes prompts through it, routes completions to it
 nothing from it, while tests and benchmarks read which worker answered and how much of each
 prompt was already cached.
 
-Run one:   python -m tools.fake_worker --port 8001 --worker-id w0
-Embed one: FakeWorker(port=0, worker_id="w0").start() ... .stop()
+Run one:   python -m tools.fake_worker --port 8001 --worker-id w0 [--kv-events-port 0]
+Embed one: FakeWorker(port=0, worker_id="w0", kv_events_port=0).start() ... .stop()
 
-Model of a worker (deliberately simple, deterministic, standard library only):
+Model of a worker (deliberately simple, deterministic, standard library only but for the
+optional KV events, which need pyzmq and msgpack):
 - Tokens: every whitespace-separated word maps to a stable id (blake2b of the word, mod
   50,000), so the same text gives the same ids on every worker and in every process; chat
   messages are rendered with role and end markers (ids >= 50,000) the way a chat template is.
@@ -22,6 +23,13 @@ Model of a worker (deliberately simple, deterministic, standard library only):
   requests; the rest wait (``vllm:num_requests_waiting``).
 - Output: ``max_tokens`` words (default 16) drawn deterministically from the prompt, so every
   worker gives the same answer to the same prompt (like greedy decoding on one model).
+- KV events (``kv_events_port`` not None): every change of the prefix cache is published at
+  once, as vLLM's ZMQ publisher does, on ``tcp://127.0.0.1:PORT``: ``BlockStored`` for newly
+  cached blocks (their chained hashes, parent hash and token ids, the same ids the render and
+  tokenize endpoints return), ``BlockRemoved`` on LRU eviction, ``AllBlocksCleared`` on reset.
+  Prompt blocks are published before the first token, output blocks before the response ends.
+  ``stop()`` closes the publisher with the worker; ``start()`` rebinds it on the same port and
+  continues the sequence numbers (the fake's cache survives a restart too).
 - Every response names the worker: header ``X-Worker-Id``, and a top-level ``"worker_id"`` in
   JSON bodies and in each stream chunk.
 
@@ -43,7 +51,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 __all__ = [
     "FakeWorker",
@@ -202,7 +210,13 @@ def expected_completion_text(prompt: str, max_tokens: int) -> str:
 
 
 class PrefixCache:
-    """vLLM-style automatic prefix cache over token ids: chained block hashes, LRU-bounded."""
+    """vLLM-style automatic prefix cache over token ids: chained block hashes, LRU-bounded.
+
+    ``on_events``, if set, is called with the KV cache events of every change (``BlockStored``
+    per contiguous run of newly cached blocks, ``BlockRemoved`` for LRU evictions,
+    ``AllBlocksCleared``), inside the cache's lock so that events leave in the order the cache
+    changed. Events are dicts in vLLM's tagged-map shape (see ``_KvEventPublisher``).
+    """
 
     def __init__(self, block_size: int = 16, capacity_blocks: int = 8192) -> None:
         if block_size < 1 or capacity_blocks < 1:
@@ -211,6 +225,7 @@ class PrefixCache:
         self.capacity_blocks = capacity_blocks
         self._blocks: "collections.OrderedDict[int, None]" = collections.OrderedDict()
         self._lock = threading.Lock()
+        self.on_events: "Callable[[list[dict]], None] | None" = None
 
     def block_hashes(self, ids: Sequence[int], max_tokens: int | None = None) -> list[int]:
         """Hashes of the full blocks of ``ids[:max_tokens]``, each chained on its parent."""
@@ -237,18 +252,40 @@ class PrefixCache:
 
     def insert(self, ids: Sequence[int]) -> None:
         hashes = self.block_hashes(ids)
+        bs = self.block_size
         with self._lock:
-            for h in hashes:
+            new: list[int] = []  # indexes of newly cached blocks
+            for i, h in enumerate(hashes):
                 if h in self._blocks:
                     self._blocks.move_to_end(h)
                 else:
                     self._blocks[h] = None
+                    new.append(i)
+            evicted = []
             while len(self._blocks) > self.capacity_blocks:
-                self._blocks.popitem(last=False)
+                evicted.append(self._blocks.popitem(last=False)[0])
+            if self.on_events is None or not (new or evicted):
+                return
+            events = []
+            for run in _runs(new):  # one BlockStored per contiguous chain, as vLLM emits
+                first, last = run[0], run[-1]
+                events.append({
+                    "type": "BlockStored",
+                    "block_hashes": [_wire_hash(hashes[i]) for i in run],
+                    "parent_block_hash": _wire_hash(hashes[first - 1]) if first else None,
+                    "token_ids": list(ids[first * bs:(last + 1) * bs]),
+                    "block_size": bs, "lora_id": None, "medium": "GPU", "lora_name": None,
+                })
+            if evicted:
+                events.append({"type": "BlockRemoved", "medium": "GPU",
+                               "block_hashes": [_wire_hash(h) for h in evicted]})
+            self.on_events(events)
 
     def clear(self) -> None:
         with self._lock:
             self._blocks.clear()
+            if self.on_events is not None:
+                self.on_events([{"type": "AllBlocksCleared"}])
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -256,6 +293,100 @@ class PrefixCache:
     def usage(self) -> float:
         """Fraction of the capacity in use (what vLLM reports as kv_cache_usage_perc)."""
         return len(self._blocks) / self.capacity_blocks
+
+
+def _runs(indexes: Sequence[int]) -> list[list[int]]:
+    """``[1, 2, 3, 7, 8]`` -> ``[[1, 2, 3], [7, 8]]``."""
+    runs: list[list[int]] = []
+    for i in indexes:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _wire_hash(h: int) -> int:
+    """A block hash as the router accepts it: an unsigned 64-bit int (Python's is signed)."""
+    return h & 0xFFFF_FFFF_FFFF_FFFF
+
+
+# --------------------------------------------------------------------------- KV events
+
+
+class _KvEventPublisher:
+    """vLLM's ZMQ KV event stream, as vllm-router 0.1.17 subscribes to it.
+
+    Each batch is one 3-frame message: the topic (``""`` unless configured, the only topic the
+    router 0.1.17 subscribes to), the sequence number (8 bytes, big-endian, from 0, +1 per
+    batch), and msgpack ``[ts, [event, ...], data_parallel_rank]`` with every event a map
+    tagged by ``"type"`` (vLLM's ``EventBatch(array_like=True)`` of ``KVCacheEvent(tag=True)``).
+    The socket is an XPUB (a PUB to its subscribers) bound on 127.0.0.1, so the worker can count
+    subscriptions and tests can wait until a router listens. Needs pyzmq and msgpack, imported
+    only when a worker publishes.
+    """
+
+    def __init__(self, port: int, topic: str = "") -> None:
+        import msgpack
+        import zmq
+
+        self._zmq = zmq
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._lock = threading.Lock()  # one thread at a time on the socket
+        self._closed = False
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.XPUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, duplicates too
+        self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        try:
+            if port:
+                self._sock.bind(f"tcp://{LOOPBACK}:{port}")
+                self.port = port
+            else:
+                self.port = self._sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+        except BaseException:
+            self.close()
+            raise
+        self.topic = topic.encode()
+        self.seq = 0
+        self.batches = 0
+        self.events = collections.Counter()
+        self._subscribers = 0
+
+    def publish(self, events: list[dict]) -> None:
+        payload = self._pack([time.time(), events, 0])
+        with self._lock:
+            if self._closed:  # a request still finishing as its worker dies
+                return
+            seq = self.seq.to_bytes(8, "big", signed=True)
+            self._sock.send_multipart([self.topic, seq, payload])
+            self.seq += 1
+            self.batches += 1
+            self.events.update(e["type"] for e in events)
+
+    def subscribers(self) -> int:
+        """Live subscriptions (a router's SUB socket subscribes once per connection)."""
+        zmq = self._zmq
+        with self._lock:
+            if self._closed:
+                return 0
+            for _ in range(10_000):  # drain what has arrived; bounded
+                try:
+                    msg = self._sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if msg[:1] == b"\x01":
+                    self._subscribers += 1
+                elif msg[:1] == b"\x00":
+                    self._subscribers -= 1
+            return self._subscribers
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._sock.close(linger=0)
+            self._ctx.term()
 
 
 # --------------------------------------------------------------------------- metrics
@@ -465,6 +596,8 @@ class FakeWorker:
         max_model_len: int = 32768,
         max_num_seqs: int = 0,
         verbose: bool = False,
+        kv_events_port: int | None = None,
+        kv_events_topic: str = "",
     ) -> None:
         if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
             raise ValueError("timings must be >= 0")
@@ -480,6 +613,12 @@ class FakeWorker:
         self.max_model_len = int(max_model_len)
         self.max_num_seqs = int(max_num_seqs)
         self.verbose = verbose
+        if kv_events_port is not None and kv_events_port < 0:
+            raise ValueError("kv_events_port must be None (off), 0 (any free port) or a port")
+        self.kv_events_port = kv_events_port
+        self.kv_events_topic = kv_events_topic
+        self._kv: _KvEventPublisher | None = None
+        self._kv_seq = 0
         self.cache = PrefixCache(block_size, cache_blocks)
         self.healthy = True
         self._lock = threading.Lock()
@@ -502,11 +641,24 @@ class FakeWorker:
     def alive(self) -> bool:
         return self._server is not None
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """``tcp://127.0.0.1:PORT`` of the KV event publisher once started, else None."""
+        return f"tcp://{LOOPBACK}:{self.kv_events_port}" if self.kv_events_port else None
+
     def start(self) -> "FakeWorker":
         if self._server is not None:
             return self
+        if self.kv_events_port is not None:
+            self._kv = _KvEventPublisher(self.kv_events_port, self.kv_events_topic)
+            self.kv_events_port, self._kv.seq = self._kv.port, self._kv_seq
+            self.cache.on_events = self._kv.publish
         handler = type("FakeWorkerHandler", (_Handler,), {"worker": self})
-        self._server = _Server((LOOPBACK, self.port), handler)
+        try:
+            self._server = _Server((LOOPBACK, self.port), handler)
+        except BaseException:
+            self._stop_kv_events()
+            raise
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -531,6 +683,19 @@ class FakeWorker:
                 pass
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._stop_kv_events()
+
+    def _stop_kv_events(self) -> None:
+        kv, self._kv = self._kv, None
+        if kv is not None:
+            self.cache.on_events = None
+            self._kv_seq = kv.seq  # a restart continues the stream (the cache survives too)
+            kv.close()
+
+    def kv_subscribers(self) -> int:
+        """Subscriptions to this worker's KV events right now (0 when it publishes none)."""
+        kv = self._kv
+        return kv.subscribers() if kv is not None else 0
 
     def __enter__(self) -> "FakeWorker":
         return self.start()
@@ -581,6 +746,8 @@ class FakeWorker:
                 "render_calls": self._render_calls,
                 "tokenize_calls": self._tokenize_calls,
                 "cache_blocks_used": len(self.cache),
+                "kv_event_batches": self._kv.batches if self._kv else 0,
+                "kv_events": dict(self._kv.events) if self._kv else {},
             }
 
     @property
@@ -915,6 +1082,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--max-num-seqs", type=int, default=0, help="0 = unbounded concurrency")
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    p.add_argument("--kv-events-port", type=int, default=None,
+                   help="publish KV cache events (ZMQ, vLLM's wire format) on "
+                        "tcp://127.0.0.1:PORT (0 = any free port); needs pyzmq and msgpack")
+    p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
     return p
 
 
@@ -926,12 +1097,15 @@ def serve(argv: Sequence[str] | None = None) -> int:
         decode_ms_per_token=a.decode_ms_per_token, overhead_ms=a.overhead_ms,
         block_size=a.block_size, cache_blocks=a.cache_blocks,
         default_max_tokens=a.default_max_tokens, max_model_len=a.max_model_len,
-        max_num_seqs=a.max_num_seqs, verbose=a.verbose,
+        max_num_seqs=a.max_num_seqs, verbose=a.verbose, kv_events_port=a.kv_events_port,
+        kv_events_topic=a.kv_events_topic,
     ).start()
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    print(f"fake worker {worker.worker_id} serving {worker.model} on {worker.url}", flush=True)
+    events = f", KV events on {worker.kv_events_endpoint}" if worker.kv_events_endpoint else ""
+    print(f"fake worker {worker.worker_id} serving {worker.model} on {worker.url}{events}",
+          flush=True)
     try:
         while not done.wait(0.2):
             pass

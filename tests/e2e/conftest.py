@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -171,16 +172,18 @@ def launch_routers(router_args, tmp_path) -> Iterator[Callable[..., list[RouterP
     side by side from the args rendered for ``strategy`` with one worker replica per pool
     worker, each on its own ports in front of ``pool``. kv_aware ones are subscribed to every
     worker's events before this returns (unless ``kv_endpoints`` points them elsewhere). All
-    stop when the test ends; their logs stay under the test's tmp dir."""
+    stop when the test ends; their logs stay under the test's tmp dir. May be called from
+    several threads at once."""
+    numbers = itertools.count()
     with contextlib.ExitStack() as stack:
         def launch(strategy: str, pool: FakeWorkerPool, n: int = 1, *,
                    kv_endpoints: list[str] | None = None) -> list[RouterProcess]:
             rendered = router_args(strategy, len(pool))
             routers = []
             for _ in range(n):
-                log = tmp_path / f"router-{strategy}-{len(list(tmp_path.iterdir()))}.log"
-                router = RouterProcess(localize_for_pool(rendered, pool, kv_endpoints=kv_endpoints),
-                                       log_path=log)
+                log = tmp_path / f"router-{strategy}-{next(numbers)}.log"
+                args = localize_for_pool(rendered, pool, kv_endpoints=kv_endpoints)
+                router = RouterProcess(args, log_path=log)
                 stack.callback(router.stop)
                 routers.append(router)
             with ThreadPoolExecutor(n) as starting:

@@ -40,26 +40,32 @@ def test_fake_worker_publishes_kv_events_in_vllm_wire_format():
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVTIMEO, 2000)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    try:
-        sub.connect(w.kv_events_endpoint)
+
+    def subscribed() -> None:
         deadline = time.monotonic() + 5
         while w.kv_subscribers() < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+            sub.poll(10)  # a SUB resubscribes after a reconnect only when its owner calls in
         assert w.kv_subscribers() == 1
 
+    try:
+        sub.connect(w.kv_events_endpoint)
+        subscribed()
+
         def batches() -> list:
-            out = []
-            while True:
+            """What has been published: wait (2 s at most) for one batch, then drain."""
+            out: list = []
+            for _ in range(1000):
                 try:
                     frames = sub.recv_multipart(zmq.NOBLOCK if out else 0)
                 except zmq.Again:
-                    return out
+                    break
                 assert len(frames) == 3 and frames[0] == b"" and len(frames[1]) == 8, frames
                 seq = int.from_bytes(frames[1], "big", signed=True)
                 ts, events, rank = msgpack.unpackb(frames[2])
                 assert ts > 0 and rank == 0
                 out.append((seq, events))
                 time.sleep(0.05)  # let the rest of this request's batches arrive
+            return out
 
         messages = [{"role": "system", "content": filler("wire", 100)},
                     {"role": "user", "content": "first"}]
@@ -100,13 +106,23 @@ def test_fake_worker_publishes_kv_events_in_vllm_wire_format():
                    for e in events if e["type"] == "BlockRemoved")
 
         assert requests.post(w.url + "/reset_prefix_cache", timeout=5).status_code == 200
-        assert [evs for _, evs in batches()] == [[{"type": "AllBlocksCleared"}]]
+        cleared = batches()
+        assert [evs for _, evs in cleared] == [[{"type": "AllBlocksCleared"}]]
         assert w.stats()["kv_events"]["AllBlocksCleared"] == 1
+
+        # Dead and back: same endpoint, the subscriber reconnects, the sequence continues.
+        endpoint = w.kv_events_endpoint
+        w.stop()
+        assert w.kv_subscribers() == 0
+        w.start()
+        assert w.kv_events_endpoint == endpoint
+        subscribed()
+        assert chat(w.url, messages, stream=False, max_tokens=4, timeout=5).ok
+        assert batches()[0][0] == cleared[-1][0] + 1
     finally:
         sub.close(linger=0)
         ctx.term()
         w.stop()
-    assert w.kv_subscribers() == 0  # a stopped worker publishes nothing
 
 
 def test_kvaware_pins_conversations_and_spreads_distinct_prefixes(kv_worker_pool,

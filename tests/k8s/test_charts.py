@@ -294,7 +294,7 @@ def test_router_image_pin_matches_requirements():
 
 
 @pytest.mark.parametrize("strategy, sticky", [("prefixaware", True), ("session", False),
-                                              ("kvaware", False), ("roundrobin", False)])
+                                              ("kvaware", True), ("roundrobin", False)])
 def test_client_affinity_only_where_router_state_is_per_replica(rendered, strategy, sticky):
     _, docs = rendered[("dev", strategy, "redis")]
     svc = next(d for d in _all(docs, "Service") if d["spec"].get("type") == "LoadBalancer")

@@ -98,8 +98,9 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
             Alert("KvcacheL2Unhealthy",
                   f"min by ({ENDPOINT_LABEL}) (lmcache:lmcache_is_healthy{{{_W}}}) == 0",
                   "5m", "critical", f"LMCache reports its L2 unreachable on {ep}",
-                  "LMCache's health monitor marked the engine unhealthy (failed L2 gets or "
-                  "pings). With fallback_policy recompute L1 is bypassed too until recovery."),
+                  "LMCache's health monitor took L2 out (failed gets or pings). Workers keep "
+                  "serving from L1 (fallback_policy local_cpu) and recomputation: expect "
+                  "higher TTFT until a recovery probe succeeds."),
             Alert("KvcacheL2Slow",
                   f"histogram_quantile(0.9, sum by ({ENDPOINT_LABEL}, le) "
                   f"(rate(lmcache:remote_time_to_get_bucket{{{_W}}}[5m]))) > {L2_GET_P90_SLOW_MS}",

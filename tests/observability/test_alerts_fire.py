@@ -1,0 +1,78 @@
+"""The failure alerts fire on the series a failure produces (promtool's rule unit tests).
+
+Issue 6's failure cases: L2 unreachable (LMCache reports itself unhealthy), L2 slow, a worker
+the router marks unhealthy, a router down, a queue that keeps growing.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from observability.metrics import ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
+from observability.rules import L2_GET_P90_SLOW_MS, render
+
+EP = "llama"
+W = f'{{job="{WORKERS_JOB}",{ENDPOINT_LABEL}="{EP}",pod="llama-workers-0"}}'
+R = f'{{job="{ROUTERS_JOB}",{ENDPOINT_LABEL}="{EP}",pod="llama-router-0"'
+
+
+def _fires(alert: str, at: str, labels: dict) -> dict:
+    return {"eval_time": at, "alertname": alert,
+            "exp_alerts": [{"exp_labels": {"severity": labels.pop("severity"), **labels}}]}
+
+
+def _silent(alert: str, at: str) -> dict:
+    return {"eval_time": at, "alertname": alert, "exp_alerts": []}
+
+
+def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's `prometheus` package (.ci/run does)"
+    # The shipped rules with annotations dropped: promtool compares annotations verbatim, and
+    # what is under test here is when each alert fires (expr, for, labels).
+    rules = yaml.safe_load(render(dev.cfg))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    slow_ms = L2_GET_P90_SLOW_MS * 2
+    series = [
+        # L2 goes away at minute 10: LMCache's health monitor reports 0 from then on.
+        {"series": f"lmcache:lmcache_is_healthy{W}", "values": "1x10 0x20"},
+        # every L2 get takes twice the limit
+        {"series": f'lmcache:remote_time_to_get_bucket{W[:-1]},le="{slow_ms}"}}',
+         "values": "0+10x30"},
+        {"series": f'lmcache:remote_time_to_get_bucket{W[:-1]},le="+Inf"}}',
+         "values": "0+10x30"},
+        {"series": f'lmcache:remote_time_to_get_bucket{W[:-1]},le="{L2_GET_P90_SLOW_MS}"}}',
+         "values": "0x30"},
+        # the router marks worker w1 unhealthy at minute 5
+        {"series": f'vllm_router_worker_health{R},worker="http://w1:8000"}}',
+         "values": "1x5 0x25"},
+        {"series": f'vllm_router_worker_health{R},worker="http://w0:8000"}}',
+         "values": "1x30"},
+        # the router's scrape fails from minute 20
+        {"series": f"up{R}}}", "values": "1x20 0x10"},
+    ]
+    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            _silent("KvcacheL2Unhealthy", "9m"),
+            _fires("KvcacheL2Unhealthy", "16m",
+                   {"severity": "critical", ENDPOINT_LABEL: EP}),
+            _fires("KvcacheL2Slow", "20m", {"severity": "warning", ENDPOINT_LABEL: EP}),
+            _silent("KvcacheWorkerUnhealthy", "4m"),
+            _fires("KvcacheWorkerUnhealthy", "9m", {"severity": "warning", ENDPOINT_LABEL: EP,
+                                                    "worker": "http://w1:8000"}),
+            _silent("KvcacheRouterDown", "19m"),
+            _fires("KvcacheRouterDown", "26m", {
+                "severity": "critical", "job": ROUTERS_JOB, ENDPOINT_LABEL: EP,
+                "pod": "llama-router-0"}),
+        ]}]}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -97,6 +97,11 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
 )}
 
 
+def unpinned_images() -> list[Image]:
+    """Images still waiting for a digest: synth warns about each until it is pinned."""
+    return [i for i in IMAGES.values() if not i.digest]
+
+
 @dataclass(frozen=True)
 class Chart:
     """A Helm chart the cluster installs: upstream repository in global regions, or the OCI

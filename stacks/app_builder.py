@@ -9,6 +9,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from config import EnvironmentConfig
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
+from config.images import unpinned_images
 from k8s.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
@@ -70,6 +71,11 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     for key, value in sorted(cfg.tags.items()):
         cdk.Tags.of(app).add(key, value)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    for image in unpinned_images():
+        cdk.Annotations.of(serving).add_warning_v2(
+            "kvcache:image-without-digest",
+            f"{image.source}:{image.tag} has no digest in config/images.py: run "
+            f"`python -m tools mirror --resolve --only {image.key}` and pin it")
     return stacks
 
 

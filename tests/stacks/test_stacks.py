@@ -226,3 +226,17 @@ def test_scaling_identities(synth):
     assert "autoscaling:SetDesiredCapacity" in policies
     assert "aws:ResourceTag/k8s.io/cluster-autoscaler/" in dumps(t)
     assert ("aps:QueryMetrics" in policies) is (not synth.cfg.facts.china)
+
+
+def test_every_image_is_pinned_by_digest_but_the_documented_one(dev):
+    from config.images import unpinned_images
+    # No public record ties a digest to lmcache/vllm-openai:v0.5.4 (see config/images.py);
+    # any other image without one fails here.
+    assert [i.key for i in unpinned_images()] == ["vllm-lmcache"]
+    for image in IMAGES.values():
+        assert image.tag != "latest"
+        assert image.digest is None or (image.digest.startswith("sha256:")
+                                        and len(image.digest) == 71), image.key
+    warnings = [m for m in dev.stacks.serving.node.metadata
+                if m.type == "aws:cdk:warning" and "has no digest" in str(m.data)]
+    assert len(warnings) == 1

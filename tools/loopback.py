@@ -781,18 +781,20 @@ class Conversation:
 
 def run_conversations(urls: Sequence[str], sessions: int, turns: int, *,
                       session_header: bool = False, name: str = "conv",
-                      timeout: float = 10.0, **conversation_opts: Any) -> list[Conversation]:
+                      timeout: float = 10.0, sticky: bool = False,
+                      **conversation_opts: Any) -> list[Conversation]:
     """``sessions`` users arrive together and each holds ``turns`` turns, one after another;
     turn ``t`` of user ``s`` goes to ``urls[(s + t) % len(urls)]`` (with two routers, every
-    conversation alternates between them and both carry load at every moment)."""
+    conversation alternates between them and both carry load at every moment), or, with
+    ``sticky`` (client affinity at the load balancer), always to ``urls[s % len(urls)]``."""
     convs = [Conversation(f"{name}-{s}", **conversation_opts) for s in range(sessions)]
     start = threading.Barrier(sessions, timeout=timeout)
 
     def run(s: int) -> None:
         start.wait()
         for t in range(turns):
-            convs[s].turn(urls[(s + t) % len(urls)], session_header=session_header,
-                          timeout=timeout)
+            url = urls[s % len(urls)] if sticky else urls[(s + t) % len(urls)]
+            convs[s].turn(url, session_header=session_header, timeout=timeout)
 
     with ThreadPoolExecutor(sessions) as pool:
         list(pool.map(run, range(sessions)))

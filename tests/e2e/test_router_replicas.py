@@ -106,6 +106,30 @@ def test_two_prefixaware_replicas_bounce_conversations_measured(kv_worker_pool, 
                   + ", ".join(f"{h:.2f}" for h, _ in rates) + ")")
 
 
+def test_prefixaware_replicas_with_client_affinity_keep_conversations(
+        kv_worker_pool, launch_routers, report_figure):
+    """The mechanism prefixaware ships with: the router Service's NLB keeps a client on one
+    replica (source-IP affinity). Clients split across both replicas; each replica's prefix
+    tree sees every turn of its clients, so no conversation moves and load still spreads."""
+    kv_worker_pool.reset()
+    routers = launch_routers("prefixaware", kv_worker_pool, n=2)
+    convs = run_conversations([r.url for r in routers], SESSIONS, TURNS, name="prefix-sticky",
+                              sticky=True)
+    assert all(r.ok for c in convs for r in c.results)
+    where = {c.name: c.workers for c in convs}
+    moved = {name: w for name, w in where.items() if len(set(w)) != 1}
+    assert not moved, f"conversations moved between workers: {moved}"
+    per_worker = collections.Counter(w[0] for w in where.values())
+    assert len(per_worker) >= 3, f"load not spread: {where}"
+    served = [r.metric("vllm_router_requests_total") for r in routers]
+    assert served == [SESSIONS * TURNS / 2] * 2, served  # both replicas carried clients
+    hit, ideal = prefix_hit_rate(convs)
+    assert hit == pytest.approx(ideal), (hit, ideal)
+    report_figure(f"2 router replicas, prefixaware with client affinity: {SESSIONS}x{TURNS}, 0 "
+                  f"conversations moved, workers used {dict(sorted(per_worker.items()))}, "
+                  f"prefix hit rate on later turns {hit:.2f} (ideal {ideal:.2f})")
+
+
 def test_kvaware_replica_that_joins_late_measured(kv_worker_pool, launch_routers,
                                                   report_figure):
     """A kv_aware replica added while conversations run (router HPA, rolling update, restart)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import (
-    Duration, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
+    RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
     aws_kms as kms,
 )
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer

@@ -25,7 +25,7 @@ from constructs import Construct
 from config import EnvironmentConfig
 from config.contracts import (
     GPU_TAINT_KEY, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, NODE_ROLE_GPU,
-    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, SERVING_NAMESPACE,
+    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, SERVING_NAMESPACE,
 )
 from config.images import IMAGES, ImageResolver
 from k8s.endpoint_spec import EndpointSpec

@@ -9,7 +9,6 @@ from constructs import Construct
 
 from config import EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
-from config.images import IMAGES
 from constructs.nag import acknowledge, wildcard, wildcard_action
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from k8s.endpoint_spec import EndpointSpec

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-from config.context import cdk_json_context
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK = ROOT / "node_modules" / ".bin" / "cdk"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import http.client
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import pytest
 import requests
 
 from tools.fake_worker import FakeWorker, expected_chat_text, tokenize_text
-from tools.loopback import chat, http_json, localize_router_args
+from tools.loopback import chat, filler, http_json, localize_router_args
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +29,17 @@ METRICS = (
 )
 
 
-def document(seed: str, words: int) -> str:
-    """Deterministic filler text, distinct per seed."""
-    rng = random.Random(seed)
-    letters = "bcdfghjklmnprstvz"
-    return " ".join(f"{rng.choice(letters)}{rng.randrange(10**6)}" for _ in range(words))
-
-
 def test_prefixaware_keeps_conversations_on_one_worker_and_spreads_distinct_prefixes(router_for):
     router = router_for("prefixaware")
     sessions, turns = 8, 4
     start = threading.Barrier(sessions, timeout=10)
 
     def conversation(s: int) -> list:
-        messages = [{"role": "system", "content": document(f"system-{s}", 400)}]
+        messages = [{"role": "system", "content": filler(f"system-{s}", 400)}]
         results = []
         start.wait()  # users arrive together, as in production; the router sees their load
         for turn in range(turns):
-            messages.append({"role": "user", "content": document(f"user-{s}-{turn}", 30)})
+            messages.append({"role": "user", "content": filler(f"user-{s}-{turn}", 30)})
             res = chat(router.url, messages, max_tokens=MAX_TOKENS, timeout=10)
             assert res.ok, res
             results.append(res)
@@ -100,7 +92,7 @@ def test_session_pins_each_session_id_to_one_worker(router_for):
 @pytest.mark.parametrize("strategy", ["prefixaware", "roundrobin", "session"])
 def test_router_streams_the_workers_tokens(router_for, worker_pool, strategy):
     router = router_for(strategy)
-    messages = [{"role": "system", "content": document("stream-system", 300)},
+    messages = [{"role": "system", "content": filler("stream-system", 300)},
                 {"role": "user", "content": f"stream through {strategy}"}]
     res = chat(router.url, messages, session_id="stream-session", stream=True,
                max_tokens=MAX_TOKENS, timeout=10)
@@ -164,7 +156,7 @@ def test_fake_worker_tokenizes_by_content_and_caches_prefixes():
         chat_ids = tokenize(a, {"messages": [{"role": "user", "content": "red green"}]})["tokens"]
         assert chat_ids[2:4] == ids[:2]
 
-        messages = [{"role": "system", "content": document("cache", 600)},
+        messages = [{"role": "system", "content": filler("cache", 600)},
                     {"role": "user", "content": "summarize"}]
         cold = chat(a.url, messages, max_tokens=8, timeout=10)
         warm = chat(a.url, messages, max_tokens=8, timeout=10)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import cdk8s
 import kubernetes_validate
@@ -13,7 +12,6 @@ import yaml
 from config import ConfigError, resolve_environment
 from config.contracts import GPU_RESOURCE, GPU_TAINT_KEY, SESSION_HEADER
 from k8s.endpoint_spec import parse_endpoint
-from k8s.router import router_args
 from k8s.serving import ServingFacts, build_charts, load_endpoints, worker_service_account
 from k8s.workers import L2Connection, MetricsSource
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL

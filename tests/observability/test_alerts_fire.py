@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from observability.metrics import ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB

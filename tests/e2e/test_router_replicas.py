@@ -48,14 +48,20 @@ def prefix_hit_rate(convs: list[Conversation]) -> tuple[float, float]:
     return cached / prompt, ideal / prompt
 
 
-@pytest.mark.parametrize("strategy, sessions", [("session", HASHED_SESSIONS),
-                                               ("kvaware", SESSIONS)])
-def test_two_replicas_keep_each_conversation_on_one_worker(strategy, sessions, kv_worker_pool,
-                                                           launch_routers, report_figure):
+# The mechanism each strategy ships with: session hashes a stable key and kvaware shares the
+# workers' KV events, so turns may alternate between replicas; prefixaware relies on client
+# affinity at the load balancer (the router Service's NLB keeps a client on one replica), so
+# its clients split across the replicas and each replica sees every turn of its clients.
+@pytest.mark.parametrize("strategy, sessions, sticky", [("session", HASHED_SESSIONS, False),
+                                                       ("kvaware", SESSIONS, False),
+                                                       ("prefixaware", SESSIONS, True)])
+def test_two_replicas_keep_each_conversation_on_one_worker(strategy, sessions, sticky,
+                                                           kv_worker_pool, launch_routers,
+                                                           report_figure):
     kv_worker_pool.reset()
     routers = launch_routers(strategy, kv_worker_pool, n=2)
     convs = run_conversations([r.url for r in routers], sessions, TURNS, name=f"{strategy}-2r",
-                              session_header=strategy == "session")
+                              session_header=strategy == "session", sticky=sticky)
 
     assert all(r.ok for c in convs for r in c.results), [r for c in convs for r in c.results]
     where = {c.name: c.workers for c in convs}
@@ -64,7 +70,7 @@ def test_two_replicas_keep_each_conversation_on_one_worker(strategy, sessions, k
     per_worker = collections.Counter(w[0] for w in where.values())
     assert len(per_worker) >= 3, f"load not spread: {where}"
     served = [r.metric("vllm_router_requests_total") for r in routers]
-    assert served == [sessions * TURNS / 2] * 2, served  # turns alternated between replicas
+    assert served == [sessions * TURNS / 2] * 2, served  # both replicas carried half the turns
     hit, ideal = prefix_hit_rate(convs)
     assert hit == pytest.approx(ideal), (hit, ideal)
     if strategy == "kvaware":
@@ -72,7 +78,8 @@ def test_two_replicas_keep_each_conversation_on_one_worker(strategy, sessions, k
         # replica routed. Only each conversation's first turn is a miss.
         hits = [r.metric("vllm_router_kv_placement_lookups_total", result="hit") for r in routers]
         assert sum(hits) == sessions * (TURNS - 1), hits
-    report_figure(f"2 router replicas, {strategy}: {sessions}x{TURNS} alternating turns, 0 "
+    how = "client affinity" if sticky else "alternating turns"
+    report_figure(f"2 router replicas, {strategy}: {sessions}x{TURNS} {how}, 0 "
                   f"conversations moved, workers used {dict(sorted(per_worker.items()))}, "
                   f"prefix hit rate on later turns {hit:.2f} (ideal {ideal:.2f})")
 
@@ -104,30 +111,6 @@ def test_two_prefixaware_replicas_bounce_conversations_measured(kv_worker_pool, 
                   f"bounced, {moves}/{rounds * SESSIONS * (TURNS - 1)} turns moved worker; "
                   f"prefix hit rate on later turns {hit:.2f} (ideal {ideal:.2f}; per round "
                   + ", ".join(f"{h:.2f}" for h, _ in rates) + ")")
-
-
-def test_prefixaware_replicas_with_client_affinity_keep_conversations(
-        kv_worker_pool, launch_routers, report_figure):
-    """The mechanism prefixaware ships with: the router Service's NLB keeps a client on one
-    replica (source-IP affinity). Clients split across both replicas; each replica's prefix
-    tree sees every turn of its clients, so no conversation moves and load still spreads."""
-    kv_worker_pool.reset()
-    routers = launch_routers("prefixaware", kv_worker_pool, n=2)
-    convs = run_conversations([r.url for r in routers], SESSIONS, TURNS, name="prefix-sticky",
-                              sticky=True)
-    assert all(r.ok for c in convs for r in c.results)
-    where = {c.name: c.workers for c in convs}
-    moved = {name: w for name, w in where.items() if len(set(w)) != 1}
-    assert not moved, f"conversations moved between workers: {moved}"
-    per_worker = collections.Counter(w[0] for w in where.values())
-    assert len(per_worker) >= 3, f"load not spread: {where}"
-    served = [r.metric("vllm_router_requests_total") for r in routers]
-    assert served == [SESSIONS * TURNS / 2] * 2, served  # both replicas carried clients
-    hit, ideal = prefix_hit_rate(convs)
-    assert hit == pytest.approx(ideal), (hit, ideal)
-    report_figure(f"2 router replicas, prefixaware with client affinity: {SESSIONS}x{TURNS}, 0 "
-                  f"conversations moved, workers used {dict(sorted(per_worker.items()))}, "
-                  f"prefix hit rate on later turns {hit:.2f} (ideal {ideal:.2f})")
 
 
 def test_kvaware_replica_that_joins_late_measured(kv_worker_pool, launch_routers,

@@ -123,6 +123,10 @@ CHARTS: dict[str, Chart] = {c.key: c for c in (
           ("keda", "keda-metrics-apiserver", "keda-admission-webhooks")),
     Chart("cluster-autoscaler", "cluster-autoscaler", "https://kubernetes.github.io/autoscaler",
           "9.54.0", ("cluster-autoscaler",)),
+    # The chart CDK's AlbController installs for ALB_CONTROLLER_VERSION; its image comes from
+    # the region's EKS add-on registry, its chart from the mirror where public repos are out.
+    Chart("aws-load-balancer-controller", "aws-load-balancer-controller",
+          "https://aws.github.io/eks-charts", "1.13.3", ()),
     # Operator v0.93.1, Prometheus v3.14.0, Grafana 13.2.0 (subchart grafana 12.11.1),
     # kube-state-metrics 2.20.0, node-exporter 1.12.1. Its admission-webhook certgen image is
     # not mirrored: k8s/monitoring.py turns the webhooks off.

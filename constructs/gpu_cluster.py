@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import (
-    RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
+    CfnResource, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
     aws_kms as kms,
 )
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
@@ -38,6 +38,7 @@ class GpuClusterProps:
     system_nodes: NodeGroupConfig
     gpu_node_groups: tuple[NodeGroupConfig, ...]
     alb_controller_version: str
+    alb_chart_repository: str       # CDK's default (eks-charts) or the account's OCI mirror
     device_plugin_image: str
     removal_policy: RemovalPolicy
 
@@ -119,6 +120,11 @@ class GpuCluster(Construct):
             },
         )
         self.alb_controller.node.add_dependency(self.system_nodegroup)
+        # AlbController takes no chart source; point its Helm release at the mirror (China).
+        for child in self.alb_controller.node.find_all():
+            if (isinstance(child, CfnResource)
+                    and child.cfn_resource_type == "Custom::AWSCDK-EKS-HelmChart"):
+                child.add_property_override("Repository", props.alb_chart_repository)
         self.cluster.add_cdk8s_chart("NvidiaDevicePlugin", DevicePluginChart(
             cdk8s.App(), "nvidia-device-plugin", image=props.device_plugin_image))
         _acknowledge_cluster_findings(self)

@@ -20,6 +20,7 @@ class ClusterStack(Stack):
                                    if cfg.cluster_endpoint.public else ()),
             admin_role_names=cfg.admin_role_names, system_nodes=cfg.system_nodes,
             gpu_node_groups=cfg.gpu_node_groups, alb_controller_version=ALB_CONTROLLER_VERSION,
+            alb_chart_repository=cfg.images.chart_source("aws-load-balancer-controller")[0],
             device_plugin_image=cfg.images.uri("nvidia-device-plugin"),
             removal_policy=removal_policy(cfg),
         ))

@@ -240,3 +240,13 @@ def test_every_image_is_pinned_by_digest_but_the_documented_one(dev):
     warnings = [m for m in dev.stacks.serving.node.metadata
                 if m.type == "aws:cdk:warning" and "has no digest" in str(m.data)]
     assert len(warnings) == 1
+
+
+def test_alb_controller_chart_comes_from_where_the_region_can_reach(synth):
+    alb = _helm(synth.template("Cluster"))["aws-load-balancer-controller"]
+    assert alb["Version"] == CHARTS["aws-load-balancer-controller"].version
+    if synth.cfg.facts.china:
+        assert alb["Repository"] == (f"oci://{synth.cfg.account}.dkr.ecr.{synth.cfg.region}."
+                                     "amazonaws.com.cn/kvcache/charts/aws-load-balancer-controller")
+    else:
+        assert alb["Repository"] == "https://aws.github.io/eks-charts"

@@ -17,6 +17,7 @@ from constructs import Construct
 
 from config import NodeGroupConfig, RegionFacts
 from k8s.device_plugin import DevicePluginChart
+from constructs.naming import logical_id
 from constructs.nag import acknowledge, managed_policy, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.contracts import (
@@ -96,7 +97,7 @@ class GpuCluster(Construct):
                               value=GPU_TAINT_VALUE)])
 
         for addon in ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent"):
-            eks.Addon(self, _camel(addon), cluster=self.cluster, addon_name=addon,
+            eks.Addon(self, logical_id(addon), cluster=self.cluster, addon_name=addon,
                       preserve_on_delete=False)
         ebs_role = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
             cluster=self.cluster, namespace="kube-system",
@@ -133,13 +134,13 @@ class GpuCluster(Construct):
                    labels: dict[str, str], taints: list[eks.TaintSpec]) -> eks.Nodegroup:
         device = _DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda")
         template = ec2.LaunchTemplate(
-            self, f"{_camel(group.name)}Template",
+            self, f"{logical_id(group.name)}Template",
             require_imdsv2=True, http_put_response_hop_limit=2,
             block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
                 group.disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
         )
         return self.cluster.add_nodegroup_capacity(
-            _camel(group.name),
+            logical_id(group.name),
             instance_types=[ec2.InstanceType(t) for t in group.instance_types],
             ami_type=getattr(eks.NodegroupAmiType, group.ami_type),
             capacity_type=getattr(eks.CapacityType, group.capacity_type),
@@ -150,9 +151,6 @@ class GpuCluster(Construct):
                 id=template.launch_template_id, version=template.latest_version_number),
         )
 
-
-def _camel(name: str) -> str:
-    return "".join(p.capitalize() for p in name.split("-"))
 
 
 _NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",

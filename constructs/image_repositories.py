@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from aws_cdk import Duration, RemovalPolicy, aws_ecr as ecr
 from constructs import Construct
+from constructs.naming import logical_id
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class ImageRepositories(Construct):
         self.repositories: dict[str, ecr.Repository] = {}
         for name in props.repository_names:
             self.repositories[name] = ecr.Repository(
-                self, _logical_id(name),
+                self, logical_id(name),
                 repository_name=name,
                 image_scan_on_push=True,
                 image_tag_mutability=ecr.TagMutability.IMMUTABLE,
@@ -41,7 +42,3 @@ class ImageRepositories(Construct):
                 removal_policy=props.removal_policy,
                 empty_on_delete=props.removal_policy == RemovalPolicy.DESTROY,
             )
-
-
-def _logical_id(name: str) -> str:
-    return "".join(p.capitalize() for p in name.replace("/", "-").replace("_", "-").split("-"))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 from constructs.nag import acknowledge
+from constructs.naming import logical_id
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Network(Construct):
         self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
         for name in props.interface_endpoints:
             self.vpc.add_interface_endpoint(
-                _endpoint_id(name), service=getattr(ec2.InterfaceVpcEndpointAwsService, name),
+                logical_id(name), service=getattr(ec2.InterfaceVpcEndpointAwsService, name),
                 private_dns_enabled=True,
                 subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             )
@@ -57,8 +58,3 @@ class Network(Construct):
             "CloudFormation-Validate::W3010": "Zones are named in config on purpose: synth "
             "makes no lookups, and node groups, subnets and the cache agree on them.",
         })
-
-
-def _endpoint_id(name: str) -> str:
-    """ECR_DOCKER -> EcrDocker: stable logical ids from the CDK service constant's name."""
-    return "".join(part.capitalize() for part in name.split("_"))

@@ -9,6 +9,7 @@ from constructs import Construct
 
 from config import EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
+from constructs.naming import logical_id
 from constructs.nag import acknowledge, wildcard, wildcard_action
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from k8s.endpoint_spec import EndpointSpec
@@ -38,7 +39,7 @@ class ServingStack(Stack):
         for spec in endpoints:
             sa = worker_service_account(spec.name)
             accounts[spec.name] = sa
-            role = PodIdentityRole(self, f"{_camel(spec.name)}Worker", props=PodIdentityRoleProps(
+            role = PodIdentityRole(self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(
                 cluster=cluster, namespace=SERVING_NAMESPACE, service_account=sa)).role
             # Read-only, and only the endpoint's own model prefix.
             model_bucket.grant_read(role, f"{spec.model_location}/*")
@@ -70,12 +71,8 @@ class ServingStack(Stack):
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None
         for chart in self.charts:
-            manifest = eks.KubernetesManifest(self, _camel(chart.node.id), cluster=cluster,
+            manifest = eks.KubernetesManifest(self, logical_id(chart.node.id), cluster=cluster,
                                               manifest=chart.to_json(), overwrite=True)
             if previous is not None:
                 manifest.node.add_dependency(previous)
             previous = manifest
-
-
-def _camel(name: str) -> str:
-    return "".join(p.capitalize() for p in name.replace(".", "-").split("-"))

@@ -11,7 +11,7 @@ from pathlib import Path
 from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
-from config.contracts import SERVING_NAMESPACE
+from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.images import IMAGES, KV_EVENT_IMAGES, catalogue_key_for
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
@@ -96,6 +96,19 @@ class ServingFacts:
 
 def worker_service_account(endpoint: str) -> str:
     return f"{endpoint}-worker"
+
+
+def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> ServingFacts:
+    """envsubst-style `${...}` where AWS assigns the value at deploy (the stacks' outputs): for
+    the GitOps YAML, and wherever charts are rendered without a CDK app."""
+    return ServingFacts(
+        router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
+        managed_l2=(L2Connection(url=f"rediss://${{L2_ENDPOINT}}:{CACHE_PORT}",
+                                 secret_arn="${L2_SECRET_ARN}")
+                    if cfg.cache.kind == "elasticache" else None),
+        service_account={s.name: worker_service_account(s.name) for s in specs},
+        metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
+                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],

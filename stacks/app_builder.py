@@ -85,18 +85,9 @@ def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
     import cdk8s
     import yaml
 
-    from k8s.serving import ServingFacts, build_charts, worker_service_account
-    from k8s.workers import L2Connection, MetricsSource
+    from k8s.serving import build_charts, placeholder_facts
 
-    facts = ServingFacts(
-        router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
-        managed_l2=(L2Connection(url="rediss://${L2_ENDPOINT}:6379",
-                                 secret_arn="${L2_SECRET_ARN}")
-                    if cfg.cache.kind == "elasticache" else None),
-        service_account={e.name: worker_service_account(e.name) for e in endpoints},
-        metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
-                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
-    charts = build_charts(cdk8s.App(), cfg, endpoints, facts)
+    charts = build_charts(cdk8s.App(), cfg, endpoints, placeholder_facts(cfg, endpoints))
     outdir.mkdir(parents=True, exist_ok=True)
     for old in outdir.glob("*.yaml"):
         old.unlink()

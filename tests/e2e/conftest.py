@@ -41,8 +41,7 @@ def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
     from config import resolve_environment
     from config.context import cdk_json_context
     from k8s.endpoint_spec import parse_endpoint
-    from k8s.serving import ServingFacts, build_charts, worker_service_account
-    from k8s.workers import MetricsSource
+    from k8s.serving import build_charts, placeholder_facts
 
     cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})
     raw = yaml.safe_load((_ROOT / cfg.endpoint_files[0]).read_text())
@@ -51,9 +50,7 @@ def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
     if replicas is not None:
         raw["spec"]["replicas"] = replicas
     spec = parse_endpoint(cfg.name, cfg.endpoint_files[0], raw)
-    facts = ServingFacts(router_image="router", model_bucket="bucket", managed_l2=None,
-                         service_account={spec.name: worker_service_account(spec.name)},
-                         metrics=MetricsSource("http://prometheus:9090"))
+    facts = placeholder_facts(cfg, (spec,))
     return json.dumps([doc for chart in build_charts(cdk8s.App(), cfg, (spec,), facts)
                        for doc in chart.to_json()])
 

@@ -89,6 +89,8 @@ class EnvironmentConfig:
     log_retention_days: int
     endpoint_files: tuple[str, ...]
     instance_hourly_usd: Mapping[str, float]
+    # HyperPod instance type (`ml.p5.48xlarge`) -> the EC2 type of a GPU node group serving it
+    instance_type_map: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
 
@@ -298,6 +300,17 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     for k, v in tags.items():
         if not isinstance(v, str):
             raise ConfigError(name, f"tags.{k}", v, "a string")
+    served = [t for g in gpu_groups for t in g.instance_types]
+    type_map = r.get("instanceTypeMap", Mapping, {},
+                     allowed="an object of HyperPod instance type -> EC2 instance type")
+    for hyperpod_type, ec2 in type_map.items():
+        if not re.fullmatch(r"ml\.[a-z0-9-]+\.[a-z0-9]+", hyperpod_type):
+            raise ConfigError(name, "instanceTypeMap", hyperpod_type,
+                              "HyperPod instance types as keys, e.g. ml.p5.48xlarge")
+        if ec2 not in served:
+            raise ConfigError(name, f"instanceTypeMap.{hyperpod_type}", ec2,
+                              "an instance type of the environment's GPU node groups: "
+                              + ", ".join(served))
 
     cfg = EnvironmentConfig(
         name=name, account=account, region=region, facts=facts, availability_zones=azs,
@@ -313,7 +326,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         bucket_encryption=r.choice("bucketEncryption", BUCKET_ENCRYPTION, "kms"),
         log_retention_days=r.choice("logRetentionDays", LOG_RETENTION_DAYS, 90),
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
-        instance_hourly_usd=dict(prices), tags=dict(tags),
+        instance_hourly_usd=dict(prices), tags=dict(tags), instance_type_map=dict(type_map),
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
     )
     r.done()

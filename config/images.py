@@ -6,7 +6,9 @@ preserves, so `repo:tag@digest` resolves in ECR too). Never `latest`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Iterable
 
 from .regions import RegionFacts
 
@@ -20,6 +22,7 @@ class Image:
     tag: str
     digest: str | None  # sha256:<64 hex> of the multi-arch index
     purpose: str
+    written: str | None = None  # an endpoint file's image, as the file writes it
 
     @property
     def mirror_repository(self) -> str:
@@ -97,6 +100,15 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
 )}
 
 
+def deployed_images(endpoint_images: Iterable[Image] = ()) -> list[Image]:
+    """The catalogue and every endpoint file's worker image: what the mirror copies, what ECR
+    holds repositories for and what preflight checks, one entry per repository and tag."""
+    seen: dict[tuple[str, str], Image] = {}
+    for image in (*IMAGES.values(), *endpoint_images):
+        seen.setdefault((image.mirror_repository, image.tag), image)
+    return list(seen.values())
+
+
 def unpinned_images() -> list[Image]:
     """Images still waiting for a digest: synth warns about each until it is pinned."""
     return [i for i in IMAGES.values() if not i.digest]
@@ -163,16 +175,73 @@ class ImageResolver:
         return f"{self.registry}/{image.mirror_repository}" if self.use_ecr else image.source
 
     def uri(self, key: str) -> str:
-        image = IMAGES[key]
+        return self.resolve(IMAGES[key])
+
+    def resolve(self, image: Image) -> str:
+        """Upstream as written (endpoint files) or pinned (catalogue); the mirror in ECR."""
         if not self.use_ecr:
-            return image.source_ref
+            return image.written or image.source_ref
         return f"{self.registry}/{image.mirror_repository}:{image.pin}"
 
 # Installed by CDK's AlbController from the region's EKS add-on registry (not mirrored).
 ALB_CONTROLLER_VERSION = "v2.13.3"
 
-# Worker images able to publish KV events (vLLM >= 0.9 `--kv-events-config`) for kvaware.
-KV_EVENT_IMAGES = frozenset({"vllm-lmcache"})
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_PATH = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+
+
+def parse_reference(reference: str) -> tuple[str, str, str, str | None]:
+    """(registry, path, tag, digest) of an image reference as Docker reads it: the first part is
+    a registry only if it has a '.' or ':' or is localhost; Docker Hub paths of one part live
+    under `library/`; no tag means `latest`. Raises ValueError saying what is wrong."""
+    name, _, digest = reference.partition("@")
+    if digest and not _DIGEST.fullmatch(digest):
+        raise ValueError("a digest of the form sha256:<64 hex>")
+    head, _, rest = name.partition("/")
+    if rest and ("." in head or ":" in head or head == "localhost"):
+        registry, remainder = head, rest
+    else:
+        registry, remainder = "docker.io", name
+    path, _, tag = remainder.partition(":")
+    if registry == "docker.io" and "/" not in path:
+        path = f"library/{path}"
+    if not _PATH.fullmatch(path):
+        raise ValueError("a repository path of lowercase letters, digits and . _ - /")
+    tag = tag or "latest"
+    if not _TAG.fullmatch(tag):
+        raise ValueError("a tag of letters, digits, '_', '.' and '-'")
+    return registry, path, tag, digest or None
+
+
+def image_for(reference: str) -> Image:
+    """The catalogue entry an endpoint file's image names, or a new entry for it. Mirror, ECR
+    repositories and charts then treat both alike (`kvcache/<source path>:<tag>`)."""
+    key = catalogue_key_for(reference)
+    if key is not None:
+        return IMAGES[key]
+    registry, path, tag, digest = parse_reference(reference)
+    return Image(f"{path}:{tag}", f"{registry}/{path}", tag, digest,
+                 "worker image named by an endpoint file", written=reference)
+
+
+# vLLM published KV events (`--kv-events-config`, which kvaware needs) from 0.9.0 on. Where an
+# image's vLLM version is known, kvaware is allowed or refused; elsewhere it is only a warning.
+KV_EVENTS_SINCE = (0, 9)
+_VLLM_VERSION_BY_KEY = {"vllm-lmcache": (0, 27)}
+# Repositories whose tags start with the vLLM version they carry.
+_VLLM_VERSION_TAGGED = ("docker.io/vllm/vllm-openai", "public.ecr.aws/deep-learning-containers/vllm")
+
+
+def vllm_version(image: Image) -> tuple[int, int] | None:
+    """The vLLM (major, minor) an image carries, where we know it; None where we do not."""
+    if image.key in _VLLM_VERSION_BY_KEY:
+        return _VLLM_VERSION_BY_KEY[image.key]
+    if image.source in _VLLM_VERSION_TAGGED or image.source.endswith(".amazonaws.com/vllm"):
+        match = re.match(r"v?(\d+)\.(\d+)", image.tag)
+        if match:
+            return int(match[1]), int(match[2])
+    return None
 
 
 def catalogue_key_for(reference: str) -> str | None:

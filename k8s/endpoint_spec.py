@@ -1,8 +1,9 @@
 """Reads HyperPod `InferenceEndpointConfig` files (inference.sagemaker.aws.amazon.com/v1).
 
-A HyperPod user brings the file they have. Fields we honour are parsed into `EndpointSpec`;
-harmless fields we do not act on become warnings; anything else is a `ConfigError` naming the
-field. Only the fields listed in ../shared/FACTS.md matter here.
+A HyperPod user brings the file they have. What each field becomes is one table,
+`k8s/hyperpod_fields.py`: fields we act on are parsed into `EndpointSpec`, fields we do not act
+on become one warning each (printed at synth), a field the CRD does not have is a `ConfigError`
+naming it, and so is a bad value.
 """
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 
 from config.errors import ConfigError
+from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape
+from k8s.hyperpod_fields import FIELDS, ignored
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"
@@ -28,21 +32,11 @@ ROUTING_POLICIES = {
 }
 # HyperPod L2 backends, plus our own: what each becomes is decided with the environment.
 L2_BACKENDS = ("redis", "tieredstorage", "valkey", "lmcache-server")
-
-# Accepted but not acted on: they change nothing we deploy, so a warning, not an error.
-_HARMLESS = {
-    "spec.tlsConfig": "TLS terminates at the load balancer listener; tlsConfig is ignored",
-    "spec.loadBalancer.routingAlgorithm": "the router, not the load balancer, picks workers",
-    "spec.metrics.metricsScrapeIntervalSeconds": "scrape intervals are set by the collector",
-    "spec.modelSourceConfig.prefetchEnabled": "weights are always staged before vLLM starts",
-    "spec.worker.modelInvocationPort.name": "the port is named http",
-    "spec.worker.modelVolumeMount.name": "the volume is named model-weights",
-    "spec.modelSourceConfig.s3Storage.bucketName":
-        "weights come from the environment's model bucket, not the file's bucketName",
-    "spec.modelSourceConfig.s3Storage.region": "the environment's region is used",
-    "metadata.namespace": "endpoints deploy to the serving namespace",
-}
-
+# An endpoint's own L2 (l2CacheLocalUrl): schemes LMCache 0.5.x connects to without extras.
+L2_URL_SCHEMES = ("redis", "rediss", "lm")
+MODEL_SOURCES = ("s3", "fsx", "huggingface", "kubernetesVolume")
+# Paths the workers chart mounts itself: the model may not be mounted over them.
+RESERVED_MOUNTS = ("/dev/shm", "/etc/lmcache", "/run/lmcache", "/models")
 
 @dataclass(frozen=True)
 class PrometheusTrigger:
@@ -83,9 +77,8 @@ def default_trigger(model_name: str) -> PrometheusTrigger:
 class EndpointSpec:
     name: str
     model_name: str
-    instance_type: str            # EC2 type, `ml.` prefix removed
+    instance_type: str            # the EC2 type served (`ml.` dropped, instanceTypeMap applied)
     replicas: int
-    invocation_path: str
     model_location: str           # S3 key prefix in the model bucket
     l1_enabled: bool
     l1_size_gib: int
@@ -93,24 +86,31 @@ class EndpointSpec:
     l2_backend: str | None
     routing_strategy: str
     metrics_enabled: bool
-    metrics_port: int
-    metrics_path: str
     health_check_path: str
-    worker_image: str             # as written in the file; matched against the catalogue
+    worker_image: str             # as written in the file
     worker_args: tuple[str, ...]
-    worker_env: tuple[tuple[str, str], ...]
+    worker_env: tuple[Mapping[str, Any], ...]   # Kubernetes EnvVar objects, as written
     cpu: str
     memory: str
     gpus: int
-    port: int
+    port: int                     # modelInvocationPort.containerPort: where vLLM listens
     model_mount_path: str
     source_file: str
+    image: Image | None = None    # the catalogue entry, or one made for the file's image
+    worker_command: tuple[str, ...] = ()
+    working_dir: str | None = None
+    l2_url: str | None = None     # l2CacheLocalUrl: the endpoint's own L2, no credentials
+    tls_certificate_arn: str | None = None
     autoscaling: AutoScaling | None = None
     warnings: tuple[str, ...] = field(default=())
 
     @property
     def router_policy(self) -> str:
         return ROUTING_POLICIES[self.routing_strategy]
+
+
+def _index_free(path: str) -> str:
+    return re.sub(r"\[\d+\]", "[]", path)
 
 
 class _Doc:
@@ -131,12 +131,13 @@ class _Doc:
 
     def get(self, key: str, kind: Any, default: Any = ..., allowed: str = "") -> Any:
         self.used.add(key)
-        if key not in self.data:
+        if key not in self.data or (self.data[key] is None and default is not ...):
             if default is ...:
                 raise self.fail(key, None, f"a required field ({allowed or kind.__name__})")
             return default
         value = self.data[key]
-        if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
+        if (isinstance(value, bool) and kind in (int, float, (int, float))) \
+                or not isinstance(value, kind):
             raise self.fail(key, value, allowed or getattr(kind, "__name__", str(kind)))
         return value
 
@@ -145,20 +146,33 @@ class _Doc:
                     self.p(key))
 
     def done(self, warnings: list[str]) -> None:
+        """Fields HyperPod has but we do not act on: one warning each. Others: an error."""
         for key in sorted(set(self.data) - self.used):
             path = self.p(key)
-            if path in _HARMLESS:
-                warnings.append(f"{self.file}: {path}: {_HARMLESS[path]}")
-            else:
-                raise self.fail(key, self.data[key], "known fields: " + ", ".join(
-                    sorted(self.used | {k.rsplit('.', 1)[1] for k in _HARMLESS
-                                        if k.rsplit('.', 1)[0] == self.path})))
+            row = ignored(_index_free(path))
+            if row is not None:
+                warnings.append(f"{self.file}: {path}: ignored: {row.what}")
+                continue
+            prefix = _index_free(self.path) + "."
+            known = sorted(self.used | {f.rsplit(".", 1)[1] for f in FIELDS
+                                        if f.startswith(prefix) and "." not in f[len(prefix):]})
+            raise self.fail(key, self.data[key], "fields of InferenceEndpointConfig v1 here: "
+                            + ", ".join(known))
 
 
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_ACM_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:acm:[a-z0-9-]+:\d{12}:certificate/[A-Fa-f0-9-]+")
 
 
-def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
+def _quantity(value: Any) -> str:
+    return str(value)
+
+
+def parse_endpoint(env: str, file: str, raw: Any, *,
+                   instance_type_map: Mapping[str, str] | None = None,
+                   node_instance_types: tuple[str, ...] = ()) -> EndpointSpec:
+    """One file -> `EndpointSpec`. `instance_type_map` (HyperPod type -> EC2 type) and
+    `node_instance_types` (the environment's GPU node groups) pick the type served."""
     warnings: list[str] = []
     top = _Doc(env, file, raw, "")
     if top.get("apiVersion", str) != API_VERSION:
@@ -174,49 +188,52 @@ def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
     top.done(warnings)
 
     model_name = spec.get("modelName", str)
-    itype = ec2_type(spec.get("instanceType", str))
-    shape = gpu_shape(itype)
-    if shape is None:
-        raise spec.fail("instanceType", spec.data["instanceType"], "a GPU instance type, e.g. "
-                        "ml.g5.24xlarge")
+    itype, shape = _instance_type(spec, instance_type_map or {}, node_instance_types, warnings)
     replicas = spec.get("replicas", int, 1)
     if not 1 <= replicas <= 64:
         raise spec.fail("replicas", replicas, "an integer from 1 to 64")
-    path = "/" + spec.get("invocationEndpoint", str, "v1/chat/completions").lstrip("/")
+    invocation = spec.get("invocationEndpoint", str, "v1/chat/completions").lstrip("/")
+    if not invocation.startswith("v1/"):
+        warnings.append(f"{file}: spec.invocationEndpoint: {invocation!r} is not served: "
+                        "clients call vLLM's OpenAI API (/v1/chat/completions, "
+                        "/v1/completions) on the router")
 
     source = spec.child("modelSourceConfig")
-    if source.get("modelSourceType", str) != "s3":
-        raise source.fail("modelSourceType", source.data["modelSourceType"],
-                          "s3 (the only source reachable in every region, China included)")
-    s3 = source.child("s3Storage", {})
-    s3.done(warnings)
-    location = source.get("modelLocation", str).strip("/")
+    source_type = source.get("modelSourceType", str)
+    if source_type not in MODEL_SOURCES:
+        raise source.fail("modelSourceType", source_type, MODEL_SOURCES)
+    location = source.get("modelLocation", str, name).strip("/") or name
     if not re.fullmatch(r"[A-Za-z0-9._\-/]+", location) or ".." in location:
         raise source.fail("modelLocation", location, "an S3 key prefix of letters, digits, "
                           "'.', '_', '-' and '/'")
+    if source_type != "s3":
+        warnings.append(f"{file}: spec.modelSourceConfig.modelSourceType: {source_type} is "
+                        "not mounted: the weights are staged from the environment's model "
+                        f"bucket at <bucket>/{location}/ (python -m tools upload-model)")
     source.done(warnings)
 
     kv = spec.child("kvCacheSpec", {})
     l1 = kv.get("enableL1Cache", bool, True)
     l1_size = kv.get("l1CacheSizeGiB", int, 0)  # our one extension; sized below if unset
     l2 = kv.get("enableL2Cache", bool, False)
-    backend = None
+    backend = l2_url = None
     if l2:
         l2spec = kv.child("l2CacheSpec", {})
-        backend = l2spec.get("l2CacheBackend", str, "redis")
+        backend = l2spec.get("l2CacheBackend", str, "redis").lower()
         if backend not in L2_BACKENDS:
             raise l2spec.fail("l2CacheBackend", backend, L2_BACKENDS)
         if "l2CacheLocalUrl" in l2spec.data:
-            raise l2spec.fail("l2CacheLocalUrl", l2spec.data["l2CacheLocalUrl"],
-                              "unset: the cache URL comes from the environment's cache")
+            l2_url = _l2_url(l2spec, warnings)
         l2spec.done(warnings)
-        if backend == "tieredstorage":
+        if backend == "tieredstorage" and l2_url is None:
             warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec.l2CacheBackend: "
                             "tieredstorage is HyperPod-only; using LMCache's own cache server "
                             "(lmcache-server), the closest self-hosted equivalent")
             backend = "lmcache-server"
-    else:
+    elif "l2CacheSpec" in kv.data:
         kv.used.add("l2CacheSpec")
+        warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec: ignored: enableL2Cache is "
+                        "false")
     kv.done(warnings)
 
     routing = spec.child("intelligentRoutingSpec", {})
@@ -231,16 +248,29 @@ def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
     strategy = routing.get("routingStrategy", str, "prefixaware")
     if strategy not in ROUTING_POLICIES:
         raise routing.fail("routingStrategy", strategy, tuple(ROUTING_POLICIES))
-    if not routing.get("enabled", bool, True):
-        warnings.append(f"{file}: spec.intelligentRoutingSpec.enabled is false: roundrobin")
+    if not routing.get("enabled", bool, False):  # the CRD's default, as on HyperPod
+        warnings.append(f"{file}: spec.intelligentRoutingSpec.enabled: absent or false "
+                        "(HyperPod's default): the router spreads requests roundrobin")
         strategy = "roundrobin"
     routing.done(warnings)
+
+    worker = spec.child("worker")
+    port_doc = worker.child("modelInvocationPort", {})
+    port = port_doc.get("containerPort", int, 8000)
+    _same_as_ours(port_doc, "name", "http")
+    if not 1024 <= port <= 65535:
+        raise port_doc.fail("containerPort", port, "a port from 1024 to 65535 (vLLM runs as a "
+                            "non-root user)")
+    port_doc.done(warnings)
 
     metrics = spec.child("metrics", {})
     metrics_enabled = metrics.get("enabled", bool, True)
     model_metrics = metrics.child("modelMetrics", {})
-    metrics_port = model_metrics.get("port", int, 8000)
-    metrics_path = model_metrics.get("path", str, "/metrics")
+    for key, expected in (("port", port), ("path", "/metrics")):
+        value = model_metrics.get(key, type(expected), expected)
+        if value != expected:
+            warnings.append(f"{file}: {model_metrics.p(key)}: {value!r} differs from vLLM's "
+                            f"own {expected!r}, which is what is scraped")
     model_metrics.done(warnings)
     metrics.done(warnings)
 
@@ -250,30 +280,63 @@ def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
         raise lb.fail("healthCheckPath", health, "an absolute path such as /health")
     lb.done(warnings)
 
-    worker = spec.child("worker")
-    image = worker.get("image", str)
-    args = worker.get("args", list, [])
-    for i, a in enumerate(args):
-        if not isinstance(a, str):
-            raise worker._err(f"{worker.p('args')}[{i}]", a, "a string")
+    tls_arn = None
+    tls = spec.child("tlsConfig", {})
+    if "customCertificateConfig" in tls.data:
+        custom = tls.child("customCertificateConfig")
+        tls_arn = custom.get("acmArn", str)
+        if not _ACM_ARN.fullmatch(tls_arn):
+            raise custom.fail("acmArn", tls_arn, "an ACM certificate ARN, "
+                              "arn:<partition>:acm:<region>:<account>:certificate/<id>")
+        custom.done(warnings)
+    tls.done(warnings)
+
+    image_ref = worker.get("image", str)
+    try:
+        image = image_for(image_ref)
+    except ValueError as err:
+        raise worker.fail("image", image_ref, str(err)) from None
+    args = _strings(worker, "args")
+    command = _strings(worker, "command")
+    working_dir = worker.get("workingDir", str, None)
     env_vars = []
     for i, item in enumerate(worker.get("environmentVariables", list, [])):
+        where = f"{worker.p('environmentVariables')}[{i}]"
         if not (isinstance(item, Mapping) and isinstance(item.get("name"), str)
-                and isinstance(item.get("value"), str) and set(item) <= {"name", "value"}):
-            raise worker._err(f"{worker.p('environmentVariables')}[{i}]", item,
-                              "{name: string, value: string} (secrets are not allowed here)")
-        env_vars.append((item["name"], item["value"]))
+                and set(item) <= {"name", "value", "valueFrom"}
+                and isinstance(item.get("value", ""), (str, int, float))
+                and isinstance(item.get("valueFrom", {}), Mapping)):
+            raise worker._err(where, item, "{name: string, value: string} or "
+                              "{name: string, valueFrom: {...}}")
+        var = {"name": item["name"]}
+        if "valueFrom" in item:
+            var["valueFrom"] = dict(item["valueFrom"])
+            refs = {"secretKeyRef", "configMapKeyRef"} & set(item["valueFrom"])
+            if refs:
+                warnings.append(f"{file}: {where}.valueFrom: the {sorted(refs)[0]} must exist "
+                                "in the kvcache-serving namespace")
+        else:
+            var["value"] = str(item.get("value", ""))
+        env_vars.append(var)
     res = worker.child("resources", {})
     requests = res.get("requests", Mapping, {})
     limits = res.get("limits", Mapping, {})
     res.done(warnings)
-    gpus = int(limits.get("nvidia.com/gpu", requests.get("nvidia.com/gpu", shape.gpus)))
+    for where, given in (("requests", requests), ("limits", limits)):
+        for key in sorted(set(given) - {"nvidia.com/gpu", "cpu", "memory"}):
+            warnings.append(f"{file}: spec.worker.resources.{where}.{key}: ignored: workers "
+                            "request nvidia.com/gpu, cpu and memory")
+    gpu_value = limits.get("nvidia.com/gpu", requests.get("nvidia.com/gpu", shape.gpus))
+    try:
+        gpus = int(str(gpu_value))
+    except ValueError:
+        raise res.fail("limits.nvidia.com/gpu", gpu_value, "a whole number of GPUs") from None
     if not 1 <= gpus <= shape.gpus or shape.gpus % gpus:
         raise worker._err("spec.worker.resources.limits.nvidia.com/gpu", gpus,
                           f"a divisor of {shape.gpus} (GPUs on {itype})")
     pods_per_node = shape.gpus // gpus
-    cpu = str(requests.get("cpu", max(1, shape.vcpus // pods_per_node - 2)))
-    memory = str(requests.get("memory", f"{shape.memory_gib // pods_per_node - 8}Gi"))
+    cpu = _quantity(requests.get("cpu", max(1, shape.vcpus // pods_per_node - 2)))
+    memory = _quantity(requests.get("memory", f"{shape.memory_gib // pods_per_node - 8}Gi"))
     for key, value in (("cpu", cpu), ("memory", memory)):
         if not _QUANTITY.match(value):
             raise worker._err(f"spec.worker.resources.requests.{key}", value,
@@ -283,28 +346,129 @@ def parse_endpoint(env: str, file: str, raw: Any) -> EndpointSpec:
     if not l1_size:
         l1_size = max(1, int(mem_gib // 2))
     if l1 and not 1 <= l1_size <= mem_gib - 8:
-        raise kv.fail("l1CacheSizeGiB", l1_size,
+        raise kv._err("spec.kvCacheSpec.l1CacheSizeGiB", l1_size,
                       f"1 to {int(mem_gib - 8)} (the worker's memory {memory} less 8 GiB)")
-    port_doc = worker.child("modelInvocationPort", {})
-    port = port_doc.get("containerPort", int, 8000)
-    port_doc.done(warnings)
     mount = worker.child("modelVolumeMount", {})
-    mount_path = mount.get("mountPath", str, "/opt/ml/model")
+    mount_path = mount.get("mountPath", str, "/opt/ml/model").rstrip("/") or "/"
+    _same_as_ours(mount, "name", "model-weights")
+    if not mount_path.startswith("/") or any(
+            mount_path == r or mount_path.startswith(r + "/") or r.startswith(mount_path + "/")
+            for r in RESERVED_MOUNTS) or mount_path == "/":
+        raise mount.fail("mountPath", mount_path, "an absolute path other than "
+                         + ", ".join(RESERVED_MOUNTS) + " and their parents")
     mount.done(warnings)
+    _check_args(worker, args, port, mount_path, warnings)
     worker.done(warnings)
     spec.done(warnings)
 
     return EndpointSpec(
         name=name, model_name=model_name, instance_type=itype,
-        replicas=replicas, invocation_path=path, model_location=location,
+        replicas=replicas, model_location=location,
         l1_enabled=l1, l1_size_gib=l1_size, l2_enabled=l2, l2_backend=backend,
-        routing_strategy=strategy, metrics_enabled=metrics_enabled, metrics_port=metrics_port,
-        metrics_path=metrics_path, health_check_path=health, worker_image=image,
-        worker_args=tuple(args), worker_env=tuple(env_vars), cpu=cpu, memory=memory,
-        gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
-        autoscaling=autoscaling,
-        warnings=tuple(warnings),
+        routing_strategy=strategy, metrics_enabled=metrics_enabled, health_check_path=health,
+        worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
+        memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
+        image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
+        tls_certificate_arn=tls_arn, autoscaling=autoscaling, warnings=tuple(warnings),
     )
+
+
+def _strings(doc: _Doc, key: str) -> tuple[str, ...]:
+    values = doc.get(key, list, [])
+    for i, a in enumerate(values):
+        if not isinstance(a, str):
+            raise doc._err(f"{doc.p(key)}[{i}]", a, "a string")
+    return tuple(values)
+
+
+def _instance_type(spec: _Doc, mapping: Mapping[str, str], node_types: tuple[str, ...],
+                   warnings: list[str]) -> tuple[str, Any]:
+    """The EC2 type the workers run on, and the shape defaults are sized from."""
+    written = spec.get("instanceType", str, None)
+    candidates = spec.get("instanceTypes", list, [])
+    if written is None:
+        written = next((t for t in candidates if isinstance(t, str) and
+                        mapping.get(t, ec2_type(t)) in node_types), None)
+        if written is None:
+            if not node_types:
+                raise spec.fail("instanceType", None, "a required field (e.g. ml.g5.24xlarge)")
+            written = node_types[0]
+            warnings.append(f"{spec.file}: spec.instanceType: absent; the workers run on "
+                            f"{written}, the environment's first GPU node group type")
+    elif candidates:
+        warnings.append(f"{spec.file}: spec.instanceTypes: ignored: instanceType is set")
+    served = mapping.get(written, ec2_type(written))
+    if served != ec2_type(written):
+        warnings.append(f"{spec.file}: spec.instanceType: {written} is served on {served} "
+                        "(the environment's instanceTypeMap)")
+    if gpu_shape(ec2_type(written)) is None and gpu_shape(served) is None:
+        raise spec.fail("instanceType", written, "a GPU instance type, e.g. ml.g5.24xlarge")
+    shape = gpu_shape(served)
+    if shape is None:
+        raise spec.fail("instanceType", written, f"a GPU type; instanceTypeMap maps it to "
+                        f"{served}, which is not one")
+    return served, shape
+
+
+def _l2_url(l2spec: _Doc, warnings: list[str]) -> str:
+    """The endpoint's own L2: a URL LMCache connects to, never a password in it."""
+    url = l2spec.get("l2CacheLocalUrl", str).strip()
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in L2_URL_SCHEMES or not parts.hostname:
+        raise l2spec.fail("l2CacheLocalUrl", url, "redis://HOST[:PORT], rediss://HOST[:PORT] "
+                          "or lm://HOST:PORT (LMCache server)")
+    if parts.username or parts.password or "@" in parts.netloc:
+        raise l2spec.fail("l2CacheLocalUrl", "<a URL with credentials>", "a URL without user "
+                          "or password: a password-protected L2 is the environment's cache "
+                          "(cache.kind elasticache), whose AUTH token stays in Secrets Manager "
+                          "and is read at pod start")
+    if parts.scheme == "lm" and not parts.port:
+        raise l2spec.fail("l2CacheLocalUrl", url, "lm://HOST:PORT (the LMCache server's port)")
+    if "." not in parts.hostname:
+        warnings.append(f"{l2spec.file}: {l2spec.p('l2CacheLocalUrl')}: {parts.hostname!r} "
+                        "resolves in the kvcache-serving namespace; write "
+                        "NAME.NAMESPACE.svc.cluster.local for a service elsewhere")
+    warnings.append(f"{l2spec.file}: {l2spec.p('l2CacheLocalUrl')}: this endpoint's L2 is "
+                    f"{parts.scheme}://{parts.netloc}, not the environment's cache")
+    return url
+
+
+_OWN_FLAGS = ("--host", "--port", "--served-model-name", "--kv-transfer-config")
+
+
+def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _same_as_ours(doc: _Doc, key: str, ours: str) -> None:
+    """A name that already is the one we render is acted on, not ignored: no warning."""
+    if doc.data.get(key) == ours:
+        doc.used.add(key)
+
+
+def _check_args(worker: _Doc, args: tuple[str, ...], port: int, mount_path: str,
+                warnings: list[str]) -> None:
+    given = _flag_value(args, "--port")
+    if given is not None and given != str(port):
+        raise worker.fail("args", f"--port {given}", f"--port {port} (the "
+                          "modelInvocationPort.containerPort) or no --port")
+    model = _flag_value(args, "--model") or (args[0] if args and not args[0].startswith("-")
+                                             else None)
+    if model is not None and not (model == mount_path or model.startswith(mount_path + "/")):
+        warnings.append(f"{worker.file}: {worker.p('args')}: the model {model!r} is not the "
+                        f"staged weights at {mount_path}: vLLM runs offline "
+                        "(HF_HUB_OFFLINE=1, and the Hub is out of reach in China) and finds it "
+                        f"only if it is a path in the image; write {mount_path} to serve the "
+                        "weights from the model bucket")
 
 
 def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
@@ -320,10 +484,6 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
         raise doc.fail("minReplicaCount", lo, "0 or more")
     if hi < max(lo, 1):
         raise doc.fail("maxReplicaCount", hi, f"at least minReplicaCount ({lo}) and 1")
-    for key in ("cloudWatchTrigger", "cloudWatchTriggerList"):
-        if key in doc.data:
-            raise doc.fail(key, "CloudWatch trigger", "prometheusTrigger or prometheusTriggerList "
-                           "(metrics live in AMP or the in-cluster Prometheus, in China too)")
     raw_triggers = []
     if "prometheusTriggerList" in doc.data:
         raw_triggers = [(f"prometheusTriggerList[{i}]", t) for i, t in
@@ -342,11 +502,6 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
         metric_type = t.get("metricType", str, "Average")
         if metric_type not in ("Average", "Value"):
             raise t.fail("metricType", metric_type, ("Average", "Value"))
-        for ignored in ("serverAddress", "namespace", "customHeaders", "useCachedMetrics"):
-            if ignored in t.data:
-                t.used.add(ignored)
-                warnings.append(f"{doc.file}: {t.p(ignored)}: the environment's Prometheus or "
-                                "AMP workspace is queried; this field is ignored")
         triggers.append(PrometheusTrigger(
             query=query, target_value=float(target), activation_target_value=float(activation),
             metric_type="AverageValue" if metric_type == "Average" else "Value",
@@ -371,7 +526,8 @@ def _gib(quantity: str) -> float:
     return float(number) * units[unit]
 
 
-def load_endpoint(env: str, path: Path, root: Path) -> EndpointSpec:
+def load_endpoint(env: str, path: Path, root: Path, **served: Any) -> EndpointSpec:
+    """Read one file; `served` as `parse_endpoint`'s instance type arguments."""
     rel = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
     if not path.is_file():
         raise ConfigError(env, "endpoints", rel, "paths of existing endpoint files")
@@ -381,4 +537,4 @@ def load_endpoint(env: str, path: Path, root: Path) -> EndpointSpec:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "the file"
         raise ConfigError(env, f"{rel}", f"malformed YAML at {where}", "a YAML mapping")
-    return parse_endpoint(env, rel, raw)
+    return parse_endpoint(env, rel, raw, **served)

@@ -25,6 +25,7 @@ class RouterProps:
     image: str
     policy: str                                  # vllm-router --policy
     worker_selector: dict[str, str]              # labels of this endpoint's worker pods
+    worker_port: int = WORKER_PORT               # where the workers' vLLM listens
     health_check_path: str = "/health"
     replicas: int = 2
     max_replicas: int = 6             # HPA on CPU: the router scales on its own load
@@ -55,7 +56,7 @@ def router_args(p: RouterProps) -> list[str]:
         args += ["--service-discovery", "--selector",
                  *[f"{k}={v}" for k, v in sorted(p.worker_selector.items())],
                  "--service-discovery-namespace", p.namespace,
-                 "--service-discovery-port", str(WORKER_PORT)]
+                 "--service-discovery-port", str(p.worker_port)]
     for worker, endpoint in p.kv_event_sources:
         args += ["--kv-event-source", f"{worker}={endpoint}"]
     if p.kv_event_sources:

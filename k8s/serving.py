@@ -12,7 +12,7 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
-from config.images import IMAGES, KV_EVENT_IMAGES, catalogue_key_for
+from config.images import IMAGES, KV_EVENTS_SINCE, vllm_version
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.objects import standard_labels
@@ -21,47 +21,71 @@ from k8s.workers import KV_BLOCK_SIZE, L2Connection, MetricsSource, WorkerScalin
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
-    specs = tuple(load_endpoint(cfg.name, (root / f).resolve(), root)
+    served = tuple(t for g in cfg.gpu_node_groups for t in g.instance_types)
+    specs = tuple(load_endpoint(cfg.name, (root / f).resolve(), root,
+                                instance_type_map=cfg.instance_type_map,
+                                node_instance_types=served)
                   for f in cfg.endpoint_files)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
-    for s in specs:
-        where = f"{s.source_file}: spec"
-        if cfg.gpu_group_for(s.instance_type) is None:
-            raise ConfigError(cfg.name, f"{where}.instanceType", s.instance_type,
-                              "an instance type of one of the environment's GPU node groups: "
-                              + ", ".join(t for g in cfg.gpu_node_groups
-                                          for t in g.instance_types))
-        key = catalogue_key_for(s.worker_image)
-        if key is None:
-            raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,
-                              "an image of the pinned catalogue (config/images.py): " + ", ".join(
-                                  f"{i.source.split('/', 1)[1]}:{i.tag}" for i in IMAGES.values()
-                                  if i.key == "vllm-lmcache"))
-        if s.routing_strategy == "kvaware" and key not in KV_EVENT_IMAGES:
+    return tuple(_fit(cfg, s) for s in specs)
+
+
+def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
+    """What can only be judged with the environment; returns the spec with its warnings."""
+    where = f"{s.source_file}: spec"
+    warnings = list(s.warnings)
+    if cfg.gpu_group_for(s.instance_type) is None:
+        raise ConfigError(cfg.name, f"{where}.instanceType", s.instance_type,
+                          "an instance type of one of the environment's GPU node groups: "
+                          + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
+                          + " (or map it with the environment's instanceTypeMap)")
+    family = next((f for f in NOT_VLLM if f in s.image.source), None)
+    if family:
+        raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,
+                          f"a vLLM image carrying LMCache (vllm/vllm-openai, "
+                          f"lmcache/vllm-openai, AWS DLC vllm): {NOT_VLLM[family]} cannot "
+                          "hold the KV cache (HyperPod's caching and routing are vLLM-only too)")
+    version = vllm_version(s.image)
+    if s.routing_strategy == "kvaware":
+        if version is not None and version < KV_EVENTS_SINCE:
             raise ConfigError(cfg.name, f"{where}.intelligentRoutingSpec.routingStrategy",
-                              "kvaware", "prefixaware, session or roundrobin: the worker image "
-                              "cannot publish KV events")
-        if s.autoscaling is not None:
-            scaling_path = f"{where}.autoScalingSpec"
-            if s.routing_strategy == "kvaware":
-                raise ConfigError(cfg.name, scaling_path, "set with kvaware",
-                                  "no autoScalingSpec: kvaware's KV event sources are a fixed "
-                                  "list of workers (or choose prefixaware/session/roundrobin)")
-            capacity = worker_capacity(cfg, s)
-            if s.autoscaling.max_replicas > capacity:
-                group = cfg.gpu_group_for(s.instance_type)
-                raise ConfigError(cfg.name, f"{scaling_path}.maxReplicaCount",
-                                  s.autoscaling.max_replicas,
-                                  f"at most {capacity} (node group {group.name}: maxSize "
-                                  f"{group.max_size} x {group.gpus_per_node // s.gpus} "
-                                  "workers per node)")
-        if s.l2_backend == "redis" and cfg.cache.kind == "none":
-            raise ConfigError(cfg.name, f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend",
-                              "redis", "no L2 (enableL2Cache: false), valkey or lmcache-server: "
-                              "the environment's cache.kind is none")
-    return specs
+                              "kvaware", "prefixaware, session or roundrobin: "
+                              f"{s.worker_image} carries vLLM {version[0]}.{version[1]}, which "
+                              "cannot publish KV events (vLLM 0.9 or later can)")
+        if version is None:
+            warnings.append(f"{where}.intelligentRoutingSpec.routingStrategy: kvaware needs "
+                            f"KV events (vLLM 0.9 or later); the vLLM version of "
+                            f"{s.worker_image} is not known here: check it publishes them")
+    if s.image.digest is None and s.image.key not in IMAGES:
+        warnings.append(f"{where}.worker.image: {s.worker_image} has no digest: pin it "
+                        "(image@sha256:...; `python -m tools mirror --resolve` prints it)")
+    if s.autoscaling is not None:
+        scaling_path = f"{where}.autoScalingSpec"
+        if s.routing_strategy == "kvaware":
+            raise ConfigError(cfg.name, scaling_path, "set with kvaware",
+                              "no autoScalingSpec: kvaware's KV event sources are a fixed "
+                              "list of workers (or choose prefixaware/session/roundrobin)")
+        capacity = worker_capacity(cfg, s)
+        if s.autoscaling.max_replicas > capacity:
+            group = cfg.gpu_group_for(s.instance_type)
+            raise ConfigError(cfg.name, f"{scaling_path}.maxReplicaCount",
+                              s.autoscaling.max_replicas,
+                              f"at most {capacity} (node group {group.name}: maxSize "
+                              f"{group.max_size} x {group.gpus_per_node // s.gpus} "
+                              "workers per node)")
+    if s.l2_enabled and s.l2_url is None and s.l2_backend == "redis" \
+            and cfg.cache.kind == "none":
+        raise ConfigError(cfg.name, f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend",
+                          "redis", "no L2 (enableL2Cache: false), valkey, lmcache-server or an "
+                          "l2CacheLocalUrl: the environment's cache.kind is none")
+    return replace(s, warnings=tuple(warnings))
+
+
+# Image repositories known not to be vLLM: their files cannot get the KV cache.
+NOT_VLLM = {"djl-inference": "DJL Serving (LMI)", "tgi-inference": "TGI",
+            "text-generation-inference": "TGI", "tensorrt-llm": "TensorRT-LLM"}
 
 
 def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | None:
@@ -128,14 +152,17 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         charts.append(chart)
     for s in specs:
         l2 = None
-        if s.l2_enabled:
+        if s.l2_url:
+            l2 = L2Connection(url=s.l2_url)
+        elif s.l2_enabled:
             kind = _shared_kind(cfg, s)
             l2 = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
         kvaware = s.routing_strategy == "kvaware"
         wp = WorkerProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE,
             service_account=facts.service_account[s.name],
-            image=images.uri(catalogue_key_for(s.worker_image)),
+            image=images.resolve(s.image), port=s.port, command=s.worker_command,
+            working_dir=s.working_dir,
             staging_image=images.uri("aws-cli"), region=cfg.region,
             model_bucket=facts.model_bucket, model_location=s.model_location,
             model_name=s.model_name, replicas=s.replicas, gpus=s.gpus, cpu=s.cpu,
@@ -149,7 +176,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
-            policy=s.router_policy, worker_selector=workers.selector,
+            policy=s.router_policy, worker_selector=workers.selector, worker_port=s.port,
             health_check_path=s.health_check_path, public_listener=cfg.public_listener,
             static_workers=worker_urls(wp) if kvaware else (),
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
@@ -163,7 +190,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:
     """None: the managed ElastiCache (or no L2); otherwise the in-cluster cache to deploy."""
-    if not s.l2_enabled:
+    if not s.l2_enabled or s.l2_url:
         return None
     if s.l2_backend == "lmcache-server":
         return LMCACHE_SERVER

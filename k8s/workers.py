@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import yaml
 from cdk8s import Chart
@@ -73,7 +74,10 @@ class WorkerProps:
     health_check_path: str
     model_mount_path: str
     extra_args: tuple[str, ...] = ()
-    extra_env: tuple[tuple[str, str], ...] = ()
+    extra_env: tuple[Mapping[str, Any], ...] = ()   # Kubernetes EnvVar objects, as written
+    port: int = WORKER_PORT           # where vLLM listens (modelInvocationPort.containerPort)
+    command: tuple[str, ...] = ()     # the file's command; empty: chosen by `vllm_command`
+    working_dir: str | None = None
     shm_size: str = "16Gi"
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
@@ -108,25 +112,57 @@ def lmcache_config(p: WorkerProps) -> dict:
     return cfg
 
 
+# vLLM's OpenAI server module: accepts `--model` in every vLLM version, where `vllm serve`
+# takes the model as a positional argument and warns about (later refuses) `--model`.
+API_SERVER = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+
+
+def _flags(args: tuple[str, ...] | list[str]) -> set[str]:
+    """Flag names given, as vLLM reads them (`--served_model_name=x` is --served-model-name)."""
+    return {a.split("=", 1)[0].replace("_", "-") for a in args if a.startswith("--")}
+
+
+def names_model(args: tuple[str, ...]) -> bool:
+    """The file already says which model to serve: `--model X` or vllm serve's positional."""
+    return "--model" in _flags(args) or bool(args and not args[0].startswith("-"))
+
+
+def vllm_command(p: WorkerProps) -> list[str]:
+    """The file's command as written; else `vllm serve`, or the API server module for args
+    written with `--model` (HyperPod's published `--model /opt/ml/model` files)."""
+    if p.command:
+        return list(p.command)
+    if "--model" in _flags(p.extra_args):
+        return list(API_SERVER)
+    return ["vllm", "serve"]
+
+
 def vllm_args(p: WorkerProps) -> list[str]:
-    args = [f"{MODELS_DIR}/{p.endpoint}", "--served-model-name", p.model_name,
-            "--host", "0.0.0.0", "--port", str(WORKER_PORT),
-            "--kv-transfer-config",
-            json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
-                       separators=(",", ":"))]
+    """The file's args as written, then only what they lack: the model path (where the weights
+    are mounted), where to listen, the served name, LMCache's connector and KV events."""
+    given = _flags(p.extra_args)
+    args = [] if p.command or names_model(p.extra_args) else [p.model_mount_path]
+    args += list(p.extra_args)
+    own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
+           "--kv-transfer-config": json.dumps(
+               {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+               separators=(",", ":"))}
+    for flag, value in own.items():
+        if flag not in given:
+            args += [flag, value]
     if p.publish_kv_events:
         args += ["--kv-events-config", json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq",
             # vllm-router 0.1.17 subscribes to topic "" only; its block size must match.
             "endpoint": f"tcp://*:{KV_EVENTS_PORT}", "topic": "", "buffer_steps": 10000,
             "hwm": 100000}, separators=(",", ":")), "--block-size", str(KV_BLOCK_SIZE)]
-    return args + list(p.extra_args)
+    return args
 
 
 def worker_urls(p: WorkerProps) -> tuple[str, ...]:
     """Stable DNS names of StatefulSet workers, for the router's static lists."""
     svc = f"{p.endpoint}-workers"
-    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{WORKER_PORT}"
+    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{p.port}"
                  for i in range(p.replicas))
 
 
@@ -191,15 +227,18 @@ class WorkersChart(Chart):
                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
                {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}]
-        env += [{"name": k, "value": v} for k, v in p.extra_env]
-        if not any(k == "PYTHONHASHSEED" for k, _ in p.extra_env):
+        # The file's variables as written; one it shares with ours replaces ours.
+        theirs = {e["name"] for e in p.extra_env}
+        env = [e for e in env if e["name"] not in theirs or e["name"] == "LMCACHE_CONFIG_FILE"]
+        env += [dict(e) for e in p.extra_env if e["name"] != "LMCACHE_CONFIG_FILE"]
+        if "PYTHONHASHSEED" not in theirs:
             env.append({"name": "PYTHONHASHSEED", "value": "0"})  # same hashes on every worker
-        ports = [{"name": "http", "containerPort": WORKER_PORT}]
+        ports = [{"name": "http", "containerPort": p.port}]
         if p.publish_kv_events:
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         worker = {
             "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
-            "command": ["vllm", "serve"], "args": vllm_args(p), "env": env, "ports": ports,
+            "command": vllm_command(p), "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
                 "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
                 "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
@@ -208,7 +247,6 @@ class WorkersChart(Chart):
             "livenessProbe": {**health, "failureThreshold": 6},
             "lifecycle": {"preStop": {"sleep": {"seconds": 15}}},  # leave the router first
             "volumeMounts": [
-                {"name": "model-weights", "mountPath": MODELS_DIR, "readOnly": True},
                 {"name": "model-weights", "mountPath": p.model_mount_path,
                  "subPath": p.endpoint, "readOnly": True},
                 {"name": "dshm", "mountPath": "/dev/shm"},
@@ -218,6 +256,8 @@ class WorkersChart(Chart):
             "securityContext": {"allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}},
         }
+        if p.working_dir:
+            worker["workingDir"] = p.working_dir
         pod = {
             "metadata": {"labels": labels},
             "spec": {
@@ -247,7 +287,7 @@ class WorkersChart(Chart):
         k8s_object(self, "Workload", api_version="apps/v1", kind=kind, name=name,
                    namespace=p.namespace, labels=labels, body={"spec": spec})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
-        svc_ports = [{"name": "http", "port": WORKER_PORT, "targetPort": "http"}]
+        svc_ports = [{"name": "http", "port": p.port, "targetPort": "http"}]
         if p.publish_kv_events:
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})

@@ -41,7 +41,8 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     env = cdk.Environment(account=cfg.account, region=cfg.region)
     p = cfg.stack_prefix
     network = NetworkStack(app, f"{p}-Network", cfg=cfg, env=env)
-    storage = StorageStack(app, f"{p}-Storage", cfg=cfg, env=env)
+    storage = StorageStack(app, f"{p}-Storage", cfg=cfg,
+                           endpoint_images=tuple(s.image for s in endpoints), env=env)
     observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, env=env)
                      if cfg.observability == "managed" else None)
     cluster = ClusterStack(
@@ -76,6 +77,9 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
             "kvcache:image-without-digest",
             f"{image.source}:{image.tag} has no digest in config/images.py: run "
             f"`python -m tools mirror --resolve --only {image.key}` and pin it")
+    for spec in endpoints:  # every field we do not act on, and every guess, said at synth
+        for warning in spec.warnings:
+            cdk.Annotations.of(serving).add_warning_v2("kvcache:endpoint-file", warning)
     return stacks
 
 

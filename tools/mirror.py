@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from tools.cli import Aws, ToolError, add_command, err_console, load_environment, out_console
+from tools.cli import (
+    Aws, ToolError, add_command, err_console, load_endpoints, load_environment, out_console,
+)
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "does not exist")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -417,11 +419,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
-    from config.images import IMAGES
+    from config.images import deployed_images
 
     if not shutil.which("skopeo"):
         raise ToolError("skopeo not found: install it (Debian: apt-get install skopeo)", 2)
-    images = list(IMAGES.values())
+    # The catalogue and the worker image of every endpoint file the environment serves.
+    cfg = load_environment(args)
+    images = deployed_images(e.image for e in load_endpoints(cfg))
     charts = catalogue_charts()
     if args.only:
         known = list(dict.fromkeys([i.key for i in images] + [c.key for c in charts]))
@@ -437,7 +441,6 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         if args.resolve:
             registry, charts = None, []
         elif not registry:
-            cfg = load_environment(args)
             aws = aws or Aws(cfg, args.profile)
             registry = ecr_registry(aws)
             missing = missing_repositories(aws, [i.mirror_repository for i in images]

@@ -69,12 +69,13 @@ def needed_services(cfg: EnvironmentConfig) -> list[str]:
 class Preflight:
     def __init__(self, aws: Aws, endpoints: Iterable[Any], *, bucket: str | None = None,
                  images: Iterable[Any] | None = None) -> None:
-        from config.images import IMAGES
+        from config.images import deployed_images
 
         self.aws, self.cfg = aws, aws.cfg
         self.endpoints = tuple(endpoints)
         self.bucket = bucket
-        self.images = list(IMAGES.values() if images is None else images)
+        self.images = list(deployed_images(e.image for e in self.endpoints)
+                           if images is None else images)
 
     def run(self) -> list[Row]:
         rows: list[Row] = []

@@ -26,6 +26,7 @@ from tools.loopback import (  # noqa: E402
 )
 
 N_WORKERS = 4
+SEED_FILE = "tests/fixtures/endpoint-seed.yaml"   # our HyperPod-shaped seed (L2 redis, TP 4)
 # Slow enough that concurrent requests overlap in the router (its load counts), fast enough
 # that a 16-token answer takes ~70 ms.
 WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhead_ms": 1.0}
@@ -44,12 +45,12 @@ def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
     from k8s.serving import build_charts, placeholder_facts
 
     cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})
-    raw = yaml.safe_load((_ROOT / cfg.endpoint_files[0]).read_text())
+    raw = yaml.safe_load((_ROOT / SEED_FILE).read_text())
     raw = copy.deepcopy(raw)
     raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
     if replicas is not None:
         raw["spec"]["replicas"] = replicas
-    spec = parse_endpoint(cfg.name, cfg.endpoint_files[0], raw)
+    spec = parse_endpoint(cfg.name, SEED_FILE, raw)
     facts = placeholder_facts(cfg, (spec,))
     return json.dumps([doc for chart in build_charts(cdk8s.App(), cfg, (spec,), facts)
                        for doc in chart.to_json()])

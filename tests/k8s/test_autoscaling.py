@@ -106,8 +106,6 @@ def test_router_scales_on_its_own_cpu():
     ({"minReplicaCount": 3, "maxReplicaCount": 2}, "spec.autoScalingSpec.maxReplicaCount",
      "at least minReplicaCount (3)"),
     ({"minReplicaCount": -1}, "spec.autoScalingSpec.minReplicaCount", "0 or more"),
-    ({"cloudWatchTrigger": {"metricName": "x"}}, "spec.autoScalingSpec.cloudWatchTrigger",
-     "prometheusTrigger"),
     ({"prometheusTrigger": {"query": "up"}},
      "spec.autoScalingSpec.prometheusTrigger.targetValue", "required"),
     ({"prometheusTrigger": {"query": "up", "targetValue": 1, "metricType": "Max"}},
@@ -118,6 +116,14 @@ def test_impossible_scaling_input_in_the_file(scaling, field, allowed):
     with pytest.raises(ConfigError) as info:
         parse_endpoint("dev", "e.yaml", _with_scaling(**scaling))
     assert info.value.field == f"e.yaml: {field}" and allowed in info.value.allowed
+
+
+def test_cloudwatch_triggers_are_a_warning_and_the_default_trigger_applies():
+    spec = parse_endpoint("dev", "e.yaml", _with_scaling(
+        minReplicaCount=1, maxReplicaCount=3, cloudWatchTrigger={"metricName": "x"}))
+    assert spec.autoscaling.triggers == ()     # effective_scaling adds the default trigger
+    (warning,) = [w for w in spec.warnings if "cloudWatchTrigger" in w]
+    assert warning.startswith("e.yaml: spec.autoScalingSpec.cloudWatchTrigger: ignored:")
 
 
 @pytest.mark.parametrize("strategy, scaling, field, allowed", [

@@ -18,7 +18,7 @@ from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from tests.conftest import ROOT, context_for, normalise
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
 
-SEED = yaml.safe_load((ROOT / "endpoints" / "llama-3.1-8b-instruct.yaml").read_text())
+SEED = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
 STRATEGIES = ["prefixaware", "kvaware", "session", "roundrobin"]
 BACKENDS = ["redis", "valkey", "lmcache-server", "tieredstorage", None]
 
@@ -107,9 +107,9 @@ def test_china_manifests_pull_only_from_the_china_ecr(rendered, case):
     assert all("@sha256:" in i or i.endswith(":router") or ":v0.5.4" in i for i in images)
 
 
-def test_seed_file_renders_the_hyperpod_shape():
+def test_seed_renders_the_hyperpod_shape():
     cfg = _env("dev")
-    (spec,) = load_endpoints(cfg, ROOT)
+    spec = _spec(cfg)
     assert (spec.instance_type, spec.gpus, spec.router_policy, spec.l2_backend) == (
         "g5.24xlarge", 4, "cache_aware", "redis")
     docs = render(cfg, spec)
@@ -122,10 +122,39 @@ def test_seed_file_renders_the_hyperpod_shape():
     env = {e["name"]: e["value"] for e in vllm["env"]}
     assert env["HF_HUB_OFFLINE"] == "1" and env["PYTHONHASHSEED"] == "123"
     assert "LMCacheConnectorV1" in " ".join(vllm["args"])
+    # No model in the file's args: vllm serve gets the mount path as its positional model.
+    assert vllm["command"] == ["vllm", "serve"] and vllm["args"][0] == "/opt/ml/model"
     assert [c["name"] for c in pod["initContainers"]] == ["stage-model", "fetch-l2-secret"]
     assert "s3://models-bucket/models/Llama-3.1-8B-Instruct/" in pod["initContainers"][0]["command"]
     text = json.dumps(docs)
     assert "rediss://l2.example.internal:6379" in text and "password" not in text.lower()
+
+
+def test_shipped_sample_is_the_published_file_and_keeps_its_shape():
+    published = (ROOT / "tests/fixtures/hyperpod/hpcli-sample-llama31-8b-intelligent-routing.yaml")
+    body = b"".join(line for line in published.read_bytes().splitlines(keepends=True)
+                    if not line.startswith((b"# Source:", b"# Published as:", b"# Shape:")))
+    shipped = (ROOT / "endpoints/llama-8b-intel-routing.yaml").read_bytes()
+    assert shipped == body.rstrip(b"\n")       # published without a final newline
+    cfg = _env("dev")
+    (spec,) = load_endpoints(cfg, ROOT)
+    assert (spec.instance_type, spec.gpus, spec.router_policy, spec.l2_enabled) == (
+        "g5.24xlarge", 1, "cache_aware", False)          # ml.g5.8xlarge via instanceTypeMap
+    assert any("ml.g5.8xlarge is served on g5.24xlarge" in w for w in spec.warnings)
+    docs = render(cfg, spec)
+    worker = next(d for d in _all(docs, "Deployment") if d["metadata"]["name"].endswith("-workers"))
+    pod = worker["spec"]["template"]["spec"]
+    vllm = pod["containers"][0]
+    # The file names its model positionally: kept as written, no second positional added.
+    assert vllm["command"] == ["vllm", "serve"]
+    assert vllm["args"][:3] == ["/opt/ml/model", "--max-model-len", "4096"]
+    assert sum(1 for a in vllm["args"] if not a.startswith("-") and a.startswith("/")) == 1
+    assert vllm["image"] == "lmcache/vllm-openai:v0.3.7"
+    assert vllm["resources"]["requests"] == {"cpu": "6", "memory": "30Gi", GPU_RESOURCE: "1"}
+    mounts = {m["mountPath"]: m for m in vllm["volumeMounts"]}
+    assert mounts["/opt/ml/model"]["readOnly"] is True
+    assert [c["name"] for c in pod["initContainers"]] == ["stage-model"]
+    assert "s3://models-bucket/llama31_8b/" in pod["initContainers"][0]["command"]
 
 
 def test_router_deployment_is_hardened_and_discovers_its_workers():
@@ -226,18 +255,34 @@ def test_tieredstorage_warns():
      "spec.intelligentRoutingSpec.routingStrategy", "prefixaware"),
     (lambda r: r.update(apiVersion="v2"), "apiVersion", "inference.sagemaker.aws.amazon.com/v1"),
     (lambda r: r["spec"].update(instanceType="ml.m5.large"), "spec.instanceType", "GPU"),
-    (lambda r: r["spec"].update(bogusField=1), "spec.bogusField", "known fields"),
-    (lambda r: r["spec"]["modelSourceConfig"].update(modelSourceType="fsx"),
-     "spec.modelSourceConfig.modelSourceType", "s3"),
+    (lambda r: r["spec"].update(bogusField=1), "spec.bogusField",
+     "fields of InferenceEndpointConfig v1 here"),
+    (lambda r: r["spec"]["modelSourceConfig"].update(modelSourceType="nfs"),
+     "spec.modelSourceConfig.modelSourceType", "s3, fsx, huggingface, kubernetesVolume"),
+    (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(
+        l2CacheLocalUrl="memcached://cache:11211"),
+     "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl", "redis://HOST[:PORT]"),
+    (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(
+        l2CacheLocalUrl="rediss://:hunter2@cache.example.internal:6379"),
+     "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl", "Secrets Manager"),
+    (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(l2CacheLocalUrl="lm://server"),
+     "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl", "lm://HOST:PORT"),
+    (lambda r: r["spec"]["worker"].update(image="Vllm/VLLM-openai:v0.9.2"), "spec.worker.image",
+     "lowercase"),
+    (lambda r: r["spec"]["worker"].update(args=["--port", "9000"]), "spec.worker.args",
+     "--port 8000"),
+    (lambda r: r["spec"]["worker"]["modelVolumeMount"].update(mountPath="/dev/shm"),
+     "spec.worker.modelVolumeMount.mountPath", "an absolute path other than"),
+    (lambda r: r["spec"].update(tlsConfig={"customCertificateConfig": {"acmArn": "cert-1"}}),
+     "spec.tlsConfig.customCertificateConfig.acmArn", "an ACM certificate ARN"),
     (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(l2CacheBackend="memcached"),
      "spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", "redis"),
     (lambda r: r["spec"]["worker"]["resources"]["limits"].update({"nvidia.com/gpu": 3}),
      "spec.worker.resources.limits.nvidia.com/gpu", "a divisor of 4"),
     (lambda r: r["spec"]["kvCacheSpec"].update(l1CacheSizeGiB=500),
      "spec.kvCacheSpec.l1CacheSizeGiB", "less 8 GiB"),
-    (lambda r: r["spec"]["worker"]["environmentVariables"].append(
-        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {}}}),
-     "spec.worker.environmentVariables[1]", "secrets are not allowed"),
+    (lambda r: r["spec"]["worker"]["environmentVariables"].append({"value": "x"}),
+     "spec.worker.environmentVariables[1]", "{name: string, value: string}"),
     (lambda r: r["spec"].pop("worker"), "spec.worker", "required"),
 ])
 def test_bad_endpoint_file_is_one_clear_error(edit, field, allowed):
@@ -252,8 +297,12 @@ def test_bad_endpoint_file_is_one_clear_error(edit, field, allowed):
 @pytest.mark.parametrize("edit, field, allowed", [
     (lambda r: r["spec"].update(instanceType="ml.g4dn.12xlarge"), "spec.instanceType",
      "GPU node groups: g5.24xlarge"),
-    (lambda r: r["spec"]["worker"].update(image="vllm/vllm-openai:latest"), "spec.worker.image",
-     "pinned catalogue"),
+    (lambda r: r["spec"]["worker"].update(
+        image="763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.32.0-lmi14.0.0-cu124"),
+     "spec.worker.image", "a vLLM image carrying LMCache"),
+    (lambda r: r["spec"]["worker"].update(image="vllm/vllm-openai:v0.8.5") or
+     r["spec"]["intelligentRoutingSpec"].update(routingStrategy="kvaware"),
+     "spec.intelligentRoutingSpec.routingStrategy", "cannot publish KV events"),
 ])
 def test_endpoint_must_fit_the_environment(tmp_path, edit, field, allowed):
     raw = copy.deepcopy(SEED)

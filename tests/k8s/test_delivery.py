@@ -33,10 +33,11 @@ def test_cluster_stack_applies_the_device_plugin(dev):
 def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
     for name in ("dev", "china"):
         cfg = synths[name].cfg
-        files = write_manifests(cfg, load_endpoints(cfg, ROOT), tmp_path / name)
+        specs = load_endpoints(cfg, ROOT)
+        files = write_manifests(cfg, specs, tmp_path / name)
         assert [f.name for f in files] == ["00-namespace.yaml",
-                                           "01-llama-3-1-8b-instruct-workers.yaml",
-                                           "02-llama-3-1-8b-instruct-router.yaml"]
+                                           "01-llama-8b-intel-routing-workers.yaml",
+                                           "02-llama-8b-intel-routing-router.yaml"]
         docs = [d for f in files for d in yaml.safe_load_all(f.read_text())]
         for doc in docs:
             if not is_custom_resource(doc):
@@ -44,6 +45,8 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
         validate_custom_resources([d for d in docs if is_custom_resource(d)])
         text = "".join(f.read_text() for f in files)
         assert "${Token[" not in text
-        for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}", "${L2_ENDPOINT}",
-                            "${L2_SECRET_ARN}"):
+        for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}"):
             assert placeholder in text, placeholder
+        managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
+        for placeholder in ("${L2_ENDPOINT}", "${L2_SECRET_ARN}"):
+            assert (placeholder in text) is managed_l2, placeholder

@@ -71,10 +71,10 @@ def test_the_issue_s_panels_are_there(dashboards):
 
 @pytest.mark.parametrize("name,price", [("dev", 8.144), ("china", 9.5)])
 def test_cost_uses_the_environment_s_price_and_live_tokens(dashboards, synths, name, price):
-    (spec,) = load_endpoints(synths[name].cfg, ROOT)   # g5.24xlarge, 4 GPUs per pod
+    (spec,) = load_endpoints(synths[name].cfg, ROOT)   # g5.24xlarge, 1 of its 4 GPUs per pod
     (target,) = _panels(dashboards[name][SERVING_UID])["Cost per 1K tokens"]["targets"]
     expr = target["expr"]
-    assert f"* {price:g} / 3600" in expr and expr.endswith("* 1000")
+    assert f"* {price * spec.gpus / 4:g} / 3600" in expr and expr.endswith("* 1000")
     assert "vllm:prompt_tokens_total" in expr and "vllm:generation_tokens_total" in expr
     assert f'kvcache_endpoint="{spec.name}"' in expr
 

@@ -104,7 +104,7 @@ def test_run_policy_renders_the_router_args_of_the_strategy():
      "--scenarios = 'chat' is not valid; allowed: cold-warm, prefix, multi-turn, document"),
     (["bench", "--url", "http://x", "--concurrency", "0"], "--concurrency = 0 is not valid"),
     (["bench", "--url", "http://x", "--env", "dev", "--endpoint", "nope"],
-     "--endpoint = 'nope' is not valid; allowed: llama-3-1-8b-instruct"),
+     "--endpoint = 'nope' is not valid; allowed: llama-8b-intel-routing"),
     (["bench-compare", "missing-a.json", "missing-b.json"],
      "results = 'missing-a.json' is not valid; allowed: a results.json written by bench"),
 ])
@@ -119,8 +119,8 @@ def test_price_and_instances_come_from_the_environment():
     register(parser.add_subparsers())
     args = parser.parse_args(["bench", "--url", "http://r:8000", "--env", "dev"])
     c = config_from_args(args)
-    # dev: g5.24xlarge at 8.144/h; the endpoint's 2 replicas x 4 GPUs fill 2 nodes of 4 GPUs
-    assert (c.hourly_usd, c.instances) == (8.144, 2.0)
+    # dev: g5.24xlarge at 8.144/h; the shipped file's 1 replica x 1 GPU is a quarter of a node
+    assert (c.hourly_usd, c.instances) == (8.144, 0.25)
 
 
 def test_contexts_beyond_the_model_are_left_out_with_a_note():

@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator
 
 import boto3
@@ -38,6 +39,7 @@ from tools.mirror import (
     OCI_MANIFEST, ChartRef, Mirror, Skopeo, ecr_authfile, write_blob, write_oci_layout,
 )
 from tools.mirror import main as mirror_main
+import tools.mirror as mirror_module
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 
@@ -182,9 +184,12 @@ def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeyp
     assert web["layers"][0]["digest"] == next(r.digest for r in first.rows if r.key == "web")
 
     # Second run, through the command line with this catalogue: nothing copied.
-    monkeypatch.setattr(config.images, "IMAGES", {i.key: i for i in world["images"]})
+    # The catalogue holds `app`; `tool` is an endpoint file's worker image: both are mirrored.
+    monkeypatch.setattr(config.images, "IMAGES", {i.key: i for i in world["images"][:1]})
     monkeypatch.setattr(config.images, "CHARTS", {c.key: c for c in world["charts"]},
                         raising=False)
+    monkeypatch.setattr(mirror_module, "load_endpoints",
+                        lambda cfg: (SimpleNamespace(image=world["images"][1]),))
     assert main(["mirror", "--dest-registry", dst, "--src-tls-verify", "false",
                  "--dest-tls-verify", "false"]) == 0
     out = capsys.readouterr().out

@@ -8,13 +8,13 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from config.images import IMAGES
+from config.images import deployed_images
 from tools.cli import Aws, ToolError, load_endpoints, load_environment
 from tools.preflight import FAIL, PASS, WARN, Preflight, print_rows
 
 CHINA = load_environment(argparse.Namespace(env="china", china=False))
 ZONES = list(CHINA.availability_zones)            # cn-northwest-1a..c
-MODEL = "models/Llama-3.1-8B-Instruct"            # the endpoint's modelLocation
+MODEL = "llama31_8b"            # the endpoint's modelLocation
 BUCKET = "kvcache-china-storage-models-1"
 K8S = CHINA.kubernetes_version
 
@@ -76,7 +76,7 @@ def happy(**override) -> dict[str, list[tuple]]:
         "ecr": [("describe_images", {"imageDetails": [{"imageDigest": i.digest or "sha256:" +
                                                        "0" * 64}]},
                  {"repositoryName": i.mirror_repository, "imageIds": [{"imageTag": i.tag}]})
-                for i in IMAGES.values()],
+                for i in deployed_images(e.image for e in load_endpoints(CHINA))],
         "cloudformation": [("describe_stacks", {"Stacks": [{
             "StackName": "KvCache-china-Storage", "CreationTime": datetime.datetime(2026, 1, 1),
             "StackStatus": "CREATE_COMPLETE",
@@ -103,11 +103,13 @@ def test_a_ready_account_passes_every_check(capsys):
         stub.assert_no_pending_responses()
     got = status(rows)
     assert got.pop("image: vllm-lmcache") == WARN  # pinned by tag only, for now
+    # The endpoint file's own worker image is checked in ECR too (tag only: a warning).
+    assert got.pop("image: lmcache/vllm-openai:v0.3.7") == WARN
     assert set(got.values()) == {PASS}, rows
     assert {"credentials", "services", "zones", "offered: g5.24xlarge", "offered: g4dn.12xlarge",
             "offered: m6i.xlarge", "quota: Running On-Demand G and VT instances",
             "quota: Running On-Demand Standard instances", f"EKS {K8S}",
-            "model: llama-3-1-8b-instruct"} <= set(got)
+            "model: llama-8b-intel-routing"} <= set(got)
     assert print_rows(CHINA, rows) == 0
     out = capsys.readouterr().out
     assert "preflight: china" in out and "768 vCPUs (L-DB2E81BA)" in out
@@ -136,14 +138,14 @@ def test_blockers_are_failures_and_exit_non_zero(capsys):
     assert got["quota: Running On-Demand G and VT instances"] == FAIL   # 96 < 192 desired
     assert got["quota: Running On-Demand Standard instances"] == WARN   # 12 <= 16 < 24
     assert got[f"EKS {K8S}"] == FAIL
-    second, third = list(IMAGES)[1:3]
+    second, third = [i.key for i in deployed_images(e.image for e in load_endpoints(CHINA))][1:3]
     assert got[f"image: {second}"] == FAIL and got[f"image: {third}"] == FAIL
-    assert got["model: llama-3-1-8b-instruct"] == FAIL
+    assert got["model: llama-8b-intel-routing"] == FAIL
     detail = {r.check: r.detail for r in rows}
     assert "not offered in cn-northwest-1c" in detail["offered: g5.24xlarge"]
     assert "run python -m tools mirror" in detail[f"image: {second}"]
     assert "deploy KvCache-china-Storage" in detail[f"image: {third}"]
-    assert "no *.safetensors" in detail["model: llama-3-1-8b-instruct"]
+    assert "no *.safetensors" in detail["model: llama-8b-intel-routing"]
     with pytest.raises(ToolError, match=r"^7 blocker\(s\): credentials: account 999999999999"):
         print_rows(CHINA, rows)
 
@@ -155,7 +157,7 @@ def test_expired_credentials_and_a_missing_stack_are_rows_not_tracebacks():
     rows = {r.check: r for r in Preflight(aws, load_endpoints(CHINA)).run()}
     assert rows["credentials"].status == FAIL
     assert rows["credentials"].detail.startswith("AWS GetCallerIdentity failed: ExpiredToken")
-    model = rows["model: llama-3-1-8b-instruct"]
+    model = rows["model: llama-8b-intel-routing"]
     assert model.status == FAIL and "stack KvCache-china-Storage not found" in model.detail
     assert all("\n" not in r.detail for r in rows.values())
 

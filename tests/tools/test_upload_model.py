@@ -18,7 +18,7 @@ from tools.upload_model import (
 )
 
 REGION = "us-west-2"          # the dev environment's region (cdk.json)
-PREFIX = "models/Llama-3.1-8B-Instruct"  # its endpoint's modelLocation
+PREFIX = "llama31_8b"  # its endpoint's modelLocation
 BIG = f"{PREFIX}/model-00001-of-00002.safetensors"
 BUCKET = "kvcache-dev-storage-modelsbucket-1a2b3c"
 
@@ -176,7 +176,7 @@ def test_local_checksums_are_the_ones_s3_computes(tmp_path):
     ("wrong bucket", ["upload-model", "--env", "dev", "--bucket", "not-our-bucket", "{model}"],
      "bucket = 'not-our-bucket' is not valid; allowed: an existing bucket"),
     ("unknown endpoint", ["upload-model", "--env", "dev", "--endpoint", "gpt", "{model}"],
-     "--endpoint = 'gpt' is not valid; allowed: llama-3-1-8b-instruct"),
+     "--endpoint = 'gpt' is not valid; allowed: llama-8b-intel-routing"),
     ("unknown env", ["upload-model", "--env", "prod", "{model}"],
      "environment 'prod': env = 'prod' is not valid; allowed: china, dev"),
     ("bad chunk", ["upload-model", "--env", "dev", "--chunk-mib", "1", "{model}"],

@@ -1,0 +1,315 @@
+"""Published HyperPod `InferenceEndpointConfig` files deploy unmodified, global and China.
+
+The corpus (tests/fixtures/hyperpod/, each file headed by where AWS published it) is the files
+users already have. Every vLLM file is served by one environment per variant, synthesized once
+for this module: the whole CDK app with cdk-nag and CDK's validation, cfn-lint per region,
+strict Kubernetes schemas for every manifest, and the China-ECR-only rule. Files that are not
+vLLM (DJL, TGI) or not v1 get one clear line.
+
+Placeholders the publications tell the reader to fill (`$SAGEMAKER_ENDPOINT_NAME`,
+`<PLACEHOLDER_L2_CACHE_LOCAL_URL>` ...) are filled as a reader would; every other byte is as
+published, and a file without placeholders is loaded byte for byte.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from config import ConfigError, EnvironmentConfig, resolve_environment
+from k8s.endpoint_spec import ROUTING_POLICIES
+from k8s.serving import load_endpoints
+from tests.conftest import ROOT, context_for
+from tests.k8s.crds import is_custom_resource, validate_custom_resources
+
+CORPUS = ROOT / "tests" / "fixtures" / "hyperpod"
+FILES = sorted(CORPUS.glob("*.yaml"))
+
+# Refused, each with one line naming the field and what is allowed.
+REFUSED = {
+    "hpcli-sample-s3-deepseek15b-djl.yaml": ("spec.worker.image", "a vLLM image"),
+    "hpcli-sample-s3-llama70b-tgi.yaml": ("spec.worker.image", "a vLLM image"),
+    "awsdocs-rev-deploy-ftm-fsx-tgi.yaml": ("spec.worker.image", "a vLLM image"),
+    "awsdocs-rev-deploy-ftm-s3-v1alpha1-djl.yaml": ("apiVersion", "/v1"),
+    "awssamples-genai-hosting-s3-deepseek15b-v1alpha1.yaml": ("apiVersion", "/v1"),
+    "awssamples-genai-hosting-fsx-deepseek15b-v1alpha1.yaml": ("apiVersion", "/v1"),
+}
+SERVED = [f for f in FILES if f.name not in REFUSED]
+
+# Placeholders a reader must fill for the file to mean anything: names, the model's place, the
+# L2 URL, the image. Placeholders in fields we ignore (bucketName, tlsConfig's S3 URI, the
+# namespace, spec.kubernetes) stay as published. Endpoint names are made per file.
+FILLS = {
+    "S3_MODEL_LOCATION": "models/my-model", "MODEL_LOCATION": "models/my-model",
+    "LOCATION_OF_MODEL_WITHIN_S3": "models/my-model",
+    # The file's own comment: "e.g.: redis://redis.ns-team-a.svc.cluster.local:6379"
+    "PLACEHOLDER_L2_CACHE_LOCAL_URL": "redis://redis.ns-team-a.svc.cluster.local:6379",
+    "ACCOUNT_ID": "111111111111", "REGION": "us-west-2",
+    "YOUR_LMCACHE_IMAGE": "lmcache/vllm-openai:v0.3.7",
+}
+_NAME_VARS = ("SAGEMAKER_ENDPOINT_NAME", "MY_DEPLOYMENT_NAME")
+_PLACEHOLDER = re.compile(r"\\?\$\{?([A-Z][A-Z0-9_]*)\}?|<([A-Z][A-Z0-9_]*)>")
+
+# The corpus's instance types served on node groups each variant has (g5 exists in both).
+NODE_GROUPS = [
+    {"name": "g5", "instanceTypes": ["g5.24xlarge"], "minSize": 0, "maxSize": 4,
+     "desiredSize": 0, "diskSizeGiB": 300},
+    {"name": "g5x8", "instanceTypes": ["g5.48xlarge"], "minSize": 0, "maxSize": 2,
+     "desiredSize": 0, "diskSizeGiB": 500},
+]
+TYPE_MAP = {"ml.g5.8xlarge": "g5.24xlarge", "ml.g5.12xlarge": "g5.24xlarge",
+            "ml.p5.48xlarge": "g5.48xlarge", "ml.p6-b300.48xlarge": "g5.48xlarge"}
+
+
+def filled(path: Path) -> tuple[str, bool]:
+    """The file as a reader has it once the publication's placeholders are filled in."""
+    text = path.read_text()
+    body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+    stem = re.sub(r"[^a-z0-9]+", "-", path.stem.lower())[:40].strip("-")
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name in _NAME_VARS:
+            return stem
+        return FILLS.get(name, match.group(0))
+
+    out = _PLACEHOLDER.sub(fill, body)
+    return out, out != body
+
+
+def test_corpus_is_real_and_varied():
+    assert len(SERVED) >= 8
+    prefixes = {f.name.split("-")[0] for f in SERVED}
+    assert prefixes >= {"awsdocs", "hpcli", "awssamples"}, prefixes   # three publishers
+    assert all(f.read_text().startswith("# Source: ") for f in FILES)
+    shapes = "".join(f.read_text() for f in SERVED)
+    for shape in ("l2CacheBackend: tieredstorage", "l2CacheLocalUrl", "routingStrategy: "
+                  "prefixaware", "tlsConfig", "modelSourceType: fsx", "modelSourceType: "
+                  "huggingface", "modelSourceType: kubernetesVolume", "namespace: default",
+                  '"--model"', "environmentVariables", "loadBalancer", "metrics:", "command:"):
+        assert shape in shapes, shape
+
+
+def _corpus_env(tmp: Path, variant: str, files: list[Path]) -> dict:
+    for f in files:
+        (tmp / f.name).write_text(filled(f)[0])
+    ctx = context_for(env=variant)
+    env = ctx["environments"][variant]
+    env["nodeGroups"] = {**env["nodeGroups"], "gpu": NODE_GROUPS}
+    env["instanceTypeMap"] = TYPE_MAP
+    env["endpoints"] = [f.name for f in files]
+    return ctx
+
+
+def _groups() -> list[list[Path]]:
+    """As few environments as hold the corpus: two published files may share a name
+    (`my-model`), and one environment's endpoints need distinct names (one error if not)."""
+    groups: list[list[Path]] = []
+    for f in SERVED:
+        name = yaml.safe_load(filled(f)[0])["metadata"]["name"]
+        group = next((g for g in groups if name not in
+                      {yaml.safe_load(filled(x)[0])["metadata"]["name"] for x in g}), None)
+        if group is None:
+            groups.append(group := [])
+        group.append(f)
+    return groups
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Every vLLM file of the corpus served per variant: one synth per group of files."""
+    import aws_cdk as cdk
+
+    from stacks.app_builder import build
+
+    out = {}
+    for variant in ("dev", "china"):
+        specs, docs, synths, by_file = [], [], [], {}
+        for i, files in enumerate(_groups()):
+            tmp = tmp_path_factory.mktemp(f"corpus-{variant}-{i}")
+            ctx = _corpus_env(tmp, variant, files)
+            cfg = resolve_environment(ctx)
+            group_specs = load_endpoints(cfg, tmp)
+            app = cdk.App(context=ctx, outdir=str(tmp / "cdk.out"))
+            stacks = build(app, cfg, group_specs)
+            assembly = app.synth()
+            group_docs = [d for chart in stacks.serving.charts for d in chart.to_json()]
+            specs += group_specs
+            docs += group_docs
+            synths.append((stacks, Path(assembly.directory)))
+            by_file.update({f.name: group_docs for f in files})
+        out[variant] = Corpus(cfg, specs, synths, docs, by_file)
+    return out
+
+
+@dataclass
+class Corpus:
+    cfg: EnvironmentConfig
+    specs: list             # EndpointSpec of every served file
+    synths: list            # (EnvironmentStacks, cdk.out directory) per group
+    docs: list              # every rendered Kubernetes object
+    docs_by_file: dict      # file name -> the objects of its group's synth
+
+    def spec(self, path: Path):
+        return next(s for s in self.specs if s.source_file == path.name)
+
+
+def test_files_without_placeholders_are_read_byte_for_byte():
+    untouched = [f.name for f in SERVED if not filled(f)[1]]
+    assert len(untouched) >= 5, untouched
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_file_synthesizes_with_nag_and_cdk_validation_clean(corpus, variant):
+    c = corpus[variant]
+    assert len(c.specs) == len(SERVED)
+    for _, outdir in c.synths:
+        report = json.loads((outdir / "validation-report.json").read_text())
+        assert "AwsSolutions" in {r["pluginName"] for r in report["pluginReports"]}
+        for rep in report["pluginReports"]:
+            assert rep["conclusion"] == "success", (rep["pluginName"], rep["violations"][:3])
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_cfn_lint_is_clean(corpus, variant):
+    c = corpus[variant]
+    templates = sorted(str(p) for _, outdir in c.synths for p in outdir.glob("*.template.json"))
+    proc = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--regions",
+                           c.cfg.region, "--", *templates], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_manifest_passes_strict_schemas(corpus, variant):
+    c = corpus[variant]
+    for doc in c.docs:
+        if not is_custom_resource(doc):
+            kubernetes_validate.validate(doc, c.cfg.kubernetes_version + ".0", strict=True)
+    validate_custom_resources([d for d in c.docs if is_custom_resource(d)])
+
+
+def test_china_pulls_every_image_from_its_own_ecr(corpus):
+    c = corpus["china"]
+    registry = f"{c.cfg.account}.dkr.ecr.{c.cfg.region}.amazonaws.com.cn/"
+    images = {c["image"] for d in c.docs
+              for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+              + d.get("spec", {}).get("template", {}).get("spec", {}).get("initContainers", [])}
+    router_asset = {i for i in images if "cdk-" in i or "Token" in i}
+    assert images - router_asset and all(i.startswith(registry) for i in images - router_asset)
+    # ... and the Storage stack holds a repository for each endpoint image (the mirror target).
+    repos = {r for stacks, _ in c.synths for r in stacks.storage.repositories}
+    for s in c.specs:
+        assert s.image.mirror_repository in repos, s.worker_image
+
+
+def _yaml(f: Path) -> dict:
+    return yaml.safe_load(filled(f)[0])
+
+
+def _worker(docs, name):
+    return next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                and d["metadata"]["name"] == f"{name}-workers")
+
+
+def _router_args(docs, name):
+    router = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"] == f"{name}-router")
+    return router["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+@pytest.mark.parametrize("path", SERVED, ids=lambda p: p.stem)
+def test_router_and_workers_keep_the_files_strategy_gpus_image_args_and_env(
+        corpus, variant, path):
+    c = corpus[variant]
+    cfg, docs = c.cfg, c.docs_by_file[path.name]
+    raw = _yaml(path)["spec"]
+    spec = c.spec(path)
+    name = spec.name
+    routing = raw.get("intelligentRoutingSpec") or {}
+    strategy = routing.get("routingStrategy", "prefixaware") if routing.get("enabled") \
+        else "roundrobin"
+    args = _router_args(docs, name)
+    assert args[args.index("--policy") + 1] == ROUTING_POLICIES[strategy]
+
+    container = _worker(docs, name)["spec"]["template"]["spec"]["containers"][0]
+    w = raw["worker"]
+    gpus = str((w.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu")
+               or (w.get("resources", {}).get("requests") or {}).get("nvidia.com/gpu"))
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    image = w["image"]
+    if cfg.facts.china:
+        assert container["image"] == (f"{cfg.account}.{cfg.facts.ecr_host_suffix}/"
+                                      f"{spec.image.mirror_repository}:{spec.image.pin}")
+    else:
+        assert container["image"] == image
+    file_args = [str(a) for a in w.get("args", [])]
+    got = container["args"]
+    assert got[got.index(file_args[0]) if file_args else 0:][:len(file_args)] == file_args
+    if w.get("command"):
+        assert container["command"] == w["command"]
+    env = {e["name"]: e for e in container["env"]}
+    for var in w.get("environmentVariables", []):
+        if var["name"] != "LMCACHE_CONFIG_FILE":
+            assert env[var["name"]].get("value") == (str(var["value"]) if "value" in var
+                                                     else None), var["name"]
+    # The model is where the file mounts it, once: no second positional model argument.
+    mount = w.get("modelVolumeMount", {}).get("mountPath", "/opt/ml/model")
+    assert mount in {m["mountPath"] for m in container["volumeMounts"]}
+    positional = [a for a in got[: got.index(next(a for a in got if a.startswith("-")))]] \
+        if any(a.startswith("-") for a in got) else got
+    assert len(positional) <= 1
+
+
+def test_fields_not_acted_on_are_each_a_warning_at_synth(corpus):
+    c = corpus["dev"]
+    warnings = [str(m.data) for stacks, _ in c.synths for m in stacks.serving.node.metadata
+                if m.type == "aws:cdk:warning"]
+    for s in c.specs:
+        for w in s.warnings:
+            assert f"{w} [ack: kvcache:endpoint-file]" in warnings, w
+    tls = c.spec(CORPUS / "awsdocs-custom-certs-tls-acm.yaml")
+    assert any("spec.tlsConfig.customCertificateConfig.domainName: ignored" in w
+               for w in tls.warnings)
+    nvme = c.spec(CORPUS / "awsdocs-nvme-k8s-volume-fallback.yaml")
+    assert any(w.startswith("awsdocs-nvme-k8s-volume-fallback.yaml: spec.kubernetes: ignored")
+               for w in nvme.warnings)
+
+
+def test_the_endpoints_own_l2_url_overrides_the_environments_cache(corpus):
+    c = corpus["dev"]
+    docs = c.docs_by_file["hpcli-sample-llama31-8b-kv-cache-redis.yaml"]
+    s = c.spec(CORPUS / "hpcli-sample-llama31-8b-kv-cache-redis.yaml")
+    assert s.l2_url == "redis://redis.ns-team-a.svc.cluster.local:6379"
+    cm = next(d for d in docs if d["kind"] == "ConfigMap"
+              and d["metadata"]["name"] == f"{s.name}-workers-lmcache")
+    cfg = yaml.safe_load(cm["data"]["lmcache.yaml"])
+    assert cfg["remote_url"] == ("redis://redis.ns-team-a.svc.cluster.local:6379"
+                                 "?socket_timeout=1&socket_connect_timeout=1")
+    assert cfg["extra_config"]["fallback_policy"] == "local_cpu"
+    pod = _worker(docs, s.name)["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["stage-model"]  # no secret fetched
+    assert any("this endpoint's L2 is redis://redis.ns-team-a" in w for w in s.warnings)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_files_we_cannot_serve_are_one_clear_line(tmp_path, name):
+    (tmp_path / name).write_text(filled(CORPUS / name)[0])
+    ctx = context_for(env="dev")
+    env = ctx["environments"]["dev"]
+    env["nodeGroups"] = {**env["nodeGroups"], "gpu": NODE_GROUPS}
+    env["instanceTypeMap"] = TYPE_MAP
+    env["endpoints"] = [name]
+    field, allowed = REFUSED[name]
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(resolve_environment(ctx), tmp_path)
+    assert info.value.field == f"{name}: {field}" and allowed in info.value.allowed
+    assert "\n" not in str(info.value)

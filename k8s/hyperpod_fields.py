@@ -161,8 +161,9 @@ def field_for(path: str) -> Field | None:
     """The row covering `path` (indices written as `[]`): itself or its nearest ancestor."""
     probe = path
     while probe:
-        if probe in FIELDS:
-            return FIELDS[probe]
+        for candidate in (probe, probe.removesuffix("[]")):
+            if candidate in FIELDS:
+                return FIELDS[candidate]
         probe = probe.rpartition(".")[0]
     return None
 

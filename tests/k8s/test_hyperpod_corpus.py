@@ -313,3 +313,25 @@ def test_files_we_cannot_serve_are_one_clear_line(tmp_path, name):
         load_endpoints(resolve_environment(ctx), tmp_path)
     assert info.value.field == f"{name}: {field}" and allowed in info.value.allowed
     assert "\n" not in str(info.value)
+
+
+def test_a_bad_value_through_the_app_is_one_line_without_the_secret(tmp_path):
+    """`cdk synth` with a file whose L2 URL carries a password: exit 2, one line, the password
+    in no output, nothing written."""
+    import os
+
+    raw = yaml.safe_load(filled(CORPUS / "hpcli-sample-llama31-8b-kv-cache-redis.yaml")[0])
+    raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheLocalUrl"] = \
+        "rediss://default:hunter2@redis.ns-team-a.svc.cluster.local:6379"
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(raw))
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"]["endpoints"] = [str(tmp_path / "e.yaml")]
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(ctx),
+           "CDK_OUTDIR": str(tmp_path / "out")}
+    proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl" in line and "Secrets Manager" in line
+    assert "hunter2" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "out").exists()

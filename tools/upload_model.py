@@ -1,7 +1,7 @@
 """Copy a local model directory to the environment's model bucket, under an endpoint's
 `modelLocation`, where the workers' init container (`aws s3 sync`) fetches it.
 
-    python -m tools upload-model --env dev --endpoint llama-3-1-8b-instruct ./Llama-3.1-8B-Instruct
+    python -m tools upload-model --env dev --endpoint llama-8b-intel-routing ./Llama-3.1-8B-Instruct
 
 - Multipart and parallel (s3transfer's TransferManager, one pool for every file).
 - Every object carries an S3 SHA-256 checksum that S3 itself verified on arrival: full-object

@@ -42,6 +42,7 @@ CHART_KEY = "kube-prometheus-stack"
 RELEASE = "kvcache"     # fullnameOverride: Services kvcache-prometheus, kvcache-grafana...
 PROMETHEUS_SERVICE_ACCOUNT = f"{RELEASE}-prometheus"
 GRAFANA_SERVICE_ACCOUNT = f"{RELEASE}-grafana"
+ALERTMANAGER_SERVICE_ACCOUNT = f"{RELEASE}-alertmanager"   # publishes to SNS (Pod Identity)
 PROMETHEUS_PORT = 9090
 GRAFANA_ADMIN_USER = "admin"
 GRAFANA_ADMIN_DIR = "/etc/grafana-admin"
@@ -177,6 +178,7 @@ class MonitoringValuesProps:
     scrape_configs: list[dict]
     remote_write: RemoteWrite | None = None     # set: agent mode (global)
     grafana: GrafanaProps | None = None         # set: server + Grafana (China)
+    alertmanager_config: Mapping[str, Any] | None = None   # observability/alerting.py (server)
     storage_class: str = STORAGE_CLASS
     prometheus_storage: str = "50Gi"
     retention: str = "15d"
@@ -186,6 +188,8 @@ class MonitoringValuesProps:
     def __post_init__(self) -> None:
         if (self.remote_write is None) == (self.grafana is None):
             raise ValueError("exactly one of remote_write (agent mode) and grafana (server)")
+        if (self.alertmanager_config is None) != (self.grafana is None):
+            raise ValueError("an in-cluster Alertmanager needs its routing config, and only it")
 
 
 def _pvc(storage_class: str, size: str) -> dict:
@@ -316,10 +320,15 @@ def kube_prometheus_stack_values(p: MonitoringValuesProps) -> dict:
             "defaultRules": {"create": True, "rules": {
                 "etcd": False, "kubeControllerManager": False, "kubeSchedulerAlerting": False,
                 "kubeSchedulerRecording": False, "kubeProxy": False, "windows": False}},
-            "alertmanager": {"alertmanagerSpec": {
-                "image": _image_sha_hex(p.images, "alertmanager"), "nodeSelector": _SYSTEM,
-                "storage": _pvc(p.storage_class, p.alertmanager_storage),
-                "resources": _resources("20m", "64Mi", "256Mi")}},
+            "alertmanager": {
+                # Replaces the chart's route/receivers/inhibit_rules (Helm merges maps: the
+                # chart's `global` and `templates` stay).
+                "config": dict(p.alertmanager_config),
+                "serviceAccount": {"create": True, "name": ALERTMANAGER_SERVICE_ACCOUNT},
+                "alertmanagerSpec": {
+                    "image": _image_sha_hex(p.images, "alertmanager"), "nodeSelector": _SYSTEM,
+                    "storage": _pvc(p.storage_class, p.alertmanager_storage),
+                    "resources": _resources("20m", "64Mi", "256Mi")}},
             "grafana": _grafana_values(p, p.grafana),
         })
     return values

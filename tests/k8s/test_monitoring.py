@@ -22,6 +22,7 @@ from k8s.monitoring import (
     kube_prometheus_stack_values, scrape_configs, scraped_endpoints,
 )
 from k8s.serving import load_endpoints
+from observability.alerting import alertmanager_config
 from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
 from observability.rules import rule_file
 from tests.conftest import ROOT, normalise
@@ -45,7 +46,10 @@ def rendered(synths):
                     "remote_write", cfg.region)) if cfg.observability == "managed" else
                 dict(grafana=GrafanaProps(
                     f"arn:{cfg.facts.partition}:secretsmanager:{cfg.region}:{cfg.account}:"
-                    "secret:grafana-admin", cfg.region, images.uri("aws-cli"))))
+                    "secret:grafana-admin", cfg.region, images.uri("aws-cli")),
+                    alertmanager_config=alertmanager_config(
+                        topic_arn=f"arn:{cfg.facts.partition}:sns:{cfg.region}:{cfg.account}:"
+                        "alerts", region=cfg.region, in_cluster=True)))
         values = kube_prometheus_stack_values(MonitoringValuesProps(
             images=images, scrape_configs=jobs, **mode))
         out[name] = (cfg, [d for c in charts.all() for d in c.to_json()], jobs, values)

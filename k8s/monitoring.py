@@ -36,6 +36,7 @@ from observability.dashboards import build_dashboards, dumps
 from observability.metrics import (
     COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB,
 )
+from observability.alerting import alertmanager_config
 from observability.rules import rule_file
 
 CHART_KEY = "kube-prometheus-stack"
@@ -509,3 +510,30 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
         for chart in (rules, dashboards):
             chart.add_dependency(base)
     return MonitoringCharts(base, dcgm, rules, dashboards)
+
+
+# Values AWS assigns at deploy time, in the GitOps copy (dist/<env>/helm/): the stacks' outputs.
+PLACEHOLDERS = {
+    "remote_write": "${AMP_REMOTE_WRITE_URL}",        # <workspace endpoint>api/v1/remote_write
+    "grafana_admin_secret": "${GRAFANA_ADMIN_SECRET_ARN}",   # output GrafanaAdminSecretArn
+    "alert_topic": "${ALERT_TOPIC_ARN}",              # output AlertTopicArn
+}
+
+
+def placeholder_values(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> dict:
+    """The kube-prometheus-stack values the Monitoring stack installs, with ${...} where the
+    stack passes a deploy-time value (same function, so the two cannot drift)."""
+    images = cfg.images
+    if cfg.observability == "managed":
+        mode: dict[str, Any] = dict(remote_write=RemoteWrite(PLACEHOLDERS["remote_write"],
+                                                             cfg.region))
+    else:
+        mode = dict(
+            grafana=GrafanaProps(PLACEHOLDERS["grafana_admin_secret"], cfg.region,
+                                 images.uri("aws-cli")),
+            alertmanager_config=alertmanager_config(
+                topic_arn=PLACEHOLDERS["alert_topic"], region=cfg.region, in_cluster=True))
+    return kube_prometheus_stack_values(MonitoringValuesProps(
+        images=images, scrape_configs=scrape_configs(endpoints=scraped_endpoints(specs)),
+        **mode))
+

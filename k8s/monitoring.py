@@ -12,7 +12,8 @@
   the PrometheusRule and the dashboard ConfigMaps the Grafana sidecar loads (China).
 
 The kube-state-metrics and node-exporter that come with the chart cover node/cluster basics and
-the readiness of a self-hosted cache (no exporter image for Valkey is pinned yet).
+the readiness of a self-hosted cache; Valkey's own metrics come from its redis_exporter sidecar
+(port REDIS_EXPORTER_PORT, job `kvcache-valkey`).
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from k8s.objects import hardened, k8s_object, selector_labels, standard_labels
 from k8s.router import COMPONENT as ROUTER_COMPONENT
 from k8s.workers import COMPONENT as WORKER_COMPONENT
 from observability.dashboards import build_dashboards, dumps
+from k8s.cache import VALKEY
 from observability.metrics import (
-    COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB,
+    COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
 )
 from observability.alerting import alertmanager_config
 from observability.rules import rule_file
@@ -99,6 +101,18 @@ def scrape_configs(*, endpoints: tuple[str, ...], serving_namespace: str = SERVI
         for job in jobs:
             job["relabel_configs"].insert(0, {"source_labels": [svc_instance],
                                               "regex": "^$", "action": "keep"})
+    # The self-hosted Valkey (shared by every endpoint: no endpoint label), through the
+    # redis_exporter sidecar's `metrics` port. Matches nothing where there is no such cache.
+    jobs.append({
+        "job_name": VALKEY_JOB, "scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": "10s",
+        "kubernetes_sd_configs": [{"role": "endpointslice",
+                                   "namespaces": {"names": [serving_namespace]}}],
+        "relabel_configs": [
+            {"source_labels": [svc_name, "__meta_kubernetes_endpointslice_port_name"],
+             "regex": f"{VALKEY};metrics", "action": "keep"},
+            {"target_label": COMPONENT_LABEL, "replacement": VALKEY},
+            *common_targets],
+    })
     jobs.append({
         "job_name": DCGM_JOB, "scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": "10s",
         # The exporter labels each GPU with the pod holding it: keep its pod/namespace labels.

@@ -64,8 +64,12 @@ INHIBITIONS = (
                why="L2 out of service explains slow and failing reads and the lost hit rate"),
     Inhibition("KvcacheSharedCacheDown",
                ("KvcacheL2Unhealthy", "KvcacheL2Slow", "KvcacheL2ReadsFailing",
-                "KvcacheHitRateCollapse"),
+                "KvcacheHitRateCollapse", "KvcacheValkeyExporterDown"),
                equal=(), why="the in-cluster cache serves every endpoint: one page for all"),
+    Inhibition("KvcacheValkeyExporterDown",
+               ("KvcacheValkeyOverMemoryLimit", "KvcacheValkeyEvicting",
+                "KvcacheValkeyRejectingConnections"), equal=("namespace", "pod"),
+               why="without the exporter the Valkey series are stale"),
 )
 
 

@@ -26,8 +26,8 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 
 deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed
 
-## Debian tools the suite runs (promtool, amtool, skopeo, docker-registry): installed with apt-get
-## when missing and root, otherwise stop with the command to run.
+## Debian tools the suite runs (promtool, amtool, skopeo, docker-registry, redis-server,
+## redis_exporter): installed with apt-get when missing and root, otherwise stop with the command.
 tools:
 	@scripts/debian-tools
 

@@ -4,8 +4,12 @@ the `kvcache-valkey` scrape job, with panels and alerts that fire (promtool)."""
 from __future__ import annotations
 
 import copy
+import re
 import shutil
+import socket
 import subprocess
+import time
+import urllib.request
 
 import cdk8s
 import kubernetes_validate
@@ -19,7 +23,7 @@ from k8s.cache import VALKEY
 from k8s.monitoring import scrape_configs
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from observability.dashboards import build_dashboards, panel_queries
-from observability.metrics import VALKEY_JOB, metric_of
+from observability.metrics import CATALOGUE, VALKEY_JOB, metric_of
 from observability.promql import metric_names
 from observability.rules import VALKEY_OVER_MAXMEMORY, alert_groups, render
 from tests.conftest import ROOT, context_for
@@ -144,3 +148,51 @@ def test_valkey_alerts_fire_on_the_failures_and_not_when_healthy(valkey, tmp_pat
     proc = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.read().decode()
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, url
+            time.sleep(0.1)
+
+
+def test_a_real_redis_exporter_exports_every_metric_we_query(tmp_path):
+    """Debian's redis-server and prometheus-redis-exporter (older than the pinned v1.89.0, same
+    metric maps) on 127.0.0.1: every catalogue metric of the redis-exporter source appears."""
+    server, exporter = shutil.which("redis-server"), shutil.which("prometheus-redis-exporter")
+    assert server and exporter, "`make tools` installs redis-server and prometheus-redis-exporter"
+    cache_port, metrics_port = _free_port(), _free_port()
+    procs = [subprocess.Popen(
+        [server, "--port", str(cache_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru",
+         "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen(
+            [exporter, f"--redis.addr=redis://127.0.0.1:{cache_port}",
+             f"--web.listen-address=127.0.0.1:{metrics_port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        deadline = time.monotonic() + 20
+        while "redis_up 1" not in (text := _wait_http(url, procs[1])):
+            assert time.monotonic() < deadline, text[-2000:]
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                if line and not line.startswith("#")}
+    ours = {s for m in CATALOGUE.values() if m.source == "redis-exporter" for s in m.series}
+    assert len(ours) >= 10 and ours <= exported, sorted(ours - exported)
+    assert re.search(r"^redis_memory_max_bytes 6\.7108864e\+07$", text, re.M)

@@ -38,17 +38,21 @@ class EnvironmentStacks:
 
 def build(app: cdk.App, cfg: EnvironmentConfig,
           endpoints: tuple[EndpointSpec, ...]) -> EnvironmentStacks:
-    env = cdk.Environment(account=cfg.account, region=cfg.region)
+    # Stack tags too (`@aws-cdk/core:explicitStackTags`): CloudFormation propagates them to what
+    # the Tags aspect below cannot reach.
+    stack_tags = {"kvcache:environment": cfg.name, **cfg.tags}
+    common = {"env": cdk.Environment(account=cfg.account, region=cfg.region),
+              "tags": stack_tags}
     p = cfg.stack_prefix
-    network = NetworkStack(app, f"{p}-Network", cfg=cfg, env=env)
-    storage = StorageStack(app, f"{p}-Storage", cfg=cfg, env=env)
-    observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, env=env)
+    network = NetworkStack(app, f"{p}-Network", cfg=cfg, **common)
+    storage = StorageStack(app, f"{p}-Storage", cfg=cfg, **common)
+    observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, **common)
                      if cfg.observability == "managed" else None)
     cluster = ClusterStack(
-        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, env=env,
+        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, **common,
         amp_workspace_arn=observability.managed.workspace.attr_arn if observability else None)
     cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=network.vpc,
-                        client_security_group=cluster.cluster.cluster_security_group, env=env)
+                        client_security_group=cluster.cluster.cluster_security_group, **common)
              if cfg.cache.kind == "elasticache" else None)
     l2 = cache.cache if cache else None
     serving = ServingStack(
@@ -59,16 +63,15 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         router_base_image=cfg.images.uri("python"),
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        env=env)
+        **common)
     monitoring = MonitoringStack(
         app, f"{p}-Monitoring", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
         amp_workspace=observability.managed.workspace if observability else None,
-        grafana_workspace=observability.managed.grafana if observability else None, env=env)
+        grafana_workspace=observability.managed.grafana if observability else None, **common)
     stacks = EnvironmentStacks(network, storage, cluster, cache, observability, serving,
                                monitoring=monitoring)
 
-    cdk.Tags.of(app).add("kvcache:environment", cfg.name)
-    for key, value in sorted(cfg.tags.items()):
+    for key, value in stack_tags.items():
         cdk.Tags.of(app).add(key, value)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     for image in unpinned_images():

@@ -4,7 +4,9 @@
 
 Reviewed against the stateful resources (model bucket, ECR repositories, ElastiCache, KMS keys,
 AMP workspace, secrets): none of the 81 flags added in issue 12 changes one of them; the
-template diff was the Cluster stack only (see DEVIATIONS and docs/observability.md)."""
+template diff was the Cluster stack only (native OIDC provider, the kubectl handlers'
+CDK-managed log groups), and `explicitStackTags` made the stacks' tags explicit (README:
+upgrading a deployed environment)."""
 from __future__ import annotations
 
 import json
@@ -50,3 +52,16 @@ def test_eks_uses_the_native_oidc_provider_not_the_deprecated_custom_resource(sy
         types = [r["Type"] for r in s.template("Cluster")["Resources"].values()]
         assert types.count("AWS::IAM::OIDCProvider") == 1
         assert "Custom::AWSCDKOpenIdConnectProvider" not in types
+
+
+def test_stacks_keep_their_tags_under_explicit_stack_tags(synths):
+    """`explicitStackTags`: tags on the app no longer reach the CloudFormation stacks, so the
+    stacks get them explicitly (CloudFormation propagates stack tags to their resources)."""
+    for s in synths.values():
+        manifest = json.loads((s.outdir / "manifest.json").read_text())
+        stacks = {k: a for k, a in manifest["artifacts"].items()
+                  if a["type"] == "aws:cloudformation:stack"}
+        assert len(stacks) == len(s.templates)
+        expected = {"kvcache:environment": s.cfg.name, **s.cfg.tags}
+        for name, artifact in stacks.items():
+            assert artifact["properties"]["tags"] == expected, name

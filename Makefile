@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 ENV ?=
 
-.PHONY: deps synth test bench clean
+.PHONY: deps tools synth test bench clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -26,12 +26,17 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 
 deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed
 
+## Debian tools the suite runs (promtool, amtool, skopeo, docker-registry, redis-server,
+## redis_exporter): installed with apt-get when missing and root, otherwise stop with the command.
+tools:
+	@scripts/debian-tools
+
 ## Synthesize an environment into cdk.out/ (default: the `defaultEnvironment` in cdk.json).
 synth: deps
 	cdk synth -q $(if $(ENV),-c env=$(ENV)) $(if $(CHINA),-c china=$(CHINA))
 
 ## The whole test suite: config, stacks, charts, loopback router tests, tools.
-test: deps
+test: tools deps
 	$(PY) -m pytest
 
 ## Timings of full synths and of the test suite (figures, not assertions).

@@ -1,6 +1,6 @@
 """Typed, validated configuration built once from CDK context (see `app.py`)."""
 from .environment import (  # noqa: F401
-    CacheConfig, EndpointAccessConfig, EnvironmentConfig, NodeGroupConfig, parse_environment,
+    AlertSubscription, CacheConfig, EndpointAccessConfig, EnvironmentConfig, NodeGroupConfig, parse_environment,
     resolve_environment,
 )
 from .errors import ConfigError  # noqa: F401

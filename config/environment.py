@@ -26,6 +26,8 @@ CACHE_ENGINES = ("valkey", "redis")
 OBSERVABILITY_KINDS = ("managed", "self-hosted")
 BUCKET_ENCRYPTION = ("kms", "s3-managed")
 REMOVAL = ("retain", "destroy")
+ALERT_SEVERITIES = ("critical", "warning")   # the `severity` label every shipped alert carries
+ALERT_PROTOCOLS = ("email", "https")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
                       2192, 2557, 2922, 3288, 3653)
 
@@ -62,6 +64,15 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class AlertSubscription:
+    """One subscriber of the alert topic; it receives only the listed severities."""
+
+    protocol: str                              # ALERT_PROTOCOLS
+    endpoint: str                              # an e-mail address or an https:// URL
+    severities: tuple[str, ...] = ALERT_SEVERITIES
+
+
+@dataclass(frozen=True)
 class EndpointAccessConfig:
     public: bool
     public_cidrs: tuple[str, ...] = ()
@@ -93,6 +104,7 @@ class EnvironmentConfig:
     instance_type_map: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
+    alert_subscriptions: tuple[AlertSubscription, ...] = ()
 
     @property
     def images(self) -> ImageResolver:
@@ -236,6 +248,36 @@ def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
     return cfg
 
 
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+_HTTPS = re.compile(r"https://[A-Za-z0-9.-]+(:\d{1,5})?(/\S*)?")
+
+
+def _alert_subscriptions(r: _Reader) -> tuple[AlertSubscription, ...]:
+    """`alerts.subscriptions`: who the alert topic (SNS) delivers to, by severity."""
+    raw = r.get("subscriptions", list, [], allowed="a list of {protocol, endpoint, severities}")
+    subs = []
+    for i, item in enumerate(raw):
+        s = _Reader(r.env, item, f"{r.path}.subscriptions[{i}]")
+        protocol = s.choice("protocol", ALERT_PROTOCOLS)
+        endpoint = s.get("endpoint", str, allowed="an e-mail address or an https:// URL")
+        if protocol == "email" and not _EMAIL.fullmatch(endpoint):
+            raise s.fail("endpoint", endpoint, "an e-mail address (protocol email)")
+        if protocol == "https" and not _HTTPS.fullmatch(endpoint):
+            raise s.fail("endpoint", endpoint, "an https:// URL (protocol https)")
+        severities = s.strings("severities", ALERT_SEVERITIES, min_len=1,
+                               allowed="a non-empty list of " + ", ".join(ALERT_SEVERITIES))
+        bad = [v for v in severities if v not in ALERT_SEVERITIES]
+        if bad:
+            raise s.fail("severities", bad[0], ALERT_SEVERITIES)
+        s.done()
+        subs.append(AlertSubscription(protocol, endpoint, tuple(dict.fromkeys(severities))))
+    keys = [(a.protocol, a.endpoint) for a in subs]
+    if len(set(keys)) != len(keys):
+        raise r.fail("subscriptions", [k[1] for k in keys], "each endpoint once")
+    r.done()
+    return tuple(subs)
+
+
 def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     """Turn one environment's context object into an `EnvironmentConfig`, or raise ConfigError."""
     r = _Reader(name, raw, "")
@@ -328,6 +370,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
         instance_hourly_usd=dict(prices), tags=dict(tags), instance_type_map=dict(type_map),
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
+        alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
     )
     r.done()
     return cfg

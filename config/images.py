@@ -46,6 +46,11 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
     Image("valkey", "docker.io/valkey/valkey", "9.0.2-alpine",
           "sha256:68677f85c863830af7836ff07c4a13b7f085ebeff62f4dedb71499ca27d229f2",
           "self-hosted L2 cache"),
+    # v1.89.0's digest as two independent public records pin it (a compose file pulling by
+    # digest, an ops log of the running image); `mirror --resolve` prints it to re-check.
+    Image("redis-exporter", "docker.io/oliver006/redis_exporter", "v1.89.0",
+          "sha256:fed773ffd2bb2eac706e0ed9cc2fff41651193ee4977e2a4f6919658ad2313f4",
+          "Valkey metrics: sidecar in the self-hosted L2 cache pod"),
     Image("aws-cli", "docker.io/amazon/aws-cli", "2.37.5",
           "sha256:fb7ccfc7b4e3a05017e6c9ded4ba959b99af622130e211fb976c68c2f4d3f224",
           "init containers: stage weights from S3, fetch the cache secret"),

@@ -21,12 +21,15 @@ from constructs import Construct
 
 from config.contracts import MONITORING_NAMESPACE
 from config.images import CHARTS, ImageResolver
+from constructs.alert_topic import AlertTopic
 from constructs.nag import acknowledge
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from k8s.monitoring import (
-    CHART_KEY, GRAFANA_SERVICE_ACCOUNT, PROMETHEUS_SERVICE_ACCOUNT, RELEASE, GrafanaProps,
-    MonitoringCharts, MonitoringValuesProps, RemoteWrite, kube_prometheus_stack_values,
+    ALERTMANAGER_SERVICE_ACCOUNT, CHART_KEY, GRAFANA_SERVICE_ACCOUNT, PROMETHEUS_SERVICE_ACCOUNT,
+    RELEASE, GrafanaProps, MonitoringCharts, MonitoringValuesProps, RemoteWrite,
+    kube_prometheus_stack_values,
 )
+from observability.alerting import alertmanager_config
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ClusterMonitoringProps:
     scrape_configs: list[dict]
     removal_policy: RemovalPolicy
     amp_workspace: aps.CfnWorkspace | None = None   # set: agent mode remote-writing here
+    alert_topic: AlertTopic | None = None   # in cluster: the Alertmanager publishes here
     namespace: str = MONITORING_NAMESPACE
 
 
@@ -75,9 +79,19 @@ class ClusterMonitoring(Construct):
                 service_account=GRAFANA_SERVICE_ACCOUNT))
             self.admin_secret.grant_read(grafana.role)
             identities.append(grafana)
+            if p.alert_topic is None:
+                raise ValueError("an in-cluster Alertmanager needs an alert topic")
+            alertmanager = PodIdentityRole(
+                self, "AlertmanagerIdentity", props=PodIdentityRoleProps(
+                    cluster=p.cluster, namespace=p.namespace,
+                    service_account=ALERTMANAGER_SERVICE_ACCOUNT))
+            p.alert_topic.grant_publish(alertmanager.role)
+            identities.append(alertmanager)
             mode = dict(grafana=GrafanaProps(
                 admin_secret_arn=self.admin_secret.secret_arn, region=p.region,
-                fetch_image=p.images.uri("aws-cli")))
+                fetch_image=p.images.uri("aws-cli")),
+                alertmanager_config=alertmanager_config(
+                    topic_arn=p.alert_topic.topic.topic_arn, region=p.region, in_cluster=True))
 
         chart = CHARTS[CHART_KEY]
         repository, name = p.images.chart_source(CHART_KEY)

@@ -13,12 +13,14 @@ from constructs.nag import acknowledge, wildcard
 class ManagedObservabilityProps:
     removal_policy: RemovalPolicy
     alert_rules: str | None = None   # a Prometheus rule file (YAML) AMP evaluates
+    alert_manager_definition: str | None = None   # AMP's alert manager (routes to SNS)
 
 
 class ManagedObservability(Construct):
     def __init__(self, scope: Construct, id: str, *, props: ManagedObservabilityProps) -> None:
         super().__init__(scope, id)
-        self.workspace = aps.CfnWorkspace(self, "Prometheus")
+        self.workspace = aps.CfnWorkspace(
+            self, "Prometheus", alert_manager_definition=props.alert_manager_definition)
         self.workspace.apply_removal_policy(props.removal_policy)
         self.rules = (aps.CfnRuleGroupsNamespace(
             self, "AlertRules", workspace=self.workspace.attr_arn, name="kvcache",

@@ -12,7 +12,8 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    CACHE_PORT, LABEL_NAME, LMCACHE_SERVER_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+    CACHE_PORT, LABEL_NAME, LMCACHE_SERVER_PORT, MONITORING_NAMESPACE, NODE_ROLE_LABEL,
+    NODE_ROLE_SYSTEM, REDIS_EXPORTER_PORT,
 )
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels
 from k8s.workers import COMPONENT as WORKER_COMPONENT
@@ -28,6 +29,7 @@ class CacheProps:
     image: str
     memory: str = "24Gi"
     cpu: str = "4"
+    exporter_image: str | None = None   # redis_exporter sidecar (Valkey only)
 
     @property
     def url(self) -> str:
@@ -67,6 +69,19 @@ class SharedCacheChart(Chart):
                           "limits": {"memory": p.memory}},
             "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
         })
+        containers = [container]
+        ports = [{"name": "cache", "port": port, "targetPort": "cache"}]
+        ingress = [{"from": [{"podSelector": {"matchLabels": {LABEL_NAME: WORKER_COMPONENT}}}],
+                    "ports": [{"protocol": "TCP", "port": port}]}]
+        if p.exporter_image:
+            if p.kind != VALKEY:
+                raise ValueError("the redis_exporter sidecar reads Valkey only")
+            containers.append(_exporter(p.exporter_image, port))
+            ports.append({"name": "metrics", "port": REDIS_EXPORTER_PORT,
+                          "targetPort": "metrics"})
+            ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": MONITORING_NAMESPACE}}}],
+                "ports": [{"protocol": "TCP", "port": REDIS_EXPORTER_PORT}]})
         k8s_object(self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "replicas": 1, "serviceName": name,
@@ -74,16 +89,29 @@ class SharedCacheChart(Chart):
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "automountServiceAccountToken": False,
                            "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
-                           "containers": [container]}}}})
+                           "containers": containers}}}})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
-                       "selector": sel,
-                       "ports": [{"name": "cache", "port": port, "targetPort": "cache"}]}})
+                       "selector": sel, "ports": ports}})
         k8s_object(self, "NetworkPolicy", api_version="networking.k8s.io/v1",
                    kind="NetworkPolicy", name=name, namespace=p.namespace, labels=labels,
                    body={"spec": {
                        "podSelector": {"matchLabels": sel}, "policyTypes": ["Ingress"],
-                       "ingress": [{"from": [{"podSelector": {"matchLabels": {
-                           LABEL_NAME: WORKER_COMPONENT}}}],
-                           "ports": [{"protocol": "TCP", "port": port}]}]}})
+                       "ingress": ingress}})
+
+
+def _exporter(image: str, cache_port: int) -> dict:
+    """redis_exporter in the Valkey pod: reads INFO over loopback, serves /metrics on
+    REDIS_EXPORTER_PORT (scraped by the `kvcache-valkey` job). The image runs as 59000."""
+    probe = {"httpGet": {"path": "/health", "port": "metrics"}, "periodSeconds": 10}
+    return {
+        "name": "redis-exporter", "image": image, "imagePullPolicy": "IfNotPresent",
+        "args": [f"--redis.addr=redis://127.0.0.1:{cache_port}",
+                 f"--web.listen-address=:{REDIS_EXPORTER_PORT}"],
+        "ports": [{"name": "metrics", "containerPort": REDIS_EXPORTER_PORT}],
+        "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
+                      "limits": {"memory": "128Mi"}},
+        "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
+        "securityContext": hardened(read_only_root=True, run_as_user=59000),
+    }

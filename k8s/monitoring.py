@@ -12,7 +12,8 @@
   the PrometheusRule and the dashboard ConfigMaps the Grafana sidecar loads (China).
 
 The kube-state-metrics and node-exporter that come with the chart cover node/cluster basics and
-the readiness of a self-hosted cache (no exporter image for Valkey is pinned yet).
+the readiness of a self-hosted cache; Valkey's own metrics come from its redis_exporter sidecar
+(port REDIS_EXPORTER_PORT, job `kvcache-valkey`).
 """
 from __future__ import annotations
 
@@ -33,15 +34,18 @@ from k8s.objects import hardened, k8s_object, selector_labels, standard_labels
 from k8s.router import COMPONENT as ROUTER_COMPONENT
 from k8s.workers import COMPONENT as WORKER_COMPONENT
 from observability.dashboards import build_dashboards, dumps
+from k8s.cache import VALKEY
 from observability.metrics import (
-    COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB,
+    COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
 )
+from observability.alerting import alertmanager_config
 from observability.rules import rule_file
 
 CHART_KEY = "kube-prometheus-stack"
 RELEASE = "kvcache"     # fullnameOverride: Services kvcache-prometheus, kvcache-grafana...
 PROMETHEUS_SERVICE_ACCOUNT = f"{RELEASE}-prometheus"
 GRAFANA_SERVICE_ACCOUNT = f"{RELEASE}-grafana"
+ALERTMANAGER_SERVICE_ACCOUNT = f"{RELEASE}-alertmanager"   # publishes to SNS (Pod Identity)
 PROMETHEUS_PORT = 9090
 GRAFANA_ADMIN_USER = "admin"
 GRAFANA_ADMIN_DIR = "/etc/grafana-admin"
@@ -97,6 +101,18 @@ def scrape_configs(*, endpoints: tuple[str, ...], serving_namespace: str = SERVI
         for job in jobs:
             job["relabel_configs"].insert(0, {"source_labels": [svc_instance],
                                               "regex": "^$", "action": "keep"})
+    # The self-hosted Valkey (shared by every endpoint: no endpoint label), through the
+    # redis_exporter sidecar's `metrics` port. Matches nothing where there is no such cache.
+    jobs.append({
+        "job_name": VALKEY_JOB, "scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": "10s",
+        "kubernetes_sd_configs": [{"role": "endpointslice",
+                                   "namespaces": {"names": [serving_namespace]}}],
+        "relabel_configs": [
+            {"source_labels": [svc_name, "__meta_kubernetes_endpointslice_port_name"],
+             "regex": f"{VALKEY};metrics", "action": "keep"},
+            {"target_label": COMPONENT_LABEL, "replacement": VALKEY},
+            *common_targets],
+    })
     jobs.append({
         "job_name": DCGM_JOB, "scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": "10s",
         # The exporter labels each GPU with the pod holding it: keep its pod/namespace labels.
@@ -177,6 +193,7 @@ class MonitoringValuesProps:
     scrape_configs: list[dict]
     remote_write: RemoteWrite | None = None     # set: agent mode (global)
     grafana: GrafanaProps | None = None         # set: server + Grafana (China)
+    alertmanager_config: Mapping[str, Any] | None = None   # observability/alerting.py (server)
     storage_class: str = STORAGE_CLASS
     prometheus_storage: str = "50Gi"
     retention: str = "15d"
@@ -186,6 +203,8 @@ class MonitoringValuesProps:
     def __post_init__(self) -> None:
         if (self.remote_write is None) == (self.grafana is None):
             raise ValueError("exactly one of remote_write (agent mode) and grafana (server)")
+        if (self.alertmanager_config is None) != (self.grafana is None):
+            raise ValueError("an in-cluster Alertmanager needs its routing config, and only it")
 
 
 def _pvc(storage_class: str, size: str) -> dict:
@@ -316,10 +335,15 @@ def kube_prometheus_stack_values(p: MonitoringValuesProps) -> dict:
             "defaultRules": {"create": True, "rules": {
                 "etcd": False, "kubeControllerManager": False, "kubeSchedulerAlerting": False,
                 "kubeSchedulerRecording": False, "kubeProxy": False, "windows": False}},
-            "alertmanager": {"alertmanagerSpec": {
-                "image": _image_sha_hex(p.images, "alertmanager"), "nodeSelector": _SYSTEM,
-                "storage": _pvc(p.storage_class, p.alertmanager_storage),
-                "resources": _resources("20m", "64Mi", "256Mi")}},
+            "alertmanager": {
+                # Replaces the chart's route/receivers/inhibit_rules (Helm merges maps: the
+                # chart's `global` and `templates` stay).
+                "config": dict(p.alertmanager_config),
+                "serviceAccount": {"create": True, "name": ALERTMANAGER_SERVICE_ACCOUNT},
+                "alertmanagerSpec": {
+                    "image": _image_sha_hex(p.images, "alertmanager"), "nodeSelector": _SYSTEM,
+                    "storage": _pvc(p.storage_class, p.alertmanager_storage),
+                    "resources": _resources("20m", "64Mi", "256Mi")}},
             "grafana": _grafana_values(p, p.grafana),
         })
     return values
@@ -500,3 +524,30 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
         for chart in (rules, dashboards):
             chart.add_dependency(base)
     return MonitoringCharts(base, dcgm, rules, dashboards)
+
+
+# Values AWS assigns at deploy time, in the GitOps copy (dist/<env>/helm/): the stacks' outputs.
+PLACEHOLDERS = {
+    "remote_write": "${AMP_REMOTE_WRITE_URL}",        # <workspace endpoint>api/v1/remote_write
+    "grafana_admin_secret": "${GRAFANA_ADMIN_SECRET_ARN}",   # output GrafanaAdminSecretArn
+    "alert_topic": "${ALERT_TOPIC_ARN}",              # output AlertTopicArn
+}
+
+
+def placeholder_values(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> dict:
+    """The kube-prometheus-stack values the Monitoring stack installs, with ${...} where the
+    stack passes a deploy-time value (same function, so the two cannot drift)."""
+    images = cfg.images
+    if cfg.observability == "managed":
+        mode: dict[str, Any] = dict(remote_write=RemoteWrite(PLACEHOLDERS["remote_write"],
+                                                             cfg.region))
+    else:
+        mode = dict(
+            grafana=GrafanaProps(PLACEHOLDERS["grafana_admin_secret"], cfg.region,
+                                 images.uri("aws-cli")),
+            alertmanager_config=alertmanager_config(
+                topic_arn=PLACEHOLDERS["alert_topic"], region=cfg.region, in_cluster=True))
+    return kube_prometheus_stack_values(MonitoringValuesProps(
+        images=images, scrape_configs=scrape_configs(endpoints=scraped_endpoints(specs)),
+        **mode))
+

@@ -145,7 +145,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     shared: dict[str, CacheProps] = {}
     for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
         props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
-                           image=images.uri(VALKEY if kind == VALKEY else "vllm-lmcache"))
+                           image=images.uri(VALKEY if kind == VALKEY else "vllm-lmcache"),
+                           exporter_image=images.uri("redis-exporter") if kind == VALKEY else None)
         shared[kind] = props
         chart = SharedCacheChart(app, f"cache-{kind}", props=props)
         chart.add_dependency(ns)

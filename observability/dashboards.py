@@ -23,7 +23,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from config import EnvironmentConfig
 from config.instances import gpu_shape
 from k8s.endpoint_spec import EndpointSpec
-from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
+from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB
 from observability.rules import ttft_objective
 
 SERVING_UID = "kvcache-serving"
@@ -34,6 +34,7 @@ _EP = ENDPOINT_LABEL
 W = f'job="{WORKERS_JOB}",{_EP}=~"$endpoint"'
 R = f'job="{ROUTERS_JOB}",{_EP}=~"$endpoint"'
 G = f'job="{DCGM_JOB}",{_EP}=~"$endpoint"'
+V = f'job="{VALKEY_JOB}"'    # the shared self-hosted cache: no endpoint label
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -240,6 +241,8 @@ def serving_dashboard(cfg: EnvironmentConfig,
     ]
     rows = [("Latency", latency), ("Throughput and queue", throughput), ("KV cache", kv),
             ("Routing", routing), ("GPUs", gpu), ("Cost", cost)]
+    if cfg.cache.kind == "self-hosted":
+        rows.insert(3, ("L2 cache (self-hosted Valkey)", valkey_panels()))
 
     builder = (db.Dashboard(f"kvcache: KV cache and routing ({cfg.name})").uid(SERVING_UID)
                .tags(["kvcache", cfg.name]).refresh("30s").time("now-3h", "now")
@@ -262,6 +265,38 @@ def serving_dashboard(cfg: EnvironmentConfig,
             builder = builder.with_panel(panel.id(panel_id))
             panel_id += 1
     return builder.build()
+
+
+def valkey_panels() -> list[timeseries.Panel]:
+    """The in-cluster Valkey, from its redis_exporter sidecar (job kvcache-valkey)."""
+    pod = "{{pod}}"
+    by = "pod"
+    return [
+        _ts("Valkey memory used and maxmemory", "bytes", [
+            (f"max by (pod) (redis_memory_used_bytes{{{V}}})", f"{pod} used"),
+            (f"max by (pod) (redis_memory_max_bytes{{{V}}})", f"{pod} maxmemory")],
+            "An LRU cache sits at maxmemory; above it for long, eviction is not keeping up "
+            "(KvcacheValkeyOverMemoryLimit).", width=8),
+        _ts("Valkey keyspace hit rate", "percentunit", [
+            (f"{_rate('redis_keyspace_hits_total', V, by)} / "
+             f"({_rate('redis_keyspace_hits_total', V, by)} + "
+             f"{_rate('redis_keyspace_misses_total', V, by)})", pod)],
+            "Share of LMCache's L2 lookups that found their chunk in Valkey.", width=8,
+            lo=0, hi=1),
+        _ts("Valkey evictions and rejected connections", "ops", [
+            (_rate("redis_evicted_keys_total", V, by), f"{pod} evicted keys/s"),
+            (_rate("redis_rejected_connections_total", V, by), f"{pod} rejected/s")],
+            "Evictions with a low hit rate mean the cache is too small "
+            "(KvcacheValkeyEvicting); rejections mean maxclients is reached.", width=8),
+        _ts("Valkey network and commands", "Bps", [
+            (_rate("redis_net_input_bytes_total", V, by), f"{pod} in"),
+            (_rate("redis_net_output_bytes_total", V, by), f"{pod} out")],
+            "Bytes in (KV written by workers) and out (KV read back).", width=12),
+        _ts("Valkey clients and commands/s", "short", [
+            (f"max by (pod) (redis_connected_clients{{{V}}})", f"{pod} clients"),
+            (_rate("redis_commands_processed_total", V, by), f"{pod} commands/s")],
+            "Connected clients (LMCache connections from the workers) and load.", width=12),
+    ]
 
 
 def build_dashboards(cfg: EnvironmentConfig,

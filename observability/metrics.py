@@ -41,6 +41,7 @@ COMPONENT_LABEL = "kvcache_component"
 WORKERS_JOB = "kvcache-workers"
 ROUTERS_JOB = "kvcache-routers"
 DCGM_JOB = "kvcache-dcgm"
+VALKEY_JOB = "kvcache-valkey"     # redis_exporter beside the self-hosted Valkey
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Metric:
 
 _V, _R, _D = "vllm-lmcache", ROUTER_SOURCE, "dcgm-exporter"
 _KSM, _NODE = "kube-state-metrics", "node-exporter"
+_RX = "redis-exporter"
 
 CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     # vLLM 0.27.1 (labels: model_name, engine)
@@ -123,6 +125,19 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     Metric("DCGM_FI_DEV_GPU_TEMP", GAUGE, _D, "GPU temperature, C"),
     Metric("DCGM_FI_DEV_POWER_USAGE", GAUGE, _D, "power draw, W"),
     Metric("DCGM_FI_DEV_XID_ERRORS", GAUGE, _D, "last XID error"),
+    # redis_exporter v1.89.0 on the self-hosted Valkey (`exporter/exporter.go` metric maps,
+    # namespace `redis`; Valkey answers INFO with the same fields)
+    Metric("redis_up", GAUGE, _RX, "1 if the exporter could talk to Valkey"),
+    Metric("redis_memory_used_bytes", GAUGE, _RX, "used_memory"),
+    Metric("redis_memory_max_bytes", GAUGE, _RX, "maxmemory (0 = unlimited)"),
+    Metric("redis_evicted_keys_total", COUNTER, _RX, "keys evicted by maxmemory-policy"),
+    Metric("redis_keyspace_hits_total", COUNTER, _RX, "GETs that found a key"),
+    Metric("redis_keyspace_misses_total", COUNTER, _RX, "GETs that found nothing"),
+    Metric("redis_connected_clients", GAUGE, _RX, "client connections"),
+    Metric("redis_rejected_connections_total", COUNTER, _RX, "connections refused (maxclients)"),
+    Metric("redis_commands_processed_total", COUNTER, _RX, "commands processed"),
+    Metric("redis_net_input_bytes_total", COUNTER, _RX, "bytes received"),
+    Metric("redis_net_output_bytes_total", COUNTER, _RX, "bytes sent"),
     # kube-state-metrics, node-exporter, Prometheus
     Metric("kube_pod_status_ready", GAUGE, _KSM, "pod readiness by condition"),
     Metric("kube_pod_container_status_restarts_total", COUNTER, _KSM, "container restarts"),

@@ -12,7 +12,7 @@ import yaml
 
 from config import EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
-from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
+from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB
 
 # TTFT P90 objective. 2.5 s rather than 2 s: vLLM 0.27.1's TTFT histogram has buckets at 1.0 and
 # 2.5 s and none at 2, so at 2.5 the quantile is exact instead of a straight-line guess between
@@ -28,10 +28,15 @@ QUEUE_WAITING_THRESHOLD = 10      # waiting requests per endpoint before "queue 
 KV_CACHE_USAGE_PRESSURE = 0.95    # vllm:kv_cache_usage_perc (1 = full)
 GPU_FB_FREE_RATIO_MIN = 0.02      # framebuffer free / total on one GPU
 WORKER_STARTUP_BUDGET = "40m"     # workers may take 30 min to stage and load weights
+# Self-hosted Valkey (an LRU cache: full memory and some eviction are its steady state).
+VALKEY_OVER_MAXMEMORY = 1.05      # used / maxmemory: eviction is not keeping up
+VALKEY_HIT_RATIO_MIN = 0.2        # keyspace hits / lookups while evicting: cache too small
 
 _BY = f"sum by ({ENDPOINT_LABEL})"
 _W = f'job="{WORKERS_JOB}"'
 _R = f'job="{ROUTERS_JOB}"'
+_V = f'job="{VALKEY_JOB}"'
+_POD = "by (namespace, pod)"
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,33 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   'statefulset=~"kvcache-(valkey|lmcache-server)"} < 1',
                   "5m", "critical", "Self-hosted L2 cache {{ $labels.statefulset }} not ready",
                   "The in-cluster L2 cache has no ready replica: every L2 read misses."),
+        ),
+        "kvcache.valkey": (
+            Alert("KvcacheValkeyExporterDown",
+                  f"min {_POD} (up{{{_V}}}) == 0 or min {_POD} (redis_up{{{_V}}}) == 0",
+                  "5m", "warning", "No Valkey metrics from {{ $labels.pod }}",
+                  "The redis_exporter sidecar cannot be scraped or cannot reach Valkey over "
+                  "loopback: the Valkey panels and alerts are blind."),
+            Alert("KvcacheValkeyOverMemoryLimit",
+                  f"max {_POD} (redis_memory_used_bytes{{{_V}}}) / "
+                  f"max {_POD} (redis_memory_max_bytes{{{_V}}} > 0) > {VALKEY_OVER_MAXMEMORY:g}",
+                  "10m", "warning", "Valkey {{ $labels.pod }} above its maxmemory",
+                  "Used memory stays above maxmemory: eviction is not keeping up and the pod "
+                  "nears its memory limit (OOM kill empties the whole L2)."),
+            Alert("KvcacheValkeyEvicting",
+                  f"sum {_POD} (rate(redis_evicted_keys_total{{{_V}}}[15m])) > 0 and "
+                  f"sum {_POD} (rate(redis_keyspace_hits_total{{{_V}}}[15m])) / "
+                  f"(sum {_POD} (rate(redis_keyspace_hits_total{{{_V}}}[15m])) + "
+                  f"sum {_POD} (rate(redis_keyspace_misses_total{{{_V}}}[15m]))) "
+                  f"< {VALKEY_HIT_RATIO_MIN:g}",
+                  "30m", "warning", "Valkey {{ $labels.pod }} evicts what it is asked for",
+                  f"Keys are evicted while fewer than {VALKEY_HIT_RATIO_MIN:.0%} of lookups "
+                  "hit: the KV working set does not fit the cache."),
+            Alert("KvcacheValkeyRejectingConnections",
+                  f"sum {_POD} (rate(redis_rejected_connections_total{{{_V}}}[5m])) > 0",
+                  "5m", "warning", "Valkey {{ $labels.pod }} rejects connections",
+                  "Valkey refuses new clients (maxclients): those workers' L2 reads and "
+                  "writes fail."),
         ),
         "kvcache.availability": (
             Alert("KvcacheEndpointNoWorkers",

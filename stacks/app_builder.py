@@ -38,18 +38,22 @@ class EnvironmentStacks:
 
 def build(app: cdk.App, cfg: EnvironmentConfig,
           endpoints: tuple[EndpointSpec, ...]) -> EnvironmentStacks:
-    env = cdk.Environment(account=cfg.account, region=cfg.region)
+    # Stack tags too (`@aws-cdk/core:explicitStackTags`): CloudFormation propagates them to what
+    # the Tags aspect below cannot reach.
+    stack_tags = {"kvcache:environment": cfg.name, **cfg.tags}
+    common = {"env": cdk.Environment(account=cfg.account, region=cfg.region),
+              "tags": stack_tags}
     p = cfg.stack_prefix
-    network = NetworkStack(app, f"{p}-Network", cfg=cfg, env=env)
+    network = NetworkStack(app, f"{p}-Network", cfg=cfg, **common)
     storage = StorageStack(app, f"{p}-Storage", cfg=cfg,
-                           endpoint_images=tuple(s.image for s in endpoints), env=env)
-    observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, env=env)
+                           endpoint_images=tuple(s.image for s in endpoints), **common)
+    observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, **common)
                      if cfg.observability == "managed" else None)
     cluster = ClusterStack(
-        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, env=env,
+        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, **common,
         amp_workspace_arn=observability.managed.workspace.attr_arn if observability else None)
     cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=network.vpc,
-                        client_security_group=cluster.cluster.cluster_security_group, env=env)
+                        client_security_group=cluster.cluster.cluster_security_group, **common)
              if cfg.cache.kind == "elasticache" else None)
     l2 = cache.cache if cache else None
     serving = ServingStack(
@@ -60,16 +64,15 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         router_base_image=cfg.images.uri("python"),
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        env=env)
+        **common)
     monitoring = MonitoringStack(
         app, f"{p}-Monitoring", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
         amp_workspace=observability.managed.workspace if observability else None,
-        grafana_workspace=observability.managed.grafana if observability else None, env=env)
+        grafana_workspace=observability.managed.grafana if observability else None, **common)
     stacks = EnvironmentStacks(network, storage, cluster, cache, observability, serving,
                                monitoring=monitoring)
 
-    cdk.Tags.of(app).add("kvcache:environment", cfg.name)
-    for key, value in sorted(cfg.tags.items()):
+    for key, value in stack_tags.items():
         cdk.Tags.of(app).add(key, value)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     for image in unpinned_images():
@@ -85,19 +88,42 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
 
 def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
                     outdir: Path) -> list[Path]:
-    """Plain YAML per chart for review and GitOps, with ${...} where AWS assigns a value."""
+    """Plain YAML per chart for review and GitOps, with ${...} where AWS assigns a value.
+
+    Serving charts, then monitoring: numbered files are Kubernetes objects in apply order; the
+    kube-prometheus-stack release is `helm/kube-prometheus-stack.values.yaml` (a values file,
+    not an object, so a tool applying the folder skips it) and must be installed after the
+    monitoring base and before the rules and dashboards, whose CRDs and sidecar it brings."""
     import cdk8s
     import yaml
 
+    from config.contracts import MONITORING_NAMESPACE
+    from config.images import CHARTS
+    from k8s.monitoring import CHART_KEY, RELEASE, build_monitoring_charts, placeholder_values
     from k8s.serving import build_charts, placeholder_facts
 
     charts = build_charts(cdk8s.App(), cfg, endpoints, placeholder_facts(cfg, endpoints))
-    outdir.mkdir(parents=True, exist_ok=True)
-    for old in outdir.glob("*.yaml"):
+    monitoring = build_monitoring_charts(cdk8s.App(), cfg, endpoints)
+    before_chart = [monitoring.base, monitoring.dcgm]
+    after_chart = [c for c in (monitoring.rules, monitoring.dashboards) if c is not None]
+    helm_dir = outdir / "helm"
+    helm_dir.mkdir(parents=True, exist_ok=True)
+    for old in (*outdir.glob("*.yaml"), *helm_dir.glob("*.yaml")):
         old.unlink()
     written = []
-    for i, chart in enumerate(charts):
+    for i, chart in enumerate([*charts, *before_chart, *after_chart]):
         path = outdir / f"{i:02d}-{chart.node.id}.yaml"
         path.write_text(yaml.safe_dump_all(chart.to_json(), sort_keys=False))
         written.append(path)
+    repository, name = cfg.images.chart_source(CHART_KEY)
+    source = (repository if repository.startswith("oci://")   # the chart ref itself
+              else f"{name} --repo {repository}")
+    values = helm_dir / f"{CHART_KEY}.values.yaml"
+    values.write_text(
+        f"# helm upgrade --install {RELEASE} {source} --version {CHARTS[CHART_KEY].version} "
+        f"--namespace {MONITORING_NAMESPACE} -f {values.name}\n"
+        f"# Install after {written[len(charts) + 1].name}, before "
+        f"{', '.join(p.name for p in written[len(charts) + 2:]) or 'nothing else'}.\n"
+        + yaml.safe_dump(placeholder_values(cfg, endpoints), sort_keys=False, width=1000))
+    written.append(values)
     return written

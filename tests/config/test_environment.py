@@ -45,6 +45,13 @@ def test_shipped_environments_resolve():
         "aws-cn", True, "self-hosted")
 
 
+def test_alert_subscriptions_become_typed_config():
+    dev = resolve_environment(context_for())
+    assert [(a.protocol, a.severities) for a in dev.alert_subscriptions] == [
+        ("email", ("critical", "warning")), ("https", ("critical",))]
+    assert resolve_environment(context_for(env="china")).alert_subscriptions
+
+
 def test_china_flag_switches_dev_to_its_china_variant():
     cfg = resolve_environment(context_for(env="dev", china="true"))
     assert cfg.name == "dev-cn" and cfg.region == "cn-northwest-1"
@@ -86,6 +93,20 @@ def test_china_flag_switches_dev_to_its_china_variant():
     ("unknown region", _ctx("dev", region="mars-east-1"), "region", "mars-east-1", "region name"),
     ("bad cache kind", _ctx("dev", cache={"kind": "memcached"}), "cache.kind", "memcached",
      "elasticache, self-hosted, none"),
+    ("alert protocol", _ctx("dev", alerts={"subscriptions": [
+        {"protocol": "sms", "endpoint": "+8613800000000"}]}),
+     "alerts.subscriptions[0].protocol", "sms", "email, https"),
+    ("alert e-mail", _ctx("dev", alerts={"subscriptions": [
+        {"protocol": "email", "endpoint": "oncall.example.com"}]}),
+     "alerts.subscriptions[0].endpoint", "oncall.example.com", "an e-mail address"),
+    ("alert endpoint over http", _ctx("dev", alerts={"subscriptions": [
+        {"protocol": "https", "endpoint": "http://hooks.example.com/x"}]}),
+     "alerts.subscriptions[0].endpoint", "http://hooks.example.com/x", "an https:// URL"),
+    ("alert severity", _ctx("china", alerts={"subscriptions": [
+        {"protocol": "email", "endpoint": "a@example.cn", "severities": ["page"]}]}),
+     "alerts.subscriptions[0].severities", "page", "critical, warning"),
+    ("alert typo", _ctx("dev", alerts={"subscription": []}), "alerts.subscription", [],
+     "known fields: subscriptions"),
 ])
 def test_bad_input_is_one_clear_error(case, ctx, field, value, allowed):
     err = _error(ctx)

@@ -22,7 +22,8 @@ from k8s.monitoring import (
     kube_prometheus_stack_values, scrape_configs, scraped_endpoints,
 )
 from k8s.serving import load_endpoints
-from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
+from observability.alerting import alertmanager_config
+from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB
 from observability.rules import rule_file
 from tests.conftest import ROOT, normalise
 
@@ -45,7 +46,10 @@ def rendered(synths):
                     "remote_write", cfg.region)) if cfg.observability == "managed" else
                 dict(grafana=GrafanaProps(
                     f"arn:{cfg.facts.partition}:secretsmanager:{cfg.region}:{cfg.account}:"
-                    "secret:grafana-admin", cfg.region, images.uri("aws-cli"))))
+                    "secret:grafana-admin", cfg.region, images.uri("aws-cli")),
+                    alertmanager_config=alertmanager_config(
+                        topic_arn=f"arn:{cfg.facts.partition}:sns:{cfg.region}:{cfg.account}:"
+                        "alerts", region=cfg.region, in_cluster=True)))
         values = kube_prometheus_stack_values(MonitoringValuesProps(
             images=images, scrape_configs=jobs, **mode))
         out[name] = (cfg, [d for c in charts.all() for d in c.to_json()], jobs, values)
@@ -130,14 +134,15 @@ def test_scrape_jobs_select_exactly_the_serving_services(synths, rendered, name)
     """Relabeling run on the Services the serving stack really applies."""
     _, _, jobs, _ = rendered[name]
     by_job = {j["job_name"]: j for j in jobs}
-    assert set(by_job) == {WORKERS_JOB, ROUTERS_JOB, DCGM_JOB}
+    assert set(by_job) == {WORKERS_JOB, ROUTERS_JOB, DCGM_JOB, VALKEY_JOB}
     serving = [d for c in synths[name].stacks.serving.charts for d in c.to_json()]
     kept = {job: sorted(t for t, meta in _service_targets(serving)
                         if _relabel_keep(by_job[job], meta))
-            for job in (WORKERS_JOB, ROUTERS_JOB)}
+            for job in (WORKERS_JOB, ROUTERS_JOB, VALKEY_JOB)}
     (spec,) = load_endpoints(synths[name].cfg, ROOT)
     assert kept == {WORKERS_JOB: [f"{spec.name}-workers:http"],
-                    ROUTERS_JOB: [f"{spec.name}-router-metrics:metrics"]}
+                    ROUTERS_JOB: [f"{spec.name}-router-metrics:metrics"],
+                    VALKEY_JOB: []}     # ElastiCache here: no in-cluster Valkey to scrape
     router_svc = next(s for s in _kind(serving, "Service")
                       if s["metadata"]["name"].endswith("-router-metrics"))
     assert router_svc["spec"]["ports"][0]["port"] == ROUTER_METRICS_PORT

@@ -29,7 +29,7 @@ def _silent(alert: str, at: str) -> dict:
 
 def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
     promtool = shutil.which("promtool")
-    assert promtool, "promtool not found: install Debian's `prometheus` package (.ci/run does)"
+    assert promtool, "promtool not found: install Debian's `prometheus` package (`make tools` does)"
     # The shipped rules with annotations dropped: promtool compares annotations verbatim, and
     # what is under test here is when each alert fires (expr, for, labels).
     rules = yaml.safe_load(render(dev.cfg))

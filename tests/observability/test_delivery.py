@@ -90,7 +90,7 @@ def test_grafana_password_lives_only_in_secrets_manager(synths, name):
     assert "adminPassword" not in text
     assocs = sorted(a["Properties"]["ServiceAccount"]
                     for a in resources(mon, "AWS::EKS::PodIdentityAssociation").values())
-    assert assocs == ["kvcache-grafana", "kvcache-prometheus"]
+    assert assocs == ["kvcache-alertmanager", "kvcache-grafana", "kvcache-prometheus"]
     policy = json.dumps(resources(mon, "AWS::IAM::Policy"))
     assert "secretsmanager:GetSecretValue" in policy
 

@@ -33,6 +33,8 @@ from tests.k8s.test_monitoring import _relabel_keep, _service_targets
 def _self_hosted(env: str):
     ctx = copy.deepcopy(context_for(env=env))
     ctx["environments"][env]["cache"] = {"kind": "self-hosted"}
+    # Our seed asks for the environment's L2 (the shipped published file is L1 only).
+    ctx["environments"][env]["endpoints"] = ["tests/fixtures/endpoint-seed.yaml"]
     cfg = resolve_environment(ctx)
     specs = load_endpoints(cfg, ROOT)
     assert any(s.l2_enabled for s in specs)

@@ -17,7 +17,7 @@ from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.objects import standard_labels
 from k8s.router import RouterChart, RouterProps
-from k8s.workers import KV_BLOCK_SIZE, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
+from k8s.workers import KV_BLOCK_SIZE, LMCACHE_QUIET, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
@@ -57,6 +57,11 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
                                   f"at most {capacity} (node group {group.name}: maxSize "
                                   f"{group.max_size} x {group.gpus_per_node // s.gpus} "
                                   "workers per node)")
+        if (s.l2_enabled and _shared_kind(cfg, s) is None
+                and any(k == LMCACHE_QUIET[0] for k, _ in s.worker_env)):
+            raise ConfigError(cfg.name, f"{where}.worker.environmentVariables",
+                              LMCACHE_QUIET[0], "no LMCACHE_LOG_LEVEL with the managed L2: "
+                              "LMCache logs its URL, with the AUTH token, below WARNING")
         if s.l2_backend == "redis" and cfg.cache.kind == "none":
             raise ConfigError(cfg.name, f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend",
                               "redis", "no L2 (enableL2Cache: false), valkey or lmcache-server: "

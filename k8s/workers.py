@@ -88,6 +88,12 @@ L2_TIMEOUTS = {"blocking_timeout_secs": 2, "lookup_timeout_ms": 1000}
 L2_HEALTH = {"fallback_policy": "local_cpu", "ping_interval": 10.0, "ping_timeout": 2.0,
              "get_blocking_failed_threshold": 5, "waiting_time_for_recovery": 60.0}
 REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
+# LMCache 0.5.x takes a redis:// or rediss:// password only inside `remote_url` (its `resp://`
+# client reads LMCACHE_RESP_PASSWORD but has no TLS, which ElastiCache AUTH requires), and it
+# logs that URL at INFO in five places (config dump, connector creation, connection). With a
+# secret in the URL, LMCache logs at WARNING: none of its warnings carry the URL
+# (tests/k8s/test_lmcache_config.py runs its code with a fake token to prove it).
+LMCACHE_QUIET = ("LMCACHE_LOG_LEVEL", "WARNING")
 
 
 def with_socket_timeouts(url: str) -> str:
@@ -192,6 +198,8 @@ class WorkersChart(Chart):
                {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
                {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}]
         env += [{"name": k, "value": v} for k, v in p.extra_env]
+        if p.l2 and p.l2.secret_arn:
+            env.append({"name": LMCACHE_QUIET[0], "value": LMCACHE_QUIET[1]})
         if not any(k == "PYTHONHASHSEED" for k, _ in p.extra_env):
             env.append({"name": "PYTHONHASHSEED", "value": "0"})  # same hashes on every worker
         ports = [{"name": "http", "containerPort": WORKER_PORT}]

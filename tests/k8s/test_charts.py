@@ -254,6 +254,9 @@ def test_bad_endpoint_file_is_one_clear_error(edit, field, allowed):
      "GPU node groups: g5.24xlarge"),
     (lambda r: r["spec"]["worker"].update(image="vllm/vllm-openai:latest"), "spec.worker.image",
      "pinned catalogue"),
+    (lambda r: r["spec"]["worker"]["environmentVariables"].append(
+        {"name": "LMCACHE_LOG_LEVEL", "value": "INFO"}), "spec.worker.environmentVariables",
+     "no LMCACHE_LOG_LEVEL with the managed L2"),
 ])
 def test_endpoint_must_fit_the_environment(tmp_path, edit, field, allowed):
     raw = copy.deepcopy(SEED)

@@ -10,7 +10,7 @@ from constructs import Construct
 from config import EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
 from constructs.naming import logical_id
-from constructs.nag import acknowledge, wildcard, wildcard_action
+from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from k8s.endpoint_spec import EndpointSpec
 from k8s.serving import ServingFacts, build_charts, worker_service_account
@@ -41,11 +41,16 @@ class ServingStack(Stack):
             accounts[spec.name] = sa
             role = PodIdentityRole(self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(
                 cluster=cluster, namespace=SERVING_NAMESPACE, service_account=sa)).role
-            # Read-only, and only the endpoint's own model prefix.
-            model_bucket.grant_read(role, f"{spec.model_location}/*")
+            # `aws s3 sync` of the endpoint's own prefix: GetObject under it, and ListBucket
+            # only for keys under it (CDK's grant_read would add s3:List* on the whole bucket).
+            prefix = f"{spec.model_location}/*"
+            role.add_to_policy(iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[model_bucket.arn_for_objects(prefix)]))
             role.add_to_policy(iam.PolicyStatement(
                 actions=["s3:ListBucket"], resources=[model_bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{spec.model_location}/*"]}}))
+                conditions={"StringLike": {"s3:prefix": [prefix]}}))
+            if model_key:
+                model_key.grant_decrypt(role)
             if l2_secret_arn and spec.l2_enabled:
                 role.add_to_policy(iam.PolicyStatement(
                     actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))
@@ -53,15 +58,8 @@ class ServingStack(Stack):
                     l2_key.grant_decrypt(role)
             bucket_arn = (f"{Stack.of(model_bucket).stack_name}:ExportsOutputFnGetAtt"
                           "ModelsBucket970C6ADAArnC12F88E2")
-            acknowledge(role, {
-                wildcard(f"{bucket_arn}/{spec.model_location}/*"):
-                    "Objects under the endpoint's own model prefix only.",
-                wildcard_action("s3:GetBucket*"): "CDK grant_read: bucket metadata reads.",
-                wildcard_action("s3:GetObject*"): "CDK grant_read: object and version reads.",
-                wildcard_action("s3:List*"): "CDK grant_read: listing, narrowed by prefix.",
-                wildcard_action("kms:GenerateDataKey*"): "CDK grant_read on a KMS bucket.",
-                wildcard_action("kms:ReEncrypt*"): "CDK grant_read on a KMS bucket.",
-            })
+            acknowledge(role, {wildcard(f"{bucket_arn}/{prefix}"):
+                              "Objects under the endpoint's own model prefix only."})
         managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
         self.facts = ServingFacts(router_image=router.image_uri,
                                   model_bucket=model_bucket.bucket_name,

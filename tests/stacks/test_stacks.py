@@ -190,10 +190,25 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
     policies = dumps(resources(t, "AWS::IAM::Policy"))
     assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
     assert "models/Llama-3.1-8B-Instruct/*" in policies
+    s3 = [st for pol in resources(t, "AWS::IAM::Policy").values()
+          for st in pol["Properties"]["PolicyDocument"]["Statement"]
+          if any(a.startswith("s3:") for a in _listify(st["Action"]))]
+    # least privilege: objects under the prefix, and listing only with the s3:prefix condition
+    assert {a for st in s3 for a in _listify(st["Action"])} == {"s3:GetObject", "s3:ListBucket"}
+    for st in s3:
+        if st["Action"] == "s3:ListBucket":
+            assert st["Condition"] == {"StringLike": {"s3:prefix": [
+                "models/Llama-3.1-8B-Instruct/*"]}}
+        else:
+            assert "models/Llama-3.1-8B-Instruct/*" in dumps(st["Resource"])
     assert "secretsmanager:GetSecretValue" in policies
     text = dumps(t)
     assert "resolve:secretsmanager" not in text  # workers fetch it at start, never a manifest
     assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == len(synth.cfg.endpoint_files)
+
+
+def _listify(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def _helm(template: dict) -> dict[str, dict]:

@@ -138,6 +138,8 @@ def test_node_groups(synth):
     for template in resources(t, "AWS::EC2::LaunchTemplate").values():
         data = template["Properties"]["LaunchTemplateData"]
         assert data["MetadataOptions"]["HttpTokens"] == "required"
+        # no pod reaches the node role through IMDS
+        assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
         assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
     subnets = dumps([g["Properties"]["Subnets"] for g in groups])
     assert "public" not in subnets.lower()  # imports of private subnets only
@@ -149,6 +151,21 @@ def test_addons_and_pod_identity(synth):
     assert {"vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent",
             "aws-ebs-csi-driver"} <= names
     assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) >= 1
+    addons = {a["Properties"]["AddonName"]: (k, a) for k, a in resources(t, "AWS::EKS::Addon").items()}
+    cni_id, cni = addons["vpc-cni"]
+    # NetworkPolicy enforced (both partitions), CNI permissions on aws-node, not the node role
+    assert json.loads(cni["Properties"]["ConfigurationValues"]) == {"enableNetworkPolicy": "true"}
+    (assoc,) = cni["Properties"]["PodIdentityAssociations"]
+    assert assoc["ServiceAccount"] == "aws-node"
+    roles = resources(t, "AWS::IAM::Role")
+    cni_role = roles[assoc["RoleArn"]["Fn::GetAtt"][0]]
+    assert "AmazonEKS_CNI_Policy" in dumps(cni_role["Properties"]["ManagedPolicyArns"])
+    assert "pods.eks.amazonaws.com" in dumps(cni_role["Properties"]["AssumeRolePolicyDocument"])
+    node_roles = [r for r in roles.values() if "ec2.amazonaws.com" in dumps(
+        r["Properties"]["AssumeRolePolicyDocument"])]
+    assert node_roles and all("AmazonEKS_CNI_Policy" not in dumps(r) for r in node_roles)
+    for group in resources(t, "AWS::EKS::Nodegroup").values():
+        assert cni_id in group.get("DependsOn", [])  # aws-node has its identity first
     assert len(resources(t, "AWS::EKS::AccessEntry")) >= len(synth.cfg.admin_role_names)
 
 

@@ -21,6 +21,10 @@ DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"
 SERVING_NAMESPACE = "kvcache-serving"
 SYSTEM_NAMESPACE = "kube-system"
 MONITORING_NAMESPACE = "kvcache-monitoring"
+KEDA_NAMESPACE = "keda"
+
+# The VPC (CDK) <-> NetworkPolicy ipBlocks: the load balancer reaches the router from it
+VPC_CIDR = "10.64.0.0/16"
 
 # Ports
 WORKER_PORT = 8000            # vLLM's OpenAI server
@@ -30,9 +34,13 @@ KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
 KV_EVENTS_REPLAY_PORT = 5558
 CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
 LMCACHE_SERVER_PORT = 65432   # LMCache's own `lm://` cache server
+REDIS_EXPORTER_PORT = 9121    # redis_exporter beside a self-hosted Valkey
 
 # The in-cluster Prometheus (China, self-hosted observability) that KEDA queries
-IN_CLUSTER_PROMETHEUS_URL = f"http://kvcache-prometheus.{MONITORING_NAMESPACE}.svc.cluster.local:9090"
+MONITORING_RELEASE = "kvcache"   # kube-prometheus-stack release and fullnameOverride
+PROMETHEUS_PORT = 9090
+IN_CLUSTER_PROMETHEUS_URL = (f"http://{MONITORING_RELEASE}-prometheus.{MONITORING_NAMESPACE}"
+                             f".svc.cluster.local:{PROMETHEUS_PORT}")
 
 # Session affinity for the `session` strategy (vllm-router consistent_hash reads it first)
 SESSION_HEADER = "X-Session-ID"

@@ -1,8 +1,8 @@
 """Self-hosted L2 caches in the cluster, shared by an environment's workers.
 
 Valkey runs as a pure cache (no persistence, LRU eviction); LMCache's own server backs the
-`tieredstorage` -> `lmcache-server` mapping. Only worker pods may connect (NetworkPolicy;
-enforced where the VPC CNI's network policy agent is on).
+`tieredstorage` -> `lmcache-server` mapping. Only worker pods may connect (the flows below
+become NetworkPolicies in k8s/network_policies.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from constructs import Construct
 
 from config.contracts import (
     CACHE_PORT, LABEL_NAME, LMCACHE_SERVER_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+    REDIS_EXPORTER_PORT,
 )
+from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels
 from k8s.workers import COMPONENT as WORKER_COMPONENT
 
@@ -67,7 +69,8 @@ class SharedCacheChart(Chart):
                           "limits": {"memory": p.memory}},
             "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
         })
-        k8s_object(self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
+        workload = k8s_object(
+                   self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "replicas": 1, "serviceName": name,
                        "selector": {"matchLabels": sel},
@@ -80,10 +83,10 @@ class SharedCacheChart(Chart):
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "selector": sel,
                        "ports": [{"name": "cache", "port": port, "targetPort": "cache"}]}})
-        k8s_object(self, "NetworkPolicy", api_version="networking.k8s.io/v1",
-                   kind="NetworkPolicy", name=name, namespace=p.namespace, labels=labels,
-                   body={"spec": {
-                       "podSelector": {"matchLabels": sel}, "policyTypes": ["Ingress"],
-                       "ingress": [{"from": [{"podSelector": {"matchLabels": {
-                           LABEL_NAME: WORKER_COMPONENT}}}],
-                           "ports": [{"protocol": "TCP", "port": port}]}]}})
+        cache = Peer(name, p.namespace, sel)
+        workers = Peer("all-workers", p.namespace, {LABEL_NAME: WORKER_COMPONENT})
+        self.flows = (Flow(workers, cache, port, "KV chunks from every endpoint's workers"),)
+        pod = workload.to_json()["spec"]["template"]["spec"]
+        exposed = {pt["containerPort"] for c in pod["containers"] for pt in c.get("ports", [])}
+        if REDIS_EXPORTER_PORT in exposed:  # the redis_exporter sidecar, where it runs
+            self.flows += (Flow(PROMETHEUS, cache, REDIS_EXPORTER_PORT, "cache metrics"),)

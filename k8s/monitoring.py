@@ -24,11 +24,13 @@ from constructs import Construct
 
 from config import EnvironmentConfig
 from config.contracts import (
-    GPU_TAINT_KEY, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, NODE_ROLE_GPU,
-    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, SERVING_NAMESPACE,
+    GPU_TAINT_KEY, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, MONITORING_RELEASE,
+    NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, PROMETHEUS_PORT, SERVING_NAMESPACE,
 )
 from config.images import IMAGES, ImageResolver
 from k8s.endpoint_spec import EndpointSpec
+from k8s.flows import PROMETHEUS, Flow, Peer, monitoring_stack_flows
+from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import hardened, k8s_object, selector_labels, standard_labels
 from k8s.router import COMPONENT as ROUTER_COMPONENT
 from k8s.workers import COMPONENT as WORKER_COMPONENT
@@ -39,10 +41,9 @@ from observability.metrics import (
 from observability.rules import rule_file
 
 CHART_KEY = "kube-prometheus-stack"
-RELEASE = "kvcache"     # fullnameOverride: Services kvcache-prometheus, kvcache-grafana...
+RELEASE = MONITORING_RELEASE     # fullnameOverride: Services kvcache-prometheus, kvcache-grafana...
 PROMETHEUS_SERVICE_ACCOUNT = f"{RELEASE}-prometheus"
 GRAFANA_SERVICE_ACCOUNT = f"{RELEASE}-grafana"
-PROMETHEUS_PORT = 9090
 GRAFANA_ADMIN_USER = "admin"
 GRAFANA_ADMIN_DIR = "/etc/grafana-admin"
 GRAFANA_ADMIN_FILE = f"{GRAFANA_ADMIN_DIR}/password"
@@ -393,6 +394,8 @@ class DcgmExporterChart(Chart):
         super().__init__(scope, id, namespace=props.namespace)
         sel = selector_labels(DCGM_COMPONENT, "cluster")
         labels = standard_labels(DCGM_COMPONENT, "cluster")
+        self.flows = (Flow(PROMETHEUS, Peer(DCGM_COMPONENT, props.namespace, sel), props.port,
+                           "GPU metrics"),)
         probe = {"httpGet": {"path": "/health", "port": "metrics"},
                  "initialDelaySeconds": 45, "periodSeconds": 10}
         k8s_object(self, "DaemonSet", api_version="apps/v1", kind="DaemonSet",
@@ -476,9 +479,11 @@ class MonitoringCharts:
     dcgm: DcgmExporterChart
     rules: AlertRulesChart | None           # in-cluster Prometheus only (China)
     dashboards: DashboardsChart | None      # in-cluster Grafana only (China)
+    network_policies: NetworkPoliciesChart
 
     def all(self) -> list[Chart]:
-        return [c for c in (self.base, self.dcgm, self.rules, self.dashboards) if c]
+        return [c for c in (self.base, self.dcgm, self.rules, self.dashboards,
+                            self.network_policies) if c]
 
 
 def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
@@ -499,4 +504,8 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
             namespace=MONITORING_NAMESPACE, dashboards=build_dashboards(cfg, specs)))
         for chart in (rules, dashboards):
             chart.add_dependency(base)
-    return MonitoringCharts(base, dcgm, rules, dashboards)
+    policies = NetworkPoliciesChart(app, "monitoring-network-policies", props=NetworkPoliciesProps(
+        namespace=MONITORING_NAMESPACE,
+        flows=dcgm.flows + monitoring_stack_flows(in_cluster)))
+    policies.add_dependency(base)
+    return MonitoringCharts(base, dcgm, rules, dashboards, policies)

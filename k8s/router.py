@@ -11,8 +11,10 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT, WORKER_PORT,
+    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
+    WORKER_PORT,
 )
+from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
 
 COMPONENT = "vllm-router"
@@ -72,6 +74,13 @@ class RouterChart(Chart):
         labels = standard_labels(COMPONENT, props.endpoint)
         ns = props.namespace
         discovery = not props.static_workers
+        router = Peer(name, ns, sel)
+        workers = Peer(f"{props.endpoint}-workers", ns, dict(props.worker_selector))
+        self.flows = (Flow(LOAD_BALANCER, router, ROUTER_PORT, "clients, through the NLB"),
+                      Flow(PROMETHEUS, router, ROUTER_METRICS_PORT, "router metrics"),
+                      Flow(router, workers, WORKER_PORT, "requests, health, render/tokenize"))
+        if props.kv_event_sources:
+            self.flows += (Flow(router, workers, KV_EVENTS_PORT, "KV events (ZMQ SUB)"),)
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
                    namespace=ns, labels=labels, body={"automountServiceAccountToken": discovery})
         if discovery:  # least privilege: read pods in this namespace, nothing else

@@ -15,6 +15,7 @@ from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAME
 from config.images import IMAGES, KV_EVENT_IMAGES, catalogue_key_for
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
+from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import standard_labels
 from k8s.router import RouterChart, RouterProps
 from k8s.workers import KV_BLOCK_SIZE, LMCACHE_QUIET, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
@@ -163,7 +164,11 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)
-    return charts
+    policies = NetworkPoliciesChart(app, "serving-network-policies", props=NetworkPoliciesProps(
+        namespace=SERVING_NAMESPACE,
+        flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
+    policies.add_dependency(ns)
+    return charts + [policies]
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

@@ -19,6 +19,7 @@ from config.contracts import (
     NODE_ROLE_LABEL, WORKER_PORT,
 )
 from k8s.endpoint_spec import AutoScaling
+from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
 
 COMPONENT = "vllm-worker"
@@ -150,6 +151,8 @@ class WorkersChart(Chart):
         sel = selector_labels(COMPONENT, p.endpoint)
         labels = standard_labels(COMPONENT, p.endpoint)
         self.selector = sel
+        self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), WORKER_PORT,
+                           "vLLM and LMCache metrics"),)
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
                    name=p.service_account, namespace=p.namespace, labels=labels,
                    body={"automountServiceAccountToken": False})

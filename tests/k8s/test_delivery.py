@@ -36,7 +36,8 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
         files = write_manifests(cfg, load_endpoints(cfg, ROOT), tmp_path / name)
         assert [f.name for f in files] == ["00-namespace.yaml",
                                            "01-llama-3-1-8b-instruct-workers.yaml",
-                                           "02-llama-3-1-8b-instruct-router.yaml"]
+                                           "02-llama-3-1-8b-instruct-router.yaml",
+                                           "03-serving-network-policies.yaml"]
         docs = [d for f in files for d in yaml.safe_load_all(f.read_text())]
         for doc in docs:
             if not is_custom_resource(doc):

@@ -88,10 +88,10 @@ def test_every_manifest_is_valid_at_the_cluster_version(rendered, name):
 
 def test_in_cluster_pieces_only_where_there_is_no_amp(rendered):
     kinds = {name: sorted({d["kind"] for d in docs}) for name, (_, docs, _, _) in rendered.items()}
-    assert kinds["dev"] == ["DaemonSet", "Namespace"]
+    assert kinds["dev"] == ["DaemonSet", "Namespace", "NetworkPolicy"]
     for name in ("china", "dev-cn"):
-        assert kinds[name] == ["ConfigMap", "DaemonSet", "Namespace", "PrometheusRule",
-                               "StorageClass"]
+        assert kinds[name] == ["ConfigMap", "DaemonSet", "Namespace", "NetworkPolicy",
+                               "PrometheusRule", "StorageClass"]
         _, docs, _, _ = rendered[name]
         (rule,) = _kind(docs, "PrometheusRule")
         assert rule["spec"] == rule_file(rendered[name][0])

@@ -203,7 +203,7 @@ def test_tags_applied(synth):
 def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(synth):
     t = synth.template("Serving")
     manifests = [m for m in t["Resources"].values() if m["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"]
-    assert len(manifests) == 1 + 2 * len(synth.cfg.endpoint_files)
+    assert len(manifests) == 2 + 2 * len(synth.cfg.endpoint_files)  # + the NetworkPolicies
     policies = dumps(resources(t, "AWS::IAM::Policy"))
     assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
     assert "models/Llama-3.1-8B-Instruct/*" in policies

@@ -31,7 +31,8 @@ L2_BACKENDS = ("redis", "tieredstorage", "valkey", "lmcache-server")
 
 # Accepted but not acted on: they change nothing we deploy, so a warning, not an error.
 _HARMLESS = {
-    "spec.tlsConfig": "TLS terminates at the load balancer listener; tlsConfig is ignored",
+    "spec.tlsConfig": "TLS is the environment's listener.certificateArn (an ACM certificate on "
+                      "the load balancer listener, cdk.json); tlsConfig is ignored",
     "spec.loadBalancer.routingAlgorithm": "the router, not the load balancer, picks workers",
     "spec.metrics.metricsScrapeIntervalSeconds": "scrape intervals are set by the collector",
     "spec.modelSourceConfig.prefetchEnabled": "weights are always staged before vLLM starts",

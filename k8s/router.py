@@ -14,10 +14,19 @@ from config.contracts import (
     KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
     WORKER_PORT,
 )
+from k8s.api_key import (
+    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+)
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
 
 COMPONENT = "vllm-router"
+# TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
+TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+_LB = "service.beta.kubernetes.io/aws-load-balancer-"
+# The router takes its key only as an argument: appended at exec time, never in the manifest.
+ROUTER_COMMAND = ["/bin/sh", "-c",
+                  f'exec vllm-router "$@" --api-key "$(cat {API_KEY_FILE})"', "vllm-router"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,14 @@ class RouterProps:
     model_name: str = ""
     cpu: str = "1"
     memory: str = "1Gi"
+    api_key: ApiKey | None = None
+    tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
+    source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
+
+
+def router_name(endpoint: str) -> str:
+    """The router's Deployment, Service and service account (Pod Identity binds the last)."""
+    return f"{endpoint}-router"
 
 
 def router_args(p: RouterProps) -> list[str]:
@@ -69,7 +86,7 @@ def router_args(p: RouterProps) -> list[str]:
 class RouterChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: RouterProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
-        name = f"{props.endpoint}-router"
+        name = router_name(props.endpoint)
         sel = selector_labels(COMPONENT, props.endpoint)
         labels = standard_labels(COMPONENT, props.endpoint)
         ns = props.namespace
@@ -94,6 +111,12 @@ class RouterChart(Chart):
                                        "name": name},
                            "subjects": [{"kind": "ServiceAccount", "name": name,
                                          "namespace": ns}]})
+        key_pod, key_container = {}, {}
+        if props.api_key:
+            key_pod = {"initContainers": [fetch_api_key_container(props.api_key, 65532)],
+                       "volumes": API_KEY_VOLUMES}
+            key_container = {"command": ROUTER_COMMAND, "volumeMounts": [
+                {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
         probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
                  "timeoutSeconds": 3}
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
@@ -112,9 +135,11 @@ class RouterChart(Chart):
                                "securityContext": {"runAsNonRoot": True,
                                                    "seccompProfile": {"type": "RuntimeDefault"}},
                                "terminationGracePeriodSeconds": 30,
+                               **key_pod,
                                "containers": [{
                                    "name": "router", "image": props.image,
                                    "imagePullPolicy": "IfNotPresent",
+                                   **key_container,
                                    "args": router_args(props),
                                    "ports": [{"name": "http", "containerPort": ROUTER_PORT},
                                              {"name": "metrics",
@@ -150,6 +175,12 @@ class RouterChart(Chart):
             # one replica. session hashes the same key to the same worker on every replica.
             annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"] = (
                 "stickiness.enabled=true,stickiness.type=source_ip")
+        if props.tls_certificate_arn:
+            annotations.update({f"{_LB}ssl-cert": props.tls_certificate_arn,
+                                f"{_LB}ssl-ports": str(ROUTER_PORT),
+                                f"{_LB}ssl-negotiation-policy": TLS_POLICY})
+        lb_spec = ({"loadBalancerSourceRanges": list(props.source_ranges)}
+                   if props.source_ranges else {})
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
                    labels=labels, annotations={**annotations,
                        # AWS Load Balancer Controller: an NLB straight to pod IPs
@@ -164,7 +195,7 @@ class RouterChart(Chart):
                            "HTTP",
                    }, body={"spec": {
                        "type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
-                       "selector": sel,
+                       **lb_spec, "selector": sel,
                        "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]}})
         k8s_object(self, "MetricsService", api_version="v1", kind="Service",
                    name=f"{name}-metrics", namespace=ns, labels=labels, body={"spec": {

@@ -15,6 +15,7 @@ from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAME
 from config.images import IMAGES, KV_EVENT_IMAGES, catalogue_key_for
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
+from k8s.api_key import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import standard_labels
 from k8s.router import RouterChart, RouterProps
@@ -98,6 +99,7 @@ class ServingFacts:
     managed_l2: L2Connection | None
     service_account: dict[str, str]   # endpoint -> worker service account name
     metrics: MetricsSource            # what KEDA queries
+    api_key_secret_arn: str | None = None   # the endpoints' API key (Secrets Manager)
 
 
 def worker_service_account(endpoint: str) -> str:
@@ -114,7 +116,8 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
                     if cfg.cache.kind == "elasticache" else None),
         service_account={s.name: worker_service_account(s.name) for s in specs},
         metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
-                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
+                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
+        api_key_secret_arn="${API_KEY_SECRET_ARN}")
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
@@ -124,6 +127,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     ApiObject(ns, "Namespace", api_version="v1", kind="Namespace", metadata={
         "name": SERVING_NAMESPACE, "labels": standard_labels("serving", cfg.name)})
     charts: list[Chart] = [ns]
+    api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
+               if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
     for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
         props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
@@ -151,7 +156,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             model_mount_path=s.model_mount_path, extra_args=s.worker_args,
             extra_env=s.worker_env, stateful=kvaware,
             scaling=(WorkerScaling(scaling, facts.metrics)
-                     if (scaling := effective_scaling(cfg, s)) else None))
+                     if (scaling := effective_scaling(cfg, s)) else None),
+            api_key=api_key)
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
@@ -160,7 +166,9 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             static_workers=worker_urls(wp) if kvaware else (),
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
             if kvaware else (),
-            kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name))
+            kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
+            tls_certificate_arn=cfg.listener.certificate_arn,
+            source_ranges=cfg.listener.source_ranges))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)

@@ -18,6 +18,9 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
 )
+from k8s.api_key import (
+    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+)
 from k8s.endpoint_spec import AutoScaling
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
@@ -78,6 +81,7 @@ class WorkerProps:
     shm_size: str = "16Gi"
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
+    api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
 
 
 # A slow or dead L2 must cost a miss, not a stall: LMCache 0.5.6 bounds blocking remote reads
@@ -95,6 +99,9 @@ REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
 # secret in the URL, LMCache logs at WARNING: none of its warnings carry the URL
 # (tests/k8s/test_lmcache_config.py runs its code with a fake token to prove it).
 LMCACHE_QUIET = ("LMCACHE_LOG_LEVEL", "WARNING")
+# vLLM reads its key from the environment (an --api-key argument would be in its args log).
+VLLM_COMMAND = ["/bin/sh", "-c",
+                f'export VLLM_API_KEY="$(cat {API_KEY_FILE})"; exec vllm serve "$@"', "vllm"]
 
 
 def with_socket_timeouts(url: str) -> str:
@@ -194,6 +201,8 @@ class WorkersChart(Chart):
                 "securityContext": hardened(read_only_root=True, run_as_user=None),
             })
             config_file = "/run/lmcache/lmcache.yaml"
+        if p.api_key:
+            init.append(fetch_api_key_container(p.api_key, run_as_user=None))
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -210,7 +219,8 @@ class WorkersChart(Chart):
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         worker = {
             "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
-            "command": ["vllm", "serve"], "args": vllm_args(p), "env": env, "ports": ports,
+            "command": VLLM_COMMAND if p.api_key else ["vllm", "serve"],
+            "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
                 "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
                 "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
@@ -224,7 +234,9 @@ class WorkersChart(Chart):
                  "subPath": p.endpoint, "readOnly": True},
                 {"name": "dshm", "mountPath": "/dev/shm"},
                 {"name": "lmcache-base", "mountPath": LMCACHE_DIR, "readOnly": True},
-                {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True}],
+                {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True},
+                *([{"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]
+                  if p.api_key else [])],
             # vLLM writes caches under $HOME and /tmp and runs as root in the upstream image.
             "securityContext": {"allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}},
@@ -245,7 +257,8 @@ class WorkersChart(Chart):
                     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}},
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
-                                                             "sizeLimit": "1Mi"}}],
+                                                             "sizeLimit": "1Mi"}},
+                    *(API_KEY_VOLUMES if p.api_key else [])],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
         if p.stateful:

@@ -221,7 +221,10 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
     assert "secretsmanager:GetSecretValue" in policies
     text = dumps(t)
     assert "resolve:secretsmanager" not in text  # workers fetch it at start, never a manifest
-    assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == len(synth.cfg.endpoint_files)
+    # a worker and a router identity per endpoint; both may read the API key, nothing else
+    assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == 2 * len(
+        synth.cfg.endpoint_files)
+    assert "resolve:secretsmanager" not in text and "ApiKeySecretArn" in t["Outputs"]
 
 
 def _listify(value) -> list:

@@ -1,0 +1,48 @@
+"""The endpoint API key: one Secrets Manager secret, fetched at pod start into a memory volume.
+
+Clients send it as `Authorization: Bearer`. vllm-router 0.1.17 checks no client key (measured
+on loopback): it forwards the client's header to the worker, where vLLM checks it
+(VLLM_API_KEY, on every /v1 route), and sends its own `--api-key` on the calls it makes itself
+(render/tokenize for cache_aware). No manifest, template or log line carries the value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from k8s.objects import hardened
+
+SECRETS_DIR = "/run/secrets/kvcache"
+API_KEY_FILE = f"{SECRETS_DIR}/api-key"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """Where the key lives; the pod's service account reads it through Pod Identity."""
+
+    secret_arn: str
+    region: str
+    fetch_image: str                  # aws-cli
+
+
+def fetch_api_key_container(key: ApiKey, run_as_user: int | None) -> dict:
+    """Init container: the key from Secrets Manager into the pod's memory volume, mode 0600."""
+    return {
+        "name": "fetch-api-key", "image": key.fetch_image, "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/sh", "-c",
+                    "set -eu; umask 077; KEY=$(aws secretsmanager get-secret-value --secret-id "
+                    "\"$SECRET_ARN\" --query SecretString --output text); "
+                    "printf '%s' \"$KEY\" > \"$OUT\""],
+        "env": [{"name": "AWS_REGION", "value": key.region},
+                {"name": "SECRET_ARN", "value": key.secret_arn},
+                {"name": "OUT", "value": API_KEY_FILE},
+                {"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [{"name": "api-key", "mountPath": SECRETS_DIR},
+                         {"name": "fetch-tmp", "mountPath": "/tmp"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                      "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "securityContext": hardened(read_only_root=True, run_as_user=run_as_user),
+    }
+
+
+API_KEY_VOLUMES = [{"name": "api-key", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                   {"name": "fetch-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]

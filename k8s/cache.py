@@ -16,11 +16,14 @@ from config.contracts import (
     REDIS_EXPORTER_PORT,
 )
 from k8s.flows import PROMETHEUS, Flow, Peer
-from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels
-from k8s.workers import COMPONENT as WORKER_COMPONENT
+from k8s.objects import (
+    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels,
+)
+from k8s.workers import COMPONENT as WORKER_COMPONENT, SCRATCH_ENV, WORKER_HOME, WORKER_UID
 
 VALKEY = "valkey"
 LMCACHE_SERVER = "lmcache-server"
+VALKEY_UID = 999   # the valkey image's own user
 
 
 @dataclass(frozen=True)
@@ -52,16 +55,23 @@ class SharedCacheChart(Chart):
                 "args": ["valkey-server", "--port", str(port), "--save", "",
                          "--appendonly", "no", "--maxmemory", f"{maxmem_mib}mb",
                          "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"],
-                "securityContext": hardened(read_only_root=True, run_as_user=999),
+                "securityContext": hardened(read_only_root=True, run_as_user=VALKEY_UID),
             }
+            uid, volumes = VALKEY_UID, []
             probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
         else:
             container = {
                 "name": "lmcache-server", "image": p.image, "imagePullPolicy": "IfNotPresent",
                 "command": ["lmcache_server"], "args": ["0.0.0.0", str(port), "cpu"],
-                "securityContext": {"allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]}},
+                # the worker image, run as the workers run it: non-root, read-only root
+                "env": SCRATCH_ENV,
+                "volumeMounts": [{"name": "home", "mountPath": WORKER_HOME},
+                                 {"name": "tmp", "mountPath": "/tmp"}],
+                "securityContext": hardened(run_as_user=WORKER_UID),
             }
+            uid = WORKER_UID
+            volumes = [{"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
+                       {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
             probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
         container.update({
             "ports": [{"name": "cache", "containerPort": port}],
@@ -76,8 +86,9 @@ class SharedCacheChart(Chart):
                        "selector": {"matchLabels": sel},
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "automountServiceAccountToken": False,
+                           "securityContext": pod_security(uid),
                            "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
-                           "containers": [container]}}}})
+                           "containers": [container], "volumes": volumes}}}})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {

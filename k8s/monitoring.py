@@ -31,12 +31,14 @@ from config.images import IMAGES, ImageResolver
 from k8s.endpoint_spec import EndpointSpec
 from k8s.flows import PROMETHEUS, Flow, Peer, monitoring_stack_flows
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
-from k8s.objects import hardened, k8s_object, selector_labels, standard_labels
+from k8s.objects import (
+    hardened, k8s_object, pod_security_labels, selector_labels, standard_labels,
+)
 from k8s.router import COMPONENT as ROUTER_COMPONENT
 from k8s.workers import COMPONENT as WORKER_COMPONENT
 from observability.dashboards import build_dashboards, dumps
 from observability.metrics import (
-    COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB,
+    CATALOGUE, COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB,
 )
 from observability.rules import rule_file
 
@@ -356,6 +358,7 @@ def chart_images(values: Mapping[str, Any]) -> list[str]:
 class MonitoringBaseProps:
     namespace: str
     storage_class: str | None      # set: create the gp3 StorageClass the PVCs use
+    kubernetes_version: str
     retain_volumes: bool = True
 
 
@@ -366,8 +369,12 @@ class MonitoringBaseChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: MonitoringBaseProps) -> None:
         super().__init__(scope, id)
         labels = standard_labels("monitoring", "cluster")
+        # node-exporter (host network, PID and paths) and the DCGM exporter (the kubelet's
+        # pod-resources socket) need `privileged`; everything stricter is audited and warned.
         ApiObject(self, "Namespace", api_version="v1", kind="Namespace",
-                  metadata={"name": props.namespace, "labels": labels})
+                  metadata={"name": props.namespace, "labels": {
+                      **labels, **pod_security_labels("privileged", props.kubernetes_version,
+                                                       audit="baseline")}})
         if props.storage_class:
             k8s_object(self, "StorageClass", api_version="storage.k8s.io/v1",
                        kind="StorageClass", name=props.storage_class, namespace=None,
@@ -386,9 +393,22 @@ class DcgmExporterProps:
     port: int = DCGM_PORT
 
 
+DCGM_COUNTERS_DIR = "/etc/kvcache-dcgm"
+DCGM_IMAGE = "dcgm-exporter"      # catalogue key, and the metrics catalogue's source
+
+
+def dcgm_counters_csv() -> str:
+    """The exporter's counters file: exactly the DCGM_FI_DEV_* fields the dashboards and rules
+    name (observability/metrics.py), no DCGM_FI_PROF_* profiling field, so no SYS_ADMIN."""
+    rows = [f"{m.name}, {m.type}, {m.help.replace(',', ' -')}" for m in CATALOGUE.values()
+            if m.source == DCGM_IMAGE]
+    return "# field, prometheus type, help\n" + "\n".join(rows) + "\n"
+
+
 class DcgmExporterChart(Chart):
-    """NVIDIA DCGM exporter on every GPU node (pod spec after NVIDIA's chart 4.8.2): root with
-    SYS_ADMIN for profiling counters, the kubelet pod-resources socket to label GPUs by pod."""
+    """NVIDIA DCGM exporter on every GPU node (pod spec after NVIDIA's chart 4.8.2), with our
+    counters file (device fields only: no SYS_ADMIN, no capability at all) and the kubelet
+    pod-resources socket to label GPUs by pod."""
 
     def __init__(self, scope: Construct, id: str, *, props: DcgmExporterProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
@@ -398,6 +418,9 @@ class DcgmExporterChart(Chart):
                            "GPU metrics"),)
         probe = {"httpGet": {"path": "/health", "port": "metrics"},
                  "initialDelaySeconds": 45, "periodSeconds": 10}
+        k8s_object(self, "Counters", api_version="v1", kind="ConfigMap",
+                   name=f"{DCGM_COMPONENT}-counters", namespace=props.namespace, labels=labels,
+                   body={"data": {"counters.csv": dcgm_counters_csv()}})
         k8s_object(self, "DaemonSet", api_version="apps/v1", kind="DaemonSet",
                    name=DCGM_COMPONENT, namespace=props.namespace, labels=labels, body={"spec": {
                        "selector": {"matchLabels": sel},
@@ -406,31 +429,38 @@ class DcgmExporterChart(Chart):
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "priorityClassName": "system-node-critical",
                            "automountServiceAccountToken": False,
+                           "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                            "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU},
                            "tolerations": [_GPU_TOLERATION],
                            "containers": [{
                                "name": "exporter", "image": props.image,
                                "imagePullPolicy": "IfNotPresent",
-                               "args": ["-f", "/etc/dcgm-exporter/default-counters.csv"],
+                               "args": ["-f", f"{DCGM_COUNTERS_DIR}/counters.csv"],
                                "env": [{"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
                                        {"name": "DCGM_EXPORTER_LISTEN",
                                         "value": f":{props.port}"},
                                        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {
                                            "fieldPath": "spec.nodeName"}}}],
                                "ports": [{"name": "metrics", "containerPort": props.port}],
-                               "securityContext": {
-                                   "runAsNonRoot": False, "runAsUser": 0,
-                                   "allowPrivilegeEscalation": False,
-                                   "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}},
+                               # root (the image's embedded hostengine may write its state and
+                               # log under the root filesystem), without any capability
+                               "securityContext": hardened(read_only_root=False,
+                                                           run_as_user=None),
                                "readinessProbe": probe,
                                "livenessProbe": {**probe, "failureThreshold": 6},
                                "resources": _resources("100m", "128Mi", "512Mi"),
                                "volumeMounts": [{"name": "pod-gpu-resources", "readOnly": True,
-                                                 "mountPath": "/var/lib/kubelet/pod-resources"}],
+                                                 "mountPath": "/var/lib/kubelet/pod-resources"},
+                                                {"name": "counters", "readOnly": True,
+                                                 "mountPath": DCGM_COUNTERS_DIR},
+                                                {"name": "tmp", "mountPath": "/tmp"}],
                            }],
                            "volumes": [{"name": "pod-gpu-resources", "hostPath": {
                                "path": "/var/lib/kubelet/pod-resources",
-                               "type": "Directory"}}],
+                               "type": "Directory"}},
+                               {"name": "counters",
+                                "configMap": {"name": f"{DCGM_COMPONENT}-counters"}},
+                               {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                        }}}})
 
 
@@ -492,9 +522,9 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
     in_cluster = cfg.observability == "self-hosted"
     base = MonitoringBaseChart(app, "monitoring-base", props=MonitoringBaseProps(
         namespace=MONITORING_NAMESPACE, storage_class=STORAGE_CLASS if in_cluster else None,
-        retain_volumes=cfg.retain_data))
+        kubernetes_version=cfg.kubernetes_version, retain_volumes=cfg.retain_data))
     dcgm = DcgmExporterChart(app, "dcgm-exporter", props=DcgmExporterProps(
-        namespace=MONITORING_NAMESPACE, image=images.uri("dcgm-exporter")))
+        namespace=MONITORING_NAMESPACE, image=images.uri(DCGM_IMAGE)))
     dcgm.add_dependency(base)
     rules = dashboards = None
     if in_cluster:

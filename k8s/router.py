@@ -18,7 +18,9 @@ from k8s.api_key import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
 )
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
-from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
+from k8s.objects import (
+    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
+)
 
 COMPONENT = "vllm-router"
 # TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
@@ -132,8 +134,7 @@ class RouterChart(Chart):
                                "automountServiceAccountToken": discovery,
                                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
                                "topologySpreadConstraints": zone_spread(sel),
-                               "securityContext": {"runAsNonRoot": True,
-                                                   "seccompProfile": {"type": "RuntimeDefault"}},
+                               "securityContext": pod_security(),
                                "terminationGracePeriodSeconds": 30,
                                **key_pod,
                                "containers": [{

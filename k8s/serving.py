@@ -17,7 +17,7 @@ from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.api_key import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
-from k8s.objects import standard_labels
+from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import RouterChart, RouterProps
 from k8s.workers import KV_BLOCK_SIZE, LMCACHE_QUIET, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
 
@@ -125,7 +125,10 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     images = cfg.images
     ns = Chart(app, "namespace")
     ApiObject(ns, "Namespace", api_version="v1", kind="Namespace", metadata={
-        "name": SERVING_NAMESPACE, "labels": standard_labels("serving", cfg.name)})
+        "name": SERVING_NAMESPACE, "labels": {
+            **standard_labels("serving", cfg.name),
+            # every serving pod runs non-root, read-only, seccomp'd, without capabilities
+            **pod_security_labels("restricted", cfg.kubernetes_version)}})
     charts: list[Chart] = [ns]
     api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
                if facts.api_key_secret_arn else None)

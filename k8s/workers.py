@@ -23,12 +23,20 @@ from k8s.api_key import (
 )
 from k8s.endpoint_spec import AutoScaling
 from k8s.flows import PROMETHEUS, Flow, Peer
-from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
+from k8s.objects import (
+    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
+)
 
 COMPONENT = "vllm-worker"
 MODELS_DIR = "/models"
 KV_BLOCK_SIZE = 16  # vLLM --block-size == vllm-router --kv-event-block-size
 LMCACHE_DIR = "/etc/lmcache"
+# lmcache/vllm-openai sets no USER and runs `/opt/venv/bin/vllm serve` (LMCache's
+# docker/Dockerfile): nothing in it needs root. vLLM, torch, triton and numba write their
+# caches under $HOME and /tmp, which are emptyDirs; the root filesystem stays read-only.
+WORKER_UID = 1000
+WORKER_HOME = "/home/vllm"
+SCRATCH_ENV = [{"name": "HOME", "value": WORKER_HOME}, {"name": "USER", "value": "vllm"}]
 
 
 @dataclass(frozen=True)
@@ -172,11 +180,13 @@ class WorkersChart(Chart):
             "name": "stage-model", "image": p.staging_image, "imagePullPolicy": "IfNotPresent",
             "command": ["aws", "s3", "sync", "--only-show-errors", "--no-progress",
                         f"s3://{p.model_bucket}/{p.model_location}/", model_dir],
-            "env": [{"name": "AWS_REGION", "value": p.region}],
-            "volumeMounts": [{"name": "model-weights", "mountPath": MODELS_DIR}],
+            "env": [{"name": "AWS_REGION", "value": p.region}, *SCRATCH_ENV],
+            "volumeMounts": [{"name": "model-weights", "mountPath": MODELS_DIR},
+                             {"name": "home", "mountPath": WORKER_HOME},
+                             {"name": "tmp", "mountPath": "/tmp"}],
             "resources": {"requests": {"cpu": "2", "memory": "2Gi"},
                           "limits": {"cpu": "4", "memory": "4Gi"}},
-            "securityContext": hardened(read_only_root=False, run_as_user=None),
+            "securityContext": hardened(run_as_user=WORKER_UID),
         }
         init = [stage]
         config_file = f"{LMCACHE_DIR}/lmcache.yaml"
@@ -193,22 +203,24 @@ class WorkersChart(Chart):
                 "env": [{"name": "AWS_REGION", "value": p.region},
                         {"name": "SECRET_ARN", "value": p.l2.secret_arn},
                         {"name": "L2_URL", "value": with_socket_timeouts(p.l2.url)},
-                        {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}],
+                        {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}, *SCRATCH_ENV],
                 "volumeMounts": [{"name": "lmcache-base", "mountPath": "/config"},
-                                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache"}],
+                                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache"},
+                                 {"name": "home", "mountPath": WORKER_HOME},
+                                 {"name": "tmp", "mountPath": "/tmp"}],
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
                               "limits": {"cpu": "500m", "memory": "256Mi"}},
-                "securityContext": hardened(read_only_root=True, run_as_user=None),
+                "securityContext": hardened(run_as_user=WORKER_UID),
             })
             config_file = "/run/lmcache/lmcache.yaml"
         if p.api_key:
-            init.append(fetch_api_key_container(p.api_key, run_as_user=None))
+            init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
-               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}]
+               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}, *SCRATCH_ENV]
         env += [{"name": k, "value": v} for k, v in p.extra_env]
         if p.l2 and p.l2.secret_arn:
             env.append({"name": LMCACHE_QUIET[0], "value": LMCACHE_QUIET[1]})
@@ -233,19 +245,20 @@ class WorkersChart(Chart):
                 {"name": "model-weights", "mountPath": p.model_mount_path,
                  "subPath": p.endpoint, "readOnly": True},
                 {"name": "dshm", "mountPath": "/dev/shm"},
+                {"name": "home", "mountPath": WORKER_HOME},
+                {"name": "tmp", "mountPath": "/tmp"},
                 {"name": "lmcache-base", "mountPath": LMCACHE_DIR, "readOnly": True},
                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True},
                 *([{"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]
                   if p.api_key else [])],
-            # vLLM writes caches under $HOME and /tmp and runs as root in the upstream image.
-            "securityContext": {"allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"]}},
+            "securityContext": hardened(run_as_user=WORKER_UID),
         }
         pod = {
             "metadata": {"labels": labels},
             "spec": {
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
+                "securityContext": pod_security(WORKER_UID),
                 "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group},
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                  "effect": "NoSchedule"}],
@@ -255,6 +268,8 @@ class WorkersChart(Chart):
                 "volumes": [
                     {"name": "model-weights", "emptyDir": {}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}},
+                    {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},   # compile caches
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
                                                              "sizeLimit": "1Mi"}},

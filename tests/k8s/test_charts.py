@@ -340,3 +340,26 @@ def test_client_affinity_only_where_router_state_is_per_replica(rendered, strate
     attrs = svc["metadata"]["annotations"].get(
         "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes", "")
     assert ("stickiness.type=source_ip" in attrs) is sticky
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_every_serving_pod_meets_pod_security_restricted(rendered, case):
+    """What PSA `restricted` checks, on every pod, init containers included; the namespace
+    enforces it."""
+    _, docs = rendered[case]
+    (ns,) = _all(docs, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = [d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {
+                "drop": ["ALL"]}, c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc.get("runAsUser", pod["securityContext"].get("runAsUser")) != 0
+        for v in pod.get("volumes", []):
+            assert set(v) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"}, v

@@ -34,7 +34,7 @@ LMCACHE_DIR = "/etc/lmcache"
 # lmcache/vllm-openai sets no USER and runs `/opt/venv/bin/vllm serve` (LMCache's
 # docker/Dockerfile): nothing in it needs root. vLLM, torch, triton and numba write their
 # caches under $HOME and /tmp, which are emptyDirs; the root filesystem stays read-only.
-WORKER_UID = 1000
+WORKER_UID = 10001   # any UID works: the image bakes none in; high, off the host range
 WORKER_HOME = "/home/vllm"
 SCRATCH_ENV = [{"name": "HOME", "value": WORKER_HOME}, {"name": "USER", "value": "vllm"}]
 

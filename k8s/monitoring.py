@@ -31,6 +31,7 @@ from config.images import IMAGES, ImageResolver
 from k8s.endpoint_spec import EndpointSpec
 from k8s.flows import PROMETHEUS, Flow, Peer, monitoring_stack_flows
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
+from k8s.secret_fetch import fetch_secret_container
 from k8s.objects import (
     hardened, k8s_object, pod_security_labels, selector_labels, standard_labels,
 )
@@ -208,21 +209,10 @@ def _grafana_values(p: MonitoringValuesProps, g: GrafanaProps) -> dict:
     # Same pattern as the workers' L2 secret: the value goes from Secrets Manager into a memory
     # volume of this pod only. Grafana reads it through GF_SECURITY_ADMIN_PASSWORD__FILE and the
     # sidecars through REQ_PASSWORD_FILE, so the chart renders no admin Secret at all.
-    fetch = {
-        "name": "fetch-admin-password", "image": g.fetch_image, "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/sh", "-c",
-                    "set -eu; umask 077; PW=$(aws secretsmanager get-secret-value --secret-id "
-                    "\"$SECRET_ARN\" --query SecretString --output text); "
-                    "printf '%s' \"$PW\" > \"$OUT\""],
-        "env": [{"name": "AWS_REGION", "value": g.region},
-                {"name": "SECRET_ARN", "value": g.admin_secret_arn},
-                {"name": "OUT", "value": GRAFANA_ADMIN_FILE},
-                {"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [{"name": "admin-credentials", "mountPath": GRAFANA_ADMIN_DIR},
-                         {"name": "fetch-tmp", "mountPath": "/tmp"}],
-        "resources": _resources("50m", "128Mi", "256Mi"),
-        "securityContext": hardened(read_only_root=True, run_as_user=472),
-    }
+    fetch = fetch_secret_container(
+        name="fetch-admin-password", image=g.fetch_image, region=g.region,
+        secret_arn=g.admin_secret_arn, out_file=GRAFANA_ADMIN_FILE, volume="admin-credentials",
+        run_as_user=472)
     return {
         "enabled": True,
         "image": _image_sha_hex(p.images, "grafana"),

@@ -15,7 +15,7 @@ from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAME
 from config.images import IMAGES, KV_EVENT_IMAGES, catalogue_key_for
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
-from k8s.api_key import ApiKey
+from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import RouterChart, RouterProps

@@ -18,7 +18,7 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
 )
-from k8s.api_key import (
+from k8s.secret_fetch import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
 )
 from k8s.endpoint_spec import AutoScaling

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from k8s.api_key import API_KEY_FILE
+from k8s.secret_fetch import API_KEY_FILE
 from tests.e2e.conftest import _rendered_docs
 from tools.loopback import RouterProcess, free_port, localize_router_args, router_binary
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
-from config.contracts import VPC_CIDR
+from config.contracts import PUBLIC_SUBNET_MASK, VPC_CIDR
 from constructs.nag import acknowledge
 from constructs.naming import logical_id
 
@@ -35,7 +35,7 @@ class Network(Construct):
             nat_gateways=props.nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC,
-                                        cidr_mask=22),
+                                        cidr_mask=PUBLIC_SUBNET_MASK),
                 # Pods take VPC addresses (VPC CNI): give the private tier room.
                 ec2.SubnetConfiguration(name="private",
                                         subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from config.contracts import (
-    KEDA_NAMESPACE, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, MONITORING_RELEASE,
-    PROMETHEUS_PORT, VPC_CIDR,
+    KEDA_NAMESPACE, LABEL_INSTANCE, LABEL_NAME, LOAD_BALANCER_CIDR, MONITORING_NAMESPACE,
+    MONITORING_RELEASE, PROMETHEUS_PORT,
 )
 
 CONFIG_RELOADER_PORT = 8080      # prometheus-config-reloader's reloader-web
@@ -48,8 +48,9 @@ def _operator_managed(name: str) -> Mapping[str, str]:
     return {LABEL_INSTANCE: f"{MONITORING_RELEASE}-{name}"}
 
 
-# The Network Load Balancer (IP targets, client IP preservation off): its nodes' VPC addresses.
-LOAD_BALANCER = Peer("load-balancer", cidr=VPC_CIDR)
+# The Network Load Balancer (IP targets, client IP preservation off): its nodes' addresses in
+# the public subnets, where no pod lives.
+LOAD_BALANCER = Peer("load-balancer", cidr=LOAD_BALANCER_CIDR)
 PROMETHEUS = Peer("prometheus", MONITORING_NAMESPACE, _operator_managed("prometheus"))
 ALERTMANAGER = Peer("alertmanager", MONITORING_NAMESPACE, _operator_managed("alertmanager"))
 GRAFANA = Peer("grafana", MONITORING_NAMESPACE,

@@ -53,6 +53,7 @@ class RouterProps:
     api_key: ApiKey | None = None
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
+    load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
 
 
 def router_name(endpoint: str) -> str:
@@ -180,6 +181,9 @@ class RouterChart(Chart):
             annotations.update({f"{_LB}ssl-cert": props.tls_certificate_arn,
                                 f"{_LB}ssl-ports": str(ROUTER_PORT),
                                 f"{_LB}ssl-negotiation-policy": TLS_POLICY})
+        if props.load_balancer_subnets:
+            # internal or not, the NLB's nodes live in the public subnets (LOAD_BALANCER_CIDR)
+            annotations[f"{_LB}subnets"] = props.load_balancer_subnets
         lb_spec = ({"loadBalancerSourceRanges": list(props.source_ranges)}
                    if props.source_ranges else {})
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,

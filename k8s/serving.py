@@ -100,6 +100,7 @@ class ServingFacts:
     service_account: dict[str, str]   # endpoint -> worker service account name
     metrics: MetricsSource            # what KEDA queries
     api_key_secret_arn: str | None = None   # the endpoints' API key (Secrets Manager)
+    load_balancer_subnets: str | None = None   # the public subnet ids, comma-separated
 
 
 def worker_service_account(endpoint: str) -> str:
@@ -117,7 +118,7 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
         service_account={s.name: worker_service_account(s.name) for s in specs},
         metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        api_key_secret_arn="${API_KEY_SECRET_ARN}")
+        api_key_secret_arn="${API_KEY_SECRET_ARN}", load_balancer_subnets="${LB_SUBNETS}")
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
@@ -171,7 +172,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             if kvaware else (),
             kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
             tls_certificate_arn=cfg.listener.certificate_arn,
-            source_ranges=cfg.listener.source_ranges))
+            source_ranges=cfg.listener.source_ranges,
+            load_balancer_subnets=facts.load_balancer_subnets))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import cdk8s
-from aws_cdk import CfnOutput, Stack, aws_ecr_assets as ecr_assets, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import CfnOutput, Fn, Stack, aws_ecr_assets as ecr_assets, aws_eks_v2 as eks, aws_iam as iam
 from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
 
@@ -46,6 +46,8 @@ class ServingStack(Stack):
             "A bearer key shared with clients: rotate by putting a new value and restarting "
             "the router and worker pods (they read it at start).")})
         CfnOutput(self, "ApiKeySecretArn", value=api_key.secret_arn)  # ${API_KEY_SECRET_ARN}
+        # The router NLBs' subnets: the public ones, where no pod has an address.
+        lb_subnets = Fn.join(",", [s.subnet_id for s in cluster.vpc.public_subnets])
         accounts = {}
         for spec in endpoints:
             sa = worker_service_account(spec.name)
@@ -81,7 +83,8 @@ class ServingStack(Stack):
         self.facts = ServingFacts(router_image=router.image_uri,
                                   model_bucket=model_bucket.bucket_name,
                                   managed_l2=managed_l2, service_account=accounts,
-                                  metrics=metrics, api_key_secret_arn=api_key.secret_arn)
+                                  metrics=metrics, api_key_secret_arn=api_key.secret_arn,
+                                  load_balancer_subnets=lb_subnets)
         self.charts_app = cdk8s.App()
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None

@@ -46,5 +46,5 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
         text = "".join(f.read_text() for f in files)
         assert "${Token[" not in text
         for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}", "${L2_ENDPOINT}",
-                            "${L2_SECRET_ARN}", "${API_KEY_SECRET_ARN}"):
+                            "${L2_SECRET_ARN}", "${API_KEY_SECRET_ARN}", "${LB_SUBNETS}"):
             assert placeholder in text, placeholder

@@ -4,7 +4,8 @@ flow is allowed, nothing else reaches a pod in a namespace we own (default deny)
 The universe: every pod the serving and monitoring charts render (two endpoints, so one
 endpoint's router must not reach the other's workers), the kube-prometheus-stack and KEDA pods
 (k8s/flows.py HELM_PODS), an intruder pod in each namespace, an address inside the VPC (the
-load balancer) and one on the internet. With the VPC CNI, pod IPs are VPC addresses too.
+load balancer, in the public subnets), one in a private subnet, and one on the internet. Pods
+take private-subnet addresses (VPC CNI), as in the cluster.
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import cdk8s
 import kubernetes_validate
 import pytest
 
-from config.contracts import MONITORING_NAMESPACE, SERVING_NAMESPACE, VPC_CIDR
+from config.contracts import (
+    LOAD_BALANCER_CIDR, MONITORING_NAMESPACE, SERVING_NAMESPACE, VPC_CIDR,
+)
 from k8s.endpoint_spec import parse_endpoint
 from k8s.flows import HELM_PODS, Peer, monitoring_stack_flows
 from k8s.monitoring import build_monitoring_charts
@@ -43,10 +46,15 @@ def _specs(cfg, strategy, backend):
     return tuple(specs)
 
 
+PRIVATE_SUBNET = "10.64.32.0/19"   # the first private subnet (tests/stacks check the layout)
+
+
 def _universe(docs) -> list[Endpoint]:
-    hosts = ipaddress.ip_network(VPC_CIDR).hosts()
+    hosts = ipaddress.ip_network(PRIVATE_SUBNET).hosts()   # pods take node-subnet addresses
     next(hosts)
-    out = [Endpoint("vpc-address", str(next(hosts))),        # e.g. the NLB's ENI
+    nlb = next(ipaddress.ip_network(LOAD_BALANCER_CIDR).hosts())
+    out = [Endpoint("nlb-node", str(nlb)),                        # the NLB's ENI
+           Endpoint("vpc-node", str(next(hosts))),                # a node or VM in the VPC
            Endpoint("internet", "203.0.113.5")]
     for d in docs:
         if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
@@ -123,6 +131,9 @@ def test_policies_allow_exactly_the_declared_flows(case):
     assert ("alpha-router", "beta-workers", 8000) not in actual
     assert ("intruder-default", "alpha-workers", 8000) not in actual
     assert ("internet", "alpha-router", 8000) not in actual
+    assert ("nlb-node", "alpha-router", 8000) in actual
+    assert ("vpc-node", "alpha-router", 8000) not in actual     # pods and nodes: no
+    assert ("intruder-default", "alpha-router", 8000) not in actual
 
 
 def test_the_evaluator_sees_a_hole():

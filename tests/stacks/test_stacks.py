@@ -1,11 +1,12 @@
 """What must hold in the synthesized templates, for the global and the China environment."""
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
 
-from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
+from config.contracts import GPU_TAINT_KEY, LOAD_BALANCER_CIDR, NODE_ROLE_GPU, NODE_ROLE_LABEL
 from config.images import CHARTS, IMAGES
 from tests.conftest import dumps, resources
 
@@ -191,6 +192,21 @@ def test_cache(synth):
         "CidrIp" not in r for r in sg["Properties"]["SecurityGroupIngress"])
     ingress = resources(t, "AWS::EC2::SecurityGroupIngress").values()
     assert len(ingress) == 1 and "SourceSecurityGroupId" in next(iter(ingress))["Properties"]
+
+
+def test_load_balancer_subnets_hold_no_pod(synth):
+    """The NetworkPolicy ipBlock admitting the NLB (LOAD_BALANCER_CIDR) covers the public
+    subnets, where the router NLBs sit, and no private subnet, where nodes and pods live."""
+    lb = ipaddress.ip_network(LOAD_BALANCER_CIDR)
+    subnets = resources(synth.template("Network"), "AWS::EC2::Subnet").values()
+    public = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
+              if s["Properties"]["MapPublicIpOnLaunch"]]
+    private = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
+               if not s["Properties"]["MapPublicIpOnLaunch"]]
+    assert public and private
+    assert all(n.subnet_of(lb) for n in public) and not any(n.overlaps(lb) for n in private)
+    serving = dumps(synth.template("Serving"))
+    assert "aws-load-balancer-subnets" in serving and "publicSubnet" in serving
 
 
 def test_tags_applied(synth):

@@ -14,12 +14,12 @@ from config.contracts import (
     KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
     WORKER_PORT,
 )
-from k8s.secret_fetch import (
-    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
-)
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
+)
+from k8s.secret_fetch import (
+    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
 )
 
 COMPONENT = "vllm-router"

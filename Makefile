@@ -24,7 +24,13 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	.venv-lmcache/bin/python -m pip install -q --no-deps lmcache==0.5.6
 	touch $@
 
-deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed
+# checkov pins boto3 1.35 and packaging 23: its own venv, so it never moves the main pins.
+.venv-checkov/.installed: requirements-checkov.txt
+	python3 -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install -q -r requirements-checkov.txt
+	touch $@
+
+deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed .venv-checkov/.installed
 
 ## Debian tools the suite runs (promtool, amtool, skopeo, docker-registry, redis-server,
 ## redis_exporter): installed with apt-get when missing and root, otherwise stop with the command.

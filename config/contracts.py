@@ -21,6 +21,15 @@ DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"
 SERVING_NAMESPACE = "kvcache-serving"
 SYSTEM_NAMESPACE = "kube-system"
 MONITORING_NAMESPACE = "kvcache-monitoring"
+KEDA_NAMESPACE = "keda"
+
+# The VPC (CDK) <-> NetworkPolicy ipBlocks. The router's NLB sits in the public subnets (/22
+# each, allocated first: 10.64.0.0/22, /4.0/22, ...), which hold no node and so no pod (the VPC
+# CNI gives pods their node's private-subnet addresses): the ipBlock that admits the NLB admits
+# no pod. tests/stacks check the synthesized subnets against both.
+VPC_CIDR = "10.64.0.0/16"
+PUBLIC_SUBNET_MASK = 22
+LOAD_BALANCER_CIDR = "10.64.0.0/19"   # every public subnet of up to 6 zones, no private one
 
 # Ports
 WORKER_PORT = 8000            # vLLM's OpenAI server
@@ -33,7 +42,10 @@ LMCACHE_SERVER_PORT = 65432   # LMCache's own `lm://` cache server
 REDIS_EXPORTER_PORT = 9121    # redis_exporter beside the self-hosted Valkey (its metrics port)
 
 # The in-cluster Prometheus (China, self-hosted observability) that KEDA queries
-IN_CLUSTER_PROMETHEUS_URL = f"http://kvcache-prometheus.{MONITORING_NAMESPACE}.svc.cluster.local:9090"
+MONITORING_RELEASE = "kvcache"   # kube-prometheus-stack release and fullnameOverride
+PROMETHEUS_PORT = 9090
+IN_CLUSTER_PROMETHEUS_URL = (f"http://{MONITORING_RELEASE}-prometheus.{MONITORING_NAMESPACE}"
+                             f".svc.cluster.local:{PROMETHEUS_PORT}")
 
 # Session affinity for the `session` strategy (vllm-router consistent_hash reads it first)
 SESSION_HEADER = "X-Session-ID"

@@ -79,6 +79,15 @@ class EndpointAccessConfig:
 
 
 @dataclass(frozen=True)
+class ListenerConfig:
+    """The router's load balancer listener: TLS with an ACM certificate of the environment's
+    region (ACM exists in both China regions), and the client CIDRs it accepts."""
+
+    certificate_arn: str | None = None
+    source_ranges: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class EnvironmentConfig:
     name: str
     account: str
@@ -94,6 +103,7 @@ class EnvironmentConfig:
     cache: CacheConfig
     observability: str
     public_listener: bool
+    listener: ListenerConfig
     use_ecr_images: bool
     retain_data: bool
     bucket_encryption: str
@@ -187,6 +197,31 @@ def _type_name(kind: Any) -> str:
     names = {str: "a string", int: "an integer", bool: "true or false", list: "a list",
              Mapping: "a JSON object", float: "a number", (int, float): "a number"}
     return names.get(kind, str(kind))
+
+
+def _listener(r: _Reader, facts: RegionFacts, account: str, public: bool) -> ListenerConfig:
+    arn = r.get("certificateArn", str, None, allowed="an ACM certificate ARN")
+    pattern = (rf"arn:{re.escape(facts.partition)}:acm:{re.escape(facts.region)}:{account}:"
+               r"certificate/[0-9a-f-]{36}")
+    if arn is not None and not re.fullmatch(pattern, arn):
+        raise r.fail("certificateArn", arn, f"an ACM certificate ARN of account {account} in "
+                     f"{facts.region} (arn:{facts.partition}:acm:{facts.region}:{account}:"
+                     "certificate/<uuid>)")
+    ranges = r.strings("sourceRanges", (), allowed="a list of IPv4 CIDRs")
+    for i, cidr in enumerate(ranges):
+        try:
+            ipaddress.IPv4Network(cidr)
+        except ValueError:
+            raise ConfigError(r.env, f"listener.sourceRanges[{i}]", cidr, "an IPv4 CIDR")
+    if public and (arn is None or not ranges):
+        missing = "certificateArn" if arn is None else "sourceRanges"
+        raise r.fail(missing, None, "a value when publicListener is true: an internet-facing "
+                     "listener needs TLS (listener.certificateArn) and client CIDRs "
+                     "(listener.sourceRanges)")
+    if public and "0.0.0.0/0" in ranges:
+        raise r.fail("sourceRanges", list(ranges), "client CIDRs narrower than 0.0.0.0/0")
+    r.done()
+    return ListenerConfig(arn, ranges)
 
 
 def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) -> NodeGroupConfig:
@@ -321,6 +356,8 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     if len(set(names)) != len(names):
         raise ConfigError(name, "nodeGroups", names, "distinct node group names")
 
+    public_listener = r.get("publicListener", bool, False)
+    listener = _listener(r.child("listener", {}), facts, account, public_listener)
     cache = _cache(r.child("cache"), facts)
     observability = r.choice("observability", OBSERVABILITY_KINDS,
                              "managed" if facts.managed_observability else "self-hosted")
@@ -362,7 +399,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
                                    allowed="IAM role names (not ARNs) in the account"),
         system_nodes=system, gpu_node_groups=gpu_groups, cache=cache,
         observability=observability,
-        public_listener=r.get("publicListener", bool, False),
+        public_listener=public_listener, listener=listener,
         use_ecr_images=use_ecr,
         retain_data=r.choice("removalPolicy", REMOVAL, "retain") == "retain",
         bucket_encryption=r.choice("bucketEncryption", BUCKET_ENCRYPTION, "kms"),

@@ -52,6 +52,8 @@ class ClusterMonitoring(Construct):
         base = self._apply("Base", p.cluster, p.charts.base)
         dcgm = self._apply("DcgmExporter", p.cluster, p.charts.dcgm)
         dcgm.node.add_dependency(base)
+        policies = self._apply("NetworkPolicies", p.cluster, p.charts.network_policies)
+        policies.node.add_dependency(base)
 
         prometheus = PodIdentityRole(self, "PrometheusIdentity", props=PodIdentityRoleProps(
             cluster=p.cluster, namespace=p.namespace,

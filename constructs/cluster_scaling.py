@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from aws_cdk import CfnJson, Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from config.contracts import NODE_ROLE_LABEL, NODE_ROLE_SYSTEM
+from config.contracts import KEDA_NAMESPACE, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM
 from config.images import CHARTS, IMAGES, ImageResolver
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 
-KEDA_NAMESPACE = "keda"
 KEDA_OPERATOR_SA = "keda-operator"
 AUTOSCALER_SA = "cluster-autoscaler"
 

@@ -19,11 +19,20 @@ from config import NodeGroupConfig, RegionFacts
 from k8s.device_plugin import DevicePluginChart
 from constructs.naming import logical_id
 from constructs.nag import acknowledge, managed_policy, wildcard
-from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
+from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps, pod_identity_principal
 from config.contracts import (
     DEVICE_PLUGIN_LABEL,    GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
     NODE_ROLE_SYSTEM,
 )
+
+# The VPC CNI's own service account; its AWS permissions come through Pod Identity on it, so the
+# node role (reachable by any pod only through IMDS, which hop limit 1 closes) does not hold them.
+CNI_SERVICE_ACCOUNT = "aws-node"
+CNI_POLICY = "AmazonEKS_CNI_Policy"
+# The add-on's network policy agent enforces NetworkPolicy objects (off by default).
+VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
+# Hop limit 1: IMDSv2 answers the node, not a pod behind the container network namespace.
+IMDS_HOP_LIMIT = 1
 
 # Bottlerocket mounts its data volume on xvdb; AL2023 has one root volume on xvda.
 _DATA_DEVICE = {"BOTTLEROCKET": "/dev/xvdb"}
@@ -83,10 +92,26 @@ class GpuCluster(Construct):
             self, "NodeRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(n) for n in (
                 "AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",
-                "AmazonEKS_CNI_Policy", "AmazonSSMManagedInstanceCore")],
+                "AmazonSSMManagedInstanceCore")],
         )
+        # Add-ons before nodes: aws-node must have its Pod Identity before a node joins.
+        addons = {name: eks.Addon(
+            self, logical_id(name), cluster=self.cluster, addon_name=name,
+            preserve_on_delete=False,
+            configuration_values=VPC_CNI_CONFIGURATION if name == "vpc-cni" else None)
+            for name in ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")}
+        self.cni_role = iam.Role(self, "VpcCniRole", assumed_by=pod_identity_principal(),
+                                 managed_policies=[
+                                     iam.ManagedPolicy.from_aws_managed_policy_name(CNI_POLICY)])
+        cni = addons["vpc-cni"]
+        cni.node.default_child.add_property_override("PodIdentityAssociations", [{
+            "ServiceAccount": CNI_SERVICE_ACCOUNT, "RoleArn": self.cni_role.role_arn}])
+        cni.node.add_dependency(addons["eks-pod-identity-agent"])
+        node_prereqs = (cni, addons["eks-pod-identity-agent"], addons["kube-proxy"])
         self.system_nodegroup = self._nodegroup(props.system_nodes, private, {
             NODE_ROLE_LABEL: NODE_ROLE_SYSTEM}, taints=[])
+        self.system_nodegroup.node.add_dependency(*node_prereqs)
+        addons["coredns"].node.add_dependency(self.system_nodegroup)  # Deployment: needs nodes
         self.gpu_nodegroups: dict[str, eks.Nodegroup] = {}
         for group in props.gpu_node_groups:
             labels = {NODE_ROLE_LABEL: NODE_ROLE_GPU}
@@ -95,10 +120,7 @@ class GpuCluster(Construct):
             self.gpu_nodegroups[group.name] = self._nodegroup(group, private, labels, taints=[
                 eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY,
                               value=GPU_TAINT_VALUE)])
-
-        for addon in ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent"):
-            eks.Addon(self, logical_id(addon), cluster=self.cluster, addon_name=addon,
-                      preserve_on_delete=False)
+            self.gpu_nodegroups[group.name].node.add_dependency(*node_prereqs)
         ebs_role = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
             cluster=self.cluster, namespace="kube-system",
             service_account="ebs-csi-controller-sa")).role
@@ -135,7 +157,7 @@ class GpuCluster(Construct):
         device = _DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda")
         template = ec2.LaunchTemplate(
             self, f"{logical_id(group.name)}Template",
-            require_imdsv2=True, http_put_response_hop_limit=2,
+            require_imdsv2=True, http_put_response_hop_limit=IMDS_HOP_LIMIT,
             block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
                 group.disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
         )
@@ -154,7 +176,7 @@ class GpuCluster(Construct):
 
 
 _NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",
-                  "AmazonEKS_CNI_Policy", "AmazonSSMManagedInstanceCore")
+                  "AmazonSSMManagedInstanceCore")
 _ALB_RESOURCES = (
     "*", "arn:<AWS::Partition>:ec2:*:*:security-group/*",
     "arn:<AWS::Partition>:elasticloadbalancing:*:*:targetgroup/*/*",
@@ -193,6 +215,9 @@ def _acknowledge_cluster_findings(c: GpuCluster) -> None:
         "The AWS Load Balancer Controller policy CDK ships for this version: it manages load "
         "balancers it creates, named at run time; tag conditions scope the writes.")
         for r in _ALB_RESOURCES})
+    acknowledge(c.cni_role, {managed_policy(CNI_POLICY): (
+        "The VPC CNI policy AWS maintains (ENI and IP management), bound to aws-node only by "
+        "Pod Identity instead of the node role.")})
     acknowledge(c, {managed_policy("service-role/AmazonEBSCSIDriverPolicy"): (
         "The EBS CSI driver policy AWS maintains, bound to its one service account by Pod "
         "Identity.")})

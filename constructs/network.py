@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
+
+from config.contracts import PUBLIC_SUBNET_MASK, VPC_CIDR
 from constructs.nag import acknowledge
 from constructs.naming import logical_id
 
@@ -15,7 +17,7 @@ class NetworkProps:
     nat_gateways: int
     flow_log_retention: logs.RetentionDays
     removal_policy: RemovalPolicy
-    cidr: str = "10.64.0.0/16"
+    cidr: str = VPC_CIDR
     # Interface endpoints keep image pulls, STS and logs off the NAT. EKS and EKS Auth are not
     # offered as endpoints in every partition, so the region facts choose the list.
     interface_endpoints: tuple[str, ...] = ()  # InterfaceVpcEndpointAwsService constant names
@@ -33,7 +35,7 @@ class Network(Construct):
             nat_gateways=props.nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC,
-                                        cidr_mask=22),
+                                        cidr_mask=PUBLIC_SUBNET_MASK),
                 # Pods take VPC addresses (VPC CNI): give the private tier room.
                 ec2.SubnetConfiguration(name="private",
                                         subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,

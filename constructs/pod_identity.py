@@ -17,11 +17,15 @@ class PodIdentityRoleProps:
     service_account: str
 
 
+def pod_identity_principal() -> iam.IPrincipal:
+    """Who assumes a Pod Identity role: the EKS Pod Identity agent, with session tags."""
+    return iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags()
+
+
 class PodIdentityRole(Construct):
     def __init__(self, scope: Construct, id: str, *, props: PodIdentityRoleProps) -> None:
         super().__init__(scope, id)
-        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal(
-            "pods.eks.amazonaws.com").with_session_tags())
+        self.role = iam.Role(self, "Role", assumed_by=pod_identity_principal())
         eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=props.cluster.cluster_name,
             namespace=props.namespace, service_account=props.service_account,

@@ -1,8 +1,8 @@
 """Self-hosted L2 caches in the cluster, shared by an environment's workers.
 
 Valkey runs as a pure cache (no persistence, LRU eviction); LMCache's own server backs the
-`tieredstorage` -> `lmcache-server` mapping. Only worker pods may connect (NetworkPolicy;
-enforced where the VPC CNI's network policy agent is on).
+`tieredstorage` -> `lmcache-server` mapping. Only worker pods may connect (the flows below
+become NetworkPolicies in k8s/network_policies.py).
 """
 from __future__ import annotations
 
@@ -12,14 +12,18 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    CACHE_PORT, LABEL_NAME, LMCACHE_SERVER_PORT, MONITORING_NAMESPACE, NODE_ROLE_LABEL,
-    NODE_ROLE_SYSTEM, REDIS_EXPORTER_PORT,
+    CACHE_PORT, LABEL_NAME, LMCACHE_SERVER_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+    REDIS_EXPORTER_PORT,
 )
-from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels
-from k8s.workers import COMPONENT as WORKER_COMPONENT
+from k8s.flows import PROMETHEUS, Flow, Peer
+from k8s.objects import (
+    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels,
+)
+from k8s.workers import COMPONENT as WORKER_COMPONENT, SCRATCH_ENV, WORKER_HOME, WORKER_UID
 
 VALKEY = "valkey"
 LMCACHE_SERVER = "lmcache-server"
+VALKEY_UID = 999   # the valkey image's own user
 
 
 @dataclass(frozen=True)
@@ -52,16 +56,23 @@ class SharedCacheChart(Chart):
                 "args": ["valkey-server", "--port", str(port), "--save", "",
                          "--appendonly", "no", "--maxmemory", f"{maxmem_mib}mb",
                          "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"],
-                "securityContext": hardened(read_only_root=True, run_as_user=999),
+                "securityContext": hardened(read_only_root=True, run_as_user=VALKEY_UID),
             }
+            uid, volumes = VALKEY_UID, []
             probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
         else:
             container = {
                 "name": "lmcache-server", "image": p.image, "imagePullPolicy": "IfNotPresent",
                 "command": ["lmcache_server"], "args": ["0.0.0.0", str(port), "cpu"],
-                "securityContext": {"allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]}},
+                # the worker image, run as the workers run it: non-root, read-only root
+                "env": SCRATCH_ENV,
+                "volumeMounts": [{"name": "home", "mountPath": WORKER_HOME},
+                                 {"name": "tmp", "mountPath": "/tmp"}],
+                "securityContext": hardened(run_as_user=WORKER_UID),
             }
+            uid = WORKER_UID
+            volumes = [{"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
+                       {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
             probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
         container.update({
             "ports": [{"name": "cache", "containerPort": port}],
@@ -71,34 +82,33 @@ class SharedCacheChart(Chart):
         })
         containers = [container]
         ports = [{"name": "cache", "port": port, "targetPort": "cache"}]
-        ingress = [{"from": [{"podSelector": {"matchLabels": {LABEL_NAME: WORKER_COMPONENT}}}],
-                    "ports": [{"protocol": "TCP", "port": port}]}]
         if p.exporter_image:
             if p.kind != VALKEY:
                 raise ValueError("the redis_exporter sidecar reads Valkey only")
             containers.append(_exporter(p.exporter_image, port))
             ports.append({"name": "metrics", "port": REDIS_EXPORTER_PORT,
                           "targetPort": "metrics"})
-            ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": MONITORING_NAMESPACE}}}],
-                "ports": [{"protocol": "TCP", "port": REDIS_EXPORTER_PORT}]})
-        k8s_object(self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
+        workload = k8s_object(
+                   self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "replicas": 1, "serviceName": name,
                        "selector": {"matchLabels": sel},
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "automountServiceAccountToken": False,
+                           "securityContext": pod_security(uid),
                            "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
-                           "containers": containers}}}})
+                           "containers": containers, "volumes": volumes}}}})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "selector": sel, "ports": ports}})
-        k8s_object(self, "NetworkPolicy", api_version="networking.k8s.io/v1",
-                   kind="NetworkPolicy", name=name, namespace=p.namespace, labels=labels,
-                   body={"spec": {
-                       "podSelector": {"matchLabels": sel}, "policyTypes": ["Ingress"],
-                       "ingress": ingress}})
+        cache = Peer(name, p.namespace, sel)
+        workers = Peer("all-workers", p.namespace, {LABEL_NAME: WORKER_COMPONENT})
+        self.flows = (Flow(workers, cache, port, "KV chunks from every endpoint's workers"),)
+        pod = workload.to_json()["spec"]["template"]["spec"]
+        exposed = {pt["containerPort"] for c in pod["containers"] for pt in c.get("ports", [])}
+        if REDIS_EXPORTER_PORT in exposed:  # the redis_exporter sidecar, where it runs
+            self.flows += (Flow(PROMETHEUS, cache, REDIS_EXPORTER_PORT, "cache metrics"),)
 
 
 def _exporter(image: str, cache_port: int) -> dict:

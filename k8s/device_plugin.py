@@ -28,6 +28,7 @@ class DevicePluginChart(Chart):
                            "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                             "effect": "NoSchedule"}],
                            "automountServiceAccountToken": False,
+                           "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                            "containers": [{
                                "name": "nvidia-device-plugin", "image": image,
                                "imagePullPolicy": "IfNotPresent",

@@ -121,13 +121,14 @@ _ROWS = (
     Field("spec.loadBalancer.routingAlgorithm", IGNORED, "the router, not the load balancer, "
           "picks workers"),
     Field("spec.tlsConfig.customCertificateConfig.acmArn", USED, "the certificate of the "
-          "router load balancer's TLS listener (an ACM certificate of the environment's "
-          "partition and region)"),
+          "router load balancer's TLS listener where it is the environment's account and "
+          "region; otherwise the environment's listener.certificateArn serves (a warning)"),
     Field("spec.tlsConfig.customCertificateConfig.domainName", IGNORED, "no DNS record: point "
           "the certificate's name at the load balancer"),
     Field("spec.tlsConfig.tlsCertificateOutputS3Uri", IGNORED, "no certificate is generated or "
           "written to S3: TLS terminates at the router's load balancer only with an ACM "
-          "certificate (customCertificateConfig.acmArn or the environment's routerTls)"),
+          "certificate (customCertificateConfig.acmArn or the environment's "
+          "listener.certificateArn); without one the listener is plain TCP inside the VPC"),
     # Worker
     Field("spec.worker.image", USED, "the worker image as written (a vLLM image carrying "
           "LMCache); in China and with useEcrImages, its copy in the account's ECR "

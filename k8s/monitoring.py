@@ -25,28 +25,32 @@ from constructs import Construct
 
 from config import EnvironmentConfig
 from config.contracts import (
-    GPU_TAINT_KEY, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, NODE_ROLE_GPU,
-    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, SERVING_NAMESPACE,
+    GPU_TAINT_KEY, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, MONITORING_RELEASE,
+    NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, PROMETHEUS_PORT, SERVING_NAMESPACE,
 )
 from config.images import IMAGES, ImageResolver
 from k8s.endpoint_spec import EndpointSpec
-from k8s.objects import hardened, k8s_object, selector_labels, standard_labels
+from k8s.flows import PROMETHEUS, Flow, Peer, monitoring_stack_flows
+from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
+from k8s.secret_fetch import fetch_secret_container
+from k8s.objects import (
+    hardened, k8s_object, pod_security_labels, selector_labels, standard_labels,
+)
 from k8s.router import COMPONENT as ROUTER_COMPONENT
 from k8s.workers import COMPONENT as WORKER_COMPONENT
 from observability.dashboards import build_dashboards, dumps
 from k8s.cache import VALKEY
 from observability.metrics import (
-    COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
+    CATALOGUE, COMPONENT_LABEL, DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
 )
 from observability.alerting import alertmanager_config
 from observability.rules import rule_file
 
 CHART_KEY = "kube-prometheus-stack"
-RELEASE = "kvcache"     # fullnameOverride: Services kvcache-prometheus, kvcache-grafana...
+RELEASE = MONITORING_RELEASE     # fullnameOverride: Services kvcache-prometheus, kvcache-grafana...
 PROMETHEUS_SERVICE_ACCOUNT = f"{RELEASE}-prometheus"
 GRAFANA_SERVICE_ACCOUNT = f"{RELEASE}-grafana"
 ALERTMANAGER_SERVICE_ACCOUNT = f"{RELEASE}-alertmanager"   # publishes to SNS (Pod Identity)
-PROMETHEUS_PORT = 9090
 GRAFANA_ADMIN_USER = "admin"
 GRAFANA_ADMIN_DIR = "/etc/grafana-admin"
 GRAFANA_ADMIN_FILE = f"{GRAFANA_ADMIN_DIR}/password"
@@ -224,21 +228,10 @@ def _grafana_values(p: MonitoringValuesProps, g: GrafanaProps) -> dict:
     # Same pattern as the workers' L2 secret: the value goes from Secrets Manager into a memory
     # volume of this pod only. Grafana reads it through GF_SECURITY_ADMIN_PASSWORD__FILE and the
     # sidecars through REQ_PASSWORD_FILE, so the chart renders no admin Secret at all.
-    fetch = {
-        "name": "fetch-admin-password", "image": g.fetch_image, "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/sh", "-c",
-                    "set -eu; umask 077; PW=$(aws secretsmanager get-secret-value --secret-id "
-                    "\"$SECRET_ARN\" --query SecretString --output text); "
-                    "printf '%s' \"$PW\" > \"$OUT\""],
-        "env": [{"name": "AWS_REGION", "value": g.region},
-                {"name": "SECRET_ARN", "value": g.admin_secret_arn},
-                {"name": "OUT", "value": GRAFANA_ADMIN_FILE},
-                {"name": "HOME", "value": "/tmp"}],
-        "volumeMounts": [{"name": "admin-credentials", "mountPath": GRAFANA_ADMIN_DIR},
-                         {"name": "fetch-tmp", "mountPath": "/tmp"}],
-        "resources": _resources("50m", "128Mi", "256Mi"),
-        "securityContext": hardened(read_only_root=True, run_as_user=472),
-    }
+    fetch = fetch_secret_container(
+        name="fetch-admin-password", image=g.fetch_image, region=g.region,
+        secret_arn=g.admin_secret_arn, out_file=GRAFANA_ADMIN_FILE, volume="admin-credentials",
+        run_as_user=472)
     return {
         "enabled": True,
         "image": _image_sha_hex(p.images, "grafana"),
@@ -379,6 +372,7 @@ def chart_images(values: Mapping[str, Any]) -> list[str]:
 class MonitoringBaseProps:
     namespace: str
     storage_class: str | None      # set: create the gp3 StorageClass the PVCs use
+    kubernetes_version: str
     retain_volumes: bool = True
 
 
@@ -389,8 +383,12 @@ class MonitoringBaseChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: MonitoringBaseProps) -> None:
         super().__init__(scope, id)
         labels = standard_labels("monitoring", "cluster")
+        # node-exporter (host network, PID and paths) and the DCGM exporter (the kubelet's
+        # pod-resources socket) need `privileged`; everything stricter is audited and warned.
         ApiObject(self, "Namespace", api_version="v1", kind="Namespace",
-                  metadata={"name": props.namespace, "labels": labels})
+                  metadata={"name": props.namespace, "labels": {
+                      **labels, **pod_security_labels("privileged", props.kubernetes_version,
+                                                       audit="baseline")}})
         if props.storage_class:
             k8s_object(self, "StorageClass", api_version="storage.k8s.io/v1",
                        kind="StorageClass", name=props.storage_class, namespace=None,
@@ -409,16 +407,34 @@ class DcgmExporterProps:
     port: int = DCGM_PORT
 
 
+DCGM_COUNTERS_DIR = "/etc/kvcache-dcgm"
+DCGM_IMAGE = "dcgm-exporter"      # catalogue key, and the metrics catalogue's source
+
+
+def dcgm_counters_csv() -> str:
+    """The exporter's counters file: exactly the DCGM_FI_DEV_* fields the dashboards and rules
+    name (observability/metrics.py), no DCGM_FI_PROF_* profiling field, so no SYS_ADMIN."""
+    rows = [f"{m.name}, {m.type}, {m.help.replace(',', ' -')}" for m in CATALOGUE.values()
+            if m.source == DCGM_IMAGE]
+    return "# field, prometheus type, help\n" + "\n".join(rows) + "\n"
+
+
 class DcgmExporterChart(Chart):
-    """NVIDIA DCGM exporter on every GPU node (pod spec after NVIDIA's chart 4.8.2): root with
-    SYS_ADMIN for profiling counters, the kubelet pod-resources socket to label GPUs by pod."""
+    """NVIDIA DCGM exporter on every GPU node (pod spec after NVIDIA's chart 4.8.2), with our
+    counters file (device fields only: no SYS_ADMIN, no capability at all) and the kubelet
+    pod-resources socket to label GPUs by pod."""
 
     def __init__(self, scope: Construct, id: str, *, props: DcgmExporterProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
         sel = selector_labels(DCGM_COMPONENT, "cluster")
         labels = standard_labels(DCGM_COMPONENT, "cluster")
+        self.flows = (Flow(PROMETHEUS, Peer(DCGM_COMPONENT, props.namespace, sel), props.port,
+                           "GPU metrics"),)
         probe = {"httpGet": {"path": "/health", "port": "metrics"},
                  "initialDelaySeconds": 45, "periodSeconds": 10}
+        k8s_object(self, "Counters", api_version="v1", kind="ConfigMap",
+                   name=f"{DCGM_COMPONENT}-counters", namespace=props.namespace, labels=labels,
+                   body={"data": {"counters.csv": dcgm_counters_csv()}})
         k8s_object(self, "DaemonSet", api_version="apps/v1", kind="DaemonSet",
                    name=DCGM_COMPONENT, namespace=props.namespace, labels=labels, body={"spec": {
                        "selector": {"matchLabels": sel},
@@ -427,31 +443,38 @@ class DcgmExporterChart(Chart):
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "priorityClassName": "system-node-critical",
                            "automountServiceAccountToken": False,
+                           "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                            "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU},
                            "tolerations": [_GPU_TOLERATION],
                            "containers": [{
                                "name": "exporter", "image": props.image,
                                "imagePullPolicy": "IfNotPresent",
-                               "args": ["-f", "/etc/dcgm-exporter/default-counters.csv"],
+                               "args": ["-f", f"{DCGM_COUNTERS_DIR}/counters.csv"],
                                "env": [{"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
                                        {"name": "DCGM_EXPORTER_LISTEN",
                                         "value": f":{props.port}"},
                                        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {
                                            "fieldPath": "spec.nodeName"}}}],
                                "ports": [{"name": "metrics", "containerPort": props.port}],
-                               "securityContext": {
-                                   "runAsNonRoot": False, "runAsUser": 0,
-                                   "allowPrivilegeEscalation": False,
-                                   "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}},
+                               # root (the image's embedded hostengine may write its state and
+                               # log under the root filesystem), without any capability
+                               "securityContext": hardened(read_only_root=False,
+                                                           run_as_user=None),
                                "readinessProbe": probe,
                                "livenessProbe": {**probe, "failureThreshold": 6},
                                "resources": _resources("100m", "128Mi", "512Mi"),
                                "volumeMounts": [{"name": "pod-gpu-resources", "readOnly": True,
-                                                 "mountPath": "/var/lib/kubelet/pod-resources"}],
+                                                 "mountPath": "/var/lib/kubelet/pod-resources"},
+                                                {"name": "counters", "readOnly": True,
+                                                 "mountPath": DCGM_COUNTERS_DIR},
+                                                {"name": "tmp", "mountPath": "/tmp"}],
                            }],
                            "volumes": [{"name": "pod-gpu-resources", "hostPath": {
                                "path": "/var/lib/kubelet/pod-resources",
-                               "type": "Directory"}}],
+                               "type": "Directory"}},
+                               {"name": "counters",
+                                "configMap": {"name": f"{DCGM_COMPONENT}-counters"}},
+                               {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                        }}}})
 
 
@@ -500,9 +523,11 @@ class MonitoringCharts:
     dcgm: DcgmExporterChart
     rules: AlertRulesChart | None           # in-cluster Prometheus only (China)
     dashboards: DashboardsChart | None      # in-cluster Grafana only (China)
+    network_policies: NetworkPoliciesChart
 
     def all(self) -> list[Chart]:
-        return [c for c in (self.base, self.dcgm, self.rules, self.dashboards) if c]
+        return [c for c in (self.base, self.dcgm, self.rules, self.dashboards,
+                            self.network_policies) if c]
 
 
 def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
@@ -511,9 +536,9 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
     in_cluster = cfg.observability == "self-hosted"
     base = MonitoringBaseChart(app, "monitoring-base", props=MonitoringBaseProps(
         namespace=MONITORING_NAMESPACE, storage_class=STORAGE_CLASS if in_cluster else None,
-        retain_volumes=cfg.retain_data))
+        kubernetes_version=cfg.kubernetes_version, retain_volumes=cfg.retain_data))
     dcgm = DcgmExporterChart(app, "dcgm-exporter", props=DcgmExporterProps(
-        namespace=MONITORING_NAMESPACE, image=images.uri("dcgm-exporter")))
+        namespace=MONITORING_NAMESPACE, image=images.uri(DCGM_IMAGE)))
     dcgm.add_dependency(base)
     rules = dashboards = None
     if in_cluster:
@@ -523,7 +548,11 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
             namespace=MONITORING_NAMESPACE, dashboards=build_dashboards(cfg, specs)))
         for chart in (rules, dashboards):
             chart.add_dependency(base)
-    return MonitoringCharts(base, dcgm, rules, dashboards)
+    policies = NetworkPoliciesChart(app, "monitoring-network-policies", props=NetworkPoliciesProps(
+        namespace=MONITORING_NAMESPACE,
+        flows=dcgm.flows + monitoring_stack_flows(in_cluster)))
+    policies.add_dependency(base)
+    return MonitoringCharts(base, dcgm, rules, dashboards, policies)
 
 
 # Values AWS assigns at deploy time, in the GitOps copy (dist/<env>/helm/): the stacks' outputs.

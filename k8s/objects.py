@@ -51,6 +51,29 @@ def hardened(read_only_root: bool = True, run_as_user: int | None = 65532) -> di
     return ctx
 
 
+def pod_security(run_as_user: int | None = 65532) -> dict[str, Any]:
+    """Pod-level: seccomp RuntimeDefault always; non-root (with its fsGroup owning emptyDirs)
+    where every container can run so."""
+    ctx: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as_user is not None:
+        ctx.update(runAsNonRoot=True, runAsUser=run_as_user, runAsGroup=run_as_user,
+                   fsGroup=run_as_user)
+    return ctx
+
+
+PSA = "pod-security.kubernetes.io/"
+
+
+def pod_security_labels(enforce: str, version: str, audit: str | None = None) -> dict[str, str]:
+    """Pod Security Admission: `enforce` rejects pods; audit/warn (default: `enforce`) report
+    what a stricter level would reject. Pinned to the cluster's minor version."""
+    audit = audit or enforce
+    v = f"v{version}"
+    return {f"{PSA}enforce": enforce, f"{PSA}enforce-version": v,
+            f"{PSA}audit": audit, f"{PSA}audit-version": v,
+            f"{PSA}warn": audit, f"{PSA}warn-version": v}
+
+
 def pdb(scope: Construct, *, name: str, namespace: str, labels: Mapping[str, str],
         selector: Mapping[str, str], max_unavailable: int = 1) -> ApiObject:
     return k8s_object(scope, "Pdb", api_version="policy/v1", kind="PodDisruptionBudget",

@@ -11,11 +11,24 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT, WORKER_PORT,
+    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
+    WORKER_PORT,
 )
-from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
+from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
+from k8s.objects import (
+    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
+)
+from k8s.secret_fetch import (
+    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+)
 
 COMPONENT = "vllm-router"
+# TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
+TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+_LB = "service.beta.kubernetes.io/aws-load-balancer-"
+# The router takes its key only as an argument: appended at exec time, never in the manifest.
+ROUTER_COMMAND = ["/bin/sh", "-c",
+                  f'exec vllm-router "$@" --api-key "$(cat {API_KEY_FILE})"', "vllm-router"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,15 @@ class RouterProps:
     model_name: str = ""
     cpu: str = "1"
     memory: str = "1Gi"
+    api_key: ApiKey | None = None
+    tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
+    source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
+    load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
+
+
+def router_name(endpoint: str) -> str:
+    """The router's Deployment, Service and service account (Pod Identity binds the last)."""
+    return f"{endpoint}-router"
 
 
 def router_args(p: RouterProps) -> list[str]:
@@ -68,11 +90,18 @@ def router_args(p: RouterProps) -> list[str]:
 class RouterChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: RouterProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
-        name = f"{props.endpoint}-router"
+        name = router_name(props.endpoint)
         sel = selector_labels(COMPONENT, props.endpoint)
         labels = standard_labels(COMPONENT, props.endpoint)
         ns = props.namespace
         discovery = not props.static_workers
+        router = Peer(name, ns, sel)
+        workers = Peer(f"{props.endpoint}-workers", ns, dict(props.worker_selector))
+        self.flows = (Flow(LOAD_BALANCER, router, ROUTER_PORT, "clients, through the NLB"),
+                      Flow(PROMETHEUS, router, ROUTER_METRICS_PORT, "router metrics"),
+                      Flow(router, workers, WORKER_PORT, "requests, health, render/tokenize"))
+        if props.kv_event_sources:
+            self.flows += (Flow(router, workers, KV_EVENTS_PORT, "KV events (ZMQ SUB)"),)
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
                    namespace=ns, labels=labels, body={"automountServiceAccountToken": discovery})
         if discovery:  # least privilege: read pods in this namespace, nothing else
@@ -86,6 +115,12 @@ class RouterChart(Chart):
                                        "name": name},
                            "subjects": [{"kind": "ServiceAccount", "name": name,
                                          "namespace": ns}]})
+        key_pod, key_container = {}, {}
+        if props.api_key:
+            key_pod = {"initContainers": [fetch_api_key_container(props.api_key, 65532)],
+                       "volumes": API_KEY_VOLUMES}
+            key_container = {"command": ROUTER_COMMAND, "volumeMounts": [
+                {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
         probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
                  "timeoutSeconds": 3}
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
@@ -101,12 +136,13 @@ class RouterChart(Chart):
                                "automountServiceAccountToken": discovery,
                                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
                                "topologySpreadConstraints": zone_spread(sel),
-                               "securityContext": {"runAsNonRoot": True,
-                                                   "seccompProfile": {"type": "RuntimeDefault"}},
+                               "securityContext": pod_security(),
                                "terminationGracePeriodSeconds": 30,
+                               **key_pod,
                                "containers": [{
                                    "name": "router", "image": props.image,
                                    "imagePullPolicy": "IfNotPresent",
+                                   **key_container,
                                    "args": router_args(props),
                                    "ports": [{"name": "http", "containerPort": ROUTER_PORT},
                                              {"name": "metrics",
@@ -142,6 +178,15 @@ class RouterChart(Chart):
             # one replica. session hashes the same key to the same worker on every replica.
             annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"] = (
                 "stickiness.enabled=true,stickiness.type=source_ip")
+        if props.tls_certificate_arn:
+            annotations.update({f"{_LB}ssl-cert": props.tls_certificate_arn,
+                                f"{_LB}ssl-ports": str(ROUTER_PORT),
+                                f"{_LB}ssl-negotiation-policy": TLS_POLICY})
+        if props.load_balancer_subnets:
+            # internal or not, the NLB's nodes live in the public subnets (LOAD_BALANCER_CIDR)
+            annotations[f"{_LB}subnets"] = props.load_balancer_subnets
+        lb_spec = ({"loadBalancerSourceRanges": list(props.source_ranges)}
+                   if props.source_ranges else {})
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
                    labels=labels, annotations={**annotations,
                        # AWS Load Balancer Controller: an NLB straight to pod IPs
@@ -156,7 +201,7 @@ class RouterChart(Chart):
                            "HTTP",
                    }, body={"spec": {
                        "type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
-                       "selector": sel,
+                       **lb_spec, "selector": sel,
                        "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]}})
         k8s_object(self, "MetricsService", api_version="v1", kind="Service",
                    name=f"{name}-metrics", namespace=ns, labels=labels, body={"spec": {

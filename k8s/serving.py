@@ -15,9 +15,11 @@ from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAME
 from config.images import IMAGES, KV_EVENTS_SINCE, vllm_version
 from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
-from k8s.objects import standard_labels
+from k8s.secret_fetch import ApiKey
+from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
+from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import RouterChart, RouterProps
-from k8s.workers import KV_BLOCK_SIZE, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
+from k8s.workers import KV_BLOCK_SIZE, LMCACHE_QUIET, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
@@ -58,6 +60,21 @@ def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             warnings.append(f"{where}.intelligentRoutingSpec.routingStrategy: kvaware needs "
                             f"KV events (vLLM 0.9 or later); the vLLM version of "
                             f"{s.worker_image} is not known here: check it publishes them")
+    certificate = s.tls_certificate_arn
+    if certificate:
+        _, partition, _, region, account, _ = certificate.split(":", 5)
+        if (partition, region, account) != (cfg.facts.partition, cfg.region, cfg.account):
+            if cfg.listener.certificate_arn is None:
+                raise ConfigError(cfg.name, f"{where}.tlsConfig.customCertificateConfig.acmArn",
+                                  certificate, f"an ACM certificate of account {cfg.account} in "
+                                  f"{cfg.region} (arn:{cfg.facts.partition}:acm:{cfg.region}:"
+                                  f"{cfg.account}:certificate/<id>), or the environment's "
+                                  "listener.certificateArn in cdk.json")
+            warnings.append(f"{where}.tlsConfig.customCertificateConfig.acmArn: a certificate "
+                            f"of {account} in {region} cannot serve a load balancer of "
+                            f"{cfg.account} in {cfg.region}: the environment's "
+                            "listener.certificateArn does")
+            certificate = None
     if s.image.digest is None and s.image.key not in IMAGES:
         warnings.append(f"{where}.worker.image: {s.worker_image} has no digest: pin it "
                         "(image@sha256:...; `python -m tools mirror --resolve` prints it)")
@@ -75,12 +92,17 @@ def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                               f"at most {capacity} (node group {group.name}: maxSize "
                               f"{group.max_size} x {group.gpus_per_node // s.gpus} "
                               "workers per node)")
+    if (s.l2_enabled and s.l2_url is None and _shared_kind(cfg, s) is None
+            and any(e["name"] == LMCACHE_QUIET[0] for e in s.worker_env)):
+        raise ConfigError(cfg.name, f"{where}.worker.environmentVariables",
+                          LMCACHE_QUIET[0], "no LMCACHE_LOG_LEVEL with the managed L2: "
+                          "LMCache logs its URL, with the AUTH token, below WARNING")
     if s.l2_enabled and s.l2_url is None and s.l2_backend == "redis" \
             and cfg.cache.kind == "none":
         raise ConfigError(cfg.name, f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend",
                           "redis", "no L2 (enableL2Cache: false), valkey, lmcache-server or an "
                           "l2CacheLocalUrl: the environment's cache.kind is none")
-    return replace(s, warnings=tuple(warnings))
+    return replace(s, warnings=tuple(warnings), tls_certificate_arn=certificate)
 
 
 # Image repositories known not to be vLLM: their files cannot get the KV cache.
@@ -116,6 +138,8 @@ class ServingFacts:
     managed_l2: L2Connection | None
     service_account: dict[str, str]   # endpoint -> worker service account name
     metrics: MetricsSource            # what KEDA queries
+    api_key_secret_arn: str | None = None   # the endpoints' API key (Secrets Manager)
+    load_balancer_subnets: str | None = None   # the public subnet ids, comma-separated
 
 
 def worker_service_account(endpoint: str) -> str:
@@ -132,7 +156,8 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
                     if cfg.cache.kind == "elasticache" else None),
         service_account={s.name: worker_service_account(s.name) for s in specs},
         metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
-                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
+                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
+        api_key_secret_arn="${API_KEY_SECRET_ARN}", load_balancer_subnets="${LB_SUBNETS}")
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
@@ -140,8 +165,13 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     images = cfg.images
     ns = Chart(app, "namespace")
     ApiObject(ns, "Namespace", api_version="v1", kind="Namespace", metadata={
-        "name": SERVING_NAMESPACE, "labels": standard_labels("serving", cfg.name)})
+        "name": SERVING_NAMESPACE, "labels": {
+            **standard_labels("serving", cfg.name),
+            # every serving pod runs non-root, read-only, seccomp'd, without capabilities
+            **pod_security_labels("restricted", cfg.kubernetes_version)}})
     charts: list[Chart] = [ns]
+    api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
+               if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
     for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
         props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
@@ -173,7 +203,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             model_mount_path=s.model_mount_path, extra_args=s.worker_args,
             extra_env=s.worker_env, stateful=kvaware,
             scaling=(WorkerScaling(scaling, facts.metrics)
-                     if (scaling := effective_scaling(cfg, s)) else None))
+                     if (scaling := effective_scaling(cfg, s)) else None),
+            api_key=api_key)
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
@@ -182,11 +213,18 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             static_workers=worker_urls(wp) if kvaware else (),
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
             if kvaware else (),
-            kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name))
+            kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
+            tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
+            source_ranges=cfg.listener.source_ranges,
+            load_balancer_subnets=facts.load_balancer_subnets))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)
-    return charts
+    policies = NetworkPoliciesChart(app, "serving-network-policies", props=NetworkPoliciesProps(
+        namespace=SERVING_NAMESPACE,
+        flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
+    policies.add_dependency(ns)
+    return charts + [policies]
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

@@ -20,12 +20,24 @@ from config.contracts import (
     NODE_ROLE_LABEL, WORKER_PORT,
 )
 from k8s.endpoint_spec import AutoScaling
-from k8s.objects import hardened, k8s_object, pdb, selector_labels, standard_labels, zone_spread
+from k8s.flows import PROMETHEUS, Flow, Peer
+from k8s.objects import (
+    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
+)
+from k8s.secret_fetch import (
+    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+)
 
 COMPONENT = "vllm-worker"
 MODELS_DIR = "/models"
 KV_BLOCK_SIZE = 16  # vLLM --block-size == vllm-router --kv-event-block-size
 LMCACHE_DIR = "/etc/lmcache"
+# lmcache/vllm-openai sets no USER and runs `/opt/venv/bin/vllm serve` (LMCache's
+# docker/Dockerfile): nothing in it needs root. vLLM, torch, triton and numba write their
+# caches under $HOME and /tmp, which are emptyDirs; the root filesystem stays read-only.
+WORKER_UID = 10001   # any UID works: the image bakes none in; high, off the host range
+WORKER_HOME = "/home/vllm"
+SCRATCH_ENV = [{"name": "HOME", "value": WORKER_HOME}, {"name": "USER", "value": "vllm"}]
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ class WorkerProps:
     shm_size: str = "16Gi"
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
+    api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
 
 
 # A slow or dead L2 must cost a miss, not a stall: LMCache 0.5.6 bounds blocking remote reads
@@ -92,6 +105,16 @@ L2_TIMEOUTS = {"blocking_timeout_secs": 2, "lookup_timeout_ms": 1000}
 L2_HEALTH = {"fallback_policy": "local_cpu", "ping_interval": 10.0, "ping_timeout": 2.0,
              "get_blocking_failed_threshold": 5, "waiting_time_for_recovery": 60.0}
 REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
+# LMCache 0.5.x takes a redis:// or rediss:// password only inside `remote_url` (its `resp://`
+# client reads LMCACHE_RESP_PASSWORD but has no TLS, which ElastiCache AUTH requires), and it
+# logs that URL at INFO in five places (config dump, connector creation, connection). With a
+# secret in the URL, LMCache logs at WARNING: none of its warnings carry the URL
+# (tests/k8s/test_lmcache_config.py runs its code with a fake token to prove it).
+LMCACHE_QUIET = ("LMCACHE_LOG_LEVEL", "WARNING")
+# vLLM reads its key from the environment (an --api-key argument would be in its args log):
+# a shell reads the fetched key into VLLM_API_KEY, then execs the command as chosen.
+API_KEY_WRAPPER = ["/bin/sh", "-c", f'export VLLM_API_KEY="$(cat {API_KEY_FILE})"; exec "$@"',
+                   "vllm"]
 
 
 def with_socket_timeouts(url: str) -> str:
@@ -180,6 +203,8 @@ class WorkersChart(Chart):
         sel = selector_labels(COMPONENT, p.endpoint)
         labels = standard_labels(COMPONENT, p.endpoint)
         self.selector = sel
+        self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), WORKER_PORT,
+                           "vLLM and LMCache metrics"),)
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
                    name=p.service_account, namespace=p.namespace, labels=labels,
                    body={"automountServiceAccountToken": False})
@@ -192,11 +217,13 @@ class WorkersChart(Chart):
             "name": "stage-model", "image": p.staging_image, "imagePullPolicy": "IfNotPresent",
             "command": ["aws", "s3", "sync", "--only-show-errors", "--no-progress",
                         f"s3://{p.model_bucket}/{p.model_location}/", model_dir],
-            "env": [{"name": "AWS_REGION", "value": p.region}],
-            "volumeMounts": [{"name": "model-weights", "mountPath": MODELS_DIR}],
+            "env": [{"name": "AWS_REGION", "value": p.region}, *SCRATCH_ENV],
+            "volumeMounts": [{"name": "model-weights", "mountPath": MODELS_DIR},
+                             {"name": "home", "mountPath": WORKER_HOME},
+                             {"name": "tmp", "mountPath": "/tmp"}],
             "resources": {"requests": {"cpu": "2", "memory": "2Gi"},
                           "limits": {"cpu": "4", "memory": "4Gi"}},
-            "securityContext": hardened(read_only_root=False, run_as_user=None),
+            "securityContext": hardened(run_as_user=WORKER_UID),
         }
         init = [stage]
         config_file = f"{LMCACHE_DIR}/lmcache.yaml"
@@ -213,24 +240,30 @@ class WorkersChart(Chart):
                 "env": [{"name": "AWS_REGION", "value": p.region},
                         {"name": "SECRET_ARN", "value": p.l2.secret_arn},
                         {"name": "L2_URL", "value": with_socket_timeouts(p.l2.url)},
-                        {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}],
+                        {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}, *SCRATCH_ENV],
                 "volumeMounts": [{"name": "lmcache-base", "mountPath": "/config"},
-                                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache"}],
+                                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache"},
+                                 {"name": "home", "mountPath": WORKER_HOME},
+                                 {"name": "tmp", "mountPath": "/tmp"}],
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
                               "limits": {"cpu": "500m", "memory": "256Mi"}},
-                "securityContext": hardened(read_only_root=True, run_as_user=None),
+                "securityContext": hardened(run_as_user=WORKER_UID),
             })
             config_file = "/run/lmcache/lmcache.yaml"
+        if p.api_key:
+            init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
-               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}]
+               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}, *SCRATCH_ENV]
         # The file's variables as written; one it shares with ours replaces ours.
         theirs = {e["name"] for e in p.extra_env}
         env = [e for e in env if e["name"] not in theirs or e["name"] == "LMCACHE_CONFIG_FILE"]
         env += [dict(e) for e in p.extra_env if e["name"] != "LMCACHE_CONFIG_FILE"]
+        if p.l2 and p.l2.secret_arn:
+            env.append({"name": LMCACHE_QUIET[0], "value": LMCACHE_QUIET[1]})
         if "PYTHONHASHSEED" not in theirs:
             env.append({"name": "PYTHONHASHSEED", "value": "0"})  # same hashes on every worker
         ports = [{"name": "http", "containerPort": p.port}]
@@ -238,7 +271,8 @@ class WorkersChart(Chart):
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         worker = {
             "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
-            "command": vllm_command(p), "args": vllm_args(p), "env": env, "ports": ports,
+            "command": [*API_KEY_WRAPPER, *vllm_command(p)] if p.api_key else vllm_command(p),
+            "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
                 "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
                 "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
@@ -250,11 +284,13 @@ class WorkersChart(Chart):
                 {"name": "model-weights", "mountPath": p.model_mount_path,
                  "subPath": p.endpoint, "readOnly": True},
                 {"name": "dshm", "mountPath": "/dev/shm"},
+                {"name": "home", "mountPath": WORKER_HOME},
+                {"name": "tmp", "mountPath": "/tmp"},
                 {"name": "lmcache-base", "mountPath": LMCACHE_DIR, "readOnly": True},
-                {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True}],
-            # vLLM writes caches under $HOME and /tmp and runs as root in the upstream image.
-            "securityContext": {"allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"]}},
+                {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True},
+                *([{"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]
+                  if p.api_key else [])],
+            "securityContext": hardened(run_as_user=WORKER_UID),
         }
         if p.working_dir:
             worker["workingDir"] = p.working_dir
@@ -263,6 +299,7 @@ class WorkersChart(Chart):
             "spec": {
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
+                "securityContext": pod_security(WORKER_UID),
                 "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group},
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                  "effect": "NoSchedule"}],
@@ -272,9 +309,12 @@ class WorkersChart(Chart):
                 "volumes": [
                     {"name": "model-weights", "emptyDir": {}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}},
+                    {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},   # compile caches
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
-                                                             "sizeLimit": "1Mi"}}],
+                                                             "sizeLimit": "1Mi"}},
+                    *(API_KEY_VOLUMES if p.api_key else [])],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
         if p.stateful:

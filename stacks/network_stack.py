@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from aws_cdk import Stack
+from aws_cdk import CfnOutput, Fn, Stack
 from constructs import Construct
 
 from config import EnvironmentConfig
@@ -18,6 +18,9 @@ class NetworkStack(Stack):
             flow_log_retention=log_retention(cfg), removal_policy=removal_policy(cfg),
             interface_endpoints=interface_endpoints(cfg.facts),
         )).vpc
+        # The router NLBs' subnets (${LB_SUBNETS} in the GitOps YAML): the public ones.
+        CfnOutput(self, "LoadBalancerSubnets",
+                  value=Fn.join(",", [s.subnet_id for s in self.vpc.public_subnets]))
 
     @property
     def availability_zones(self) -> list[str]:

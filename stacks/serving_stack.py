@@ -3,17 +3,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import cdk8s
-from aws_cdk import CfnOutput, Stack, aws_ecr_assets as ecr_assets, aws_eks_v2 as eks, aws_iam as iam
-from aws_cdk import aws_kms as kms, aws_s3 as s3
+from aws_cdk import CfnOutput, Fn, Stack, aws_ecr_assets as ecr_assets, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
 
 from config import EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
 from constructs.naming import logical_id
-from constructs.nag import acknowledge, wildcard, wildcard_action
+from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from k8s.endpoint_spec import EndpointSpec
+from k8s.router import router_name
 from k8s.serving import ServingFacts, build_charts, worker_service_account
+from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
 ROUTER_CONTEXT = Path(__file__).resolve().parent.parent / "images" / "router"
@@ -35,17 +37,39 @@ class ServingStack(Stack):
                         "VLLM_ROUTER_VERSION": VLLM_ROUTER_VERSION},
             platform=ecr_assets.Platform.LINUX_AMD64)
         CfnOutput(self, "RouterImageUri", value=router.image_uri)  # ${ROUTER_IMAGE} in dist/
+        # The endpoints' API key: clients send it as a Bearer token, vLLM checks it.
+        api_key = sm.Secret(self, "ApiKey", description="API key of the kvcache endpoints",
+                            generate_secret_string=sm.SecretStringGenerator(
+                                password_length=48, exclude_punctuation=True),
+                            removal_policy=removal_policy(cfg))
+        acknowledge(api_key, {"AwsSolutions::AwsSolutions-SMG4": (
+            "A bearer key shared with clients: rotate by putting a new value and restarting "
+            "the router and worker pods (they read it at start).")})
+        CfnOutput(self, "ApiKeySecretArn", value=api_key.secret_arn)  # ${API_KEY_SECRET_ARN}
+        # The router NLBs' subnets: the public ones, where no pod has an address.
+        lb_subnets = Fn.join(",", [s.subnet_id for s in cluster.vpc.public_subnets])
         accounts = {}
         for spec in endpoints:
             sa = worker_service_account(spec.name)
             accounts[spec.name] = sa
             role = PodIdentityRole(self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(
                 cluster=cluster, namespace=SERVING_NAMESPACE, service_account=sa)).role
-            # Read-only, and only the endpoint's own model prefix.
-            model_bucket.grant_read(role, f"{spec.model_location}/*")
+            # `aws s3 sync` of the endpoint's own prefix: GetObject under it, and ListBucket
+            # only for keys under it (CDK's grant_read would add s3:List* on the whole bucket).
+            prefix = f"{spec.model_location}/*"
+            role.add_to_policy(iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[model_bucket.arn_for_objects(prefix)]))
             role.add_to_policy(iam.PolicyStatement(
                 actions=["s3:ListBucket"], resources=[model_bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{spec.model_location}/*"]}}))
+                conditions={"StringLike": {"s3:prefix": [prefix]}}))
+            if model_key:
+                model_key.grant_decrypt(role)
+            api_key.grant_read(role)
+            router_role = PodIdentityRole(
+                self, f"{logical_id(spec.name)}RouterIdentity", props=PodIdentityRoleProps(
+                    cluster=cluster, namespace=SERVING_NAMESPACE,
+                    service_account=router_name(spec.name))).role
+            api_key.grant_read(router_role)
             if l2_secret_arn and spec.l2_enabled:
                 role.add_to_policy(iam.PolicyStatement(
                     actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))
@@ -53,20 +77,14 @@ class ServingStack(Stack):
                     l2_key.grant_decrypt(role)
             bucket_arn = (f"{Stack.of(model_bucket).stack_name}:ExportsOutputFnGetAtt"
                           "ModelsBucket970C6ADAArnC12F88E2")
-            acknowledge(role, {
-                wildcard(f"{bucket_arn}/{spec.model_location}/*"):
-                    "Objects under the endpoint's own model prefix only.",
-                wildcard_action("s3:GetBucket*"): "CDK grant_read: bucket metadata reads.",
-                wildcard_action("s3:GetObject*"): "CDK grant_read: object and version reads.",
-                wildcard_action("s3:List*"): "CDK grant_read: listing, narrowed by prefix.",
-                wildcard_action("kms:GenerateDataKey*"): "CDK grant_read on a KMS bucket.",
-                wildcard_action("kms:ReEncrypt*"): "CDK grant_read on a KMS bucket.",
-            })
+            acknowledge(role, {wildcard(f"{bucket_arn}/{prefix}"):
+                              "Objects under the endpoint's own model prefix only."})
         managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
         self.facts = ServingFacts(router_image=router.image_uri,
                                   model_bucket=model_bucket.bucket_name,
                                   managed_l2=managed_l2, service_account=accounts,
-                                  metrics=metrics)
+                                  metrics=metrics, api_key_secret_arn=api_key.secret_arn,
+                                  load_balancer_subnets=lb_subnets)
         self.charts_app = cdk8s.App()
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None

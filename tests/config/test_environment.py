@@ -29,6 +29,8 @@ def _ctx(env: str = "dev", **edits) -> dict:
 
 
 _DELETE = object()
+CN_CERT = ("arn:aws-cn:acm:cn-northwest-1:222222222222:certificate/"
+           "0f7b1c2d-3e4f-4a5b-8c6d-7e8f9a0b1c2d")
 
 
 def _error(ctx: dict) -> ConfigError:
@@ -107,6 +109,18 @@ def test_china_flag_switches_dev_to_its_china_variant():
      "alerts.subscriptions[0].severities", "page", "critical, warning"),
     ("alert typo", _ctx("dev", alerts={"subscription": []}), "alerts.subscription", [],
      "known fields: subscriptions"),
+    ("public listener without TLS", _ctx("dev", publicListener=True),
+     "listener.certificateArn", None, "needs TLS (listener.certificateArn)"),
+    ("public listener without client CIDRs", _ctx("china", publicListener=True, listener={
+        "certificateArn": CN_CERT}), "listener.sourceRanges", None, "client CIDRs"),
+    ("public listener open to all", _ctx("china", publicListener=True, listener={
+        "certificateArn": CN_CERT, "sourceRanges": ["0.0.0.0/0"]}),
+     "listener.sourceRanges", ["0.0.0.0/0"], "narrower than 0.0.0.0/0"),
+    ("certificate of the other partition", _ctx("china", listener={
+        "certificateArn": CN_CERT.replace("aws-cn", "aws")}),
+     "listener.certificateArn", CN_CERT.replace("aws-cn", "aws"), "arn:aws-cn:acm:cn-northwest-1"),
+    ("bad source range", _ctx("dev", listener={"sourceRanges": ["10.0.0.0/40"]}),
+     "listener.sourceRanges[0]", "10.0.0.0/40", "an IPv4 CIDR"),
 ])
 def test_bad_input_is_one_clear_error(case, ctx, field, value, allowed):
     err = _error(ctx)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import cdk8s
 import kubernetes_validate
@@ -41,7 +42,12 @@ def _spec(cfg, strategy="prefixaware", backend="redis", **spec_over):
 
 
 def render(cfg, spec) -> list[dict]:
-    facts = ServingFacts(
+    return [doc for chart in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for doc in chart.to_json()]
+
+
+def _facts(cfg, spec) -> ServingFacts:
+    return ServingFacts(
         router_image=f"{cfg.account}.{cfg.facts.ecr_host_suffix}/cdk-assets:router",
         model_bucket="models-bucket",
         managed_l2=L2Connection("rediss://l2.example.internal:6379",
@@ -50,8 +56,6 @@ def render(cfg, spec) -> list[dict]:
         service_account={spec.name: worker_service_account(spec.name)},
         metrics=(MetricsSource("https://aps-workspaces.example/workspaces/ws-1", cfg.region)
                  if cfg.observability == "managed" else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)))
-    return [doc for chart in build_charts(cdk8s.App(), cfg, (spec,), facts)
-            for doc in chart.to_json()]
 
 
 def _all(docs, kind):
@@ -183,12 +187,46 @@ def test_router_deployment_is_hardened_and_discovers_its_workers():
         "service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
 
 
+CN_CERT = "arn:aws-cn:acm:cn-northwest-1:222222222222:certificate/" + "0" * 8 + "-0000-4000-8000-" + "0" * 12
+
+
 def test_public_listener_only_when_the_environment_opts_in():
-    cfg = _env("china", publicListener=True)
+    cfg = _env("china", publicListener=True, listener={
+        "certificateArn": CN_CERT, "sourceRanges": ["198.51.100.0/24"]})
     docs = render(cfg, _spec(cfg))
     svc = next(d for d in _all(docs, "Service") if d["spec"].get("type") == "LoadBalancer")
-    assert svc["metadata"]["annotations"][
-        "service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internet-facing"
+    notes = svc["metadata"]["annotations"]
+    lb = "service.beta.kubernetes.io/aws-load-balancer-"
+    assert notes[lb + "scheme"] == "internet-facing"
+    # TLS on the NLB listener with the environment's ACM certificate, TLS 1.2+ only
+    assert notes[lb + "ssl-cert"] == CN_CERT and notes[lb + "ssl-ports"] == "8000"
+    assert notes[lb + "ssl-negotiation-policy"].startswith("ELBSecurityPolicy-TLS13")
+    assert svc["spec"]["loadBalancerSourceRanges"] == ["198.51.100.0/24"]
+
+
+def test_api_key_from_secrets_manager_at_pod_start_never_in_a_manifest():
+    cfg = _env("dev")
+    spec = _spec(cfg)
+    arn = f"arn:aws:secretsmanager:{cfg.region}:{cfg.account}:secret:api-key"
+    facts = replace(_facts(cfg, spec), api_key_secret_arn=arn)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), facts) for d in c.to_json()]
+    for doc in docs:
+        kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True) \
+            if not is_custom_resource(doc) else None
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")}
+    for name, pod in pods.items():
+        init = {c["name"]: c for c in pod["initContainers"]}["fetch-api-key"]
+        assert {"name": "SECRET_ARN", "value": arn} in init["env"]
+        main = pod["containers"][0]
+        assert main["command"][:2] == ["/bin/sh", "-c"]
+        assert any(m["name"] == "api-key" and m["readOnly"] for m in main["volumeMounts"])
+        vol = next(v for v in pod["volumes"] if v["name"] == "api-key")
+        assert vol["emptyDir"]["medium"] == "Memory"
+    router = pods[f"{spec.name}-router"]["containers"][0]
+    assert "--api-key" not in router["args"] and "--api-key" in router["command"][2]
+    worker = pods[f"{spec.name}-workers"]["containers"][0]
+    assert "VLLM_API_KEY" in worker["command"][2] and "--api-key" not in worker["args"]
 
 
 @pytest.mark.parametrize("strategy, policy", [("prefixaware", "cache_aware"),
@@ -303,6 +341,9 @@ def test_bad_endpoint_file_is_one_clear_error(edit, field, allowed):
     (lambda r: r["spec"]["worker"].update(image="vllm/vllm-openai:v0.8.5") or
      r["spec"]["intelligentRoutingSpec"].update(routingStrategy="kvaware"),
      "spec.intelligentRoutingSpec.routingStrategy", "cannot publish KV events"),
+    (lambda r: r["spec"]["worker"]["environmentVariables"].append(
+        {"name": "LMCACHE_LOG_LEVEL", "value": "INFO"}), "spec.worker.environmentVariables",
+     "no LMCACHE_LOG_LEVEL with the managed L2"),
 ])
 def test_endpoint_must_fit_the_environment(tmp_path, edit, field, allowed):
     raw = copy.deepcopy(SEED)
@@ -348,3 +389,26 @@ def test_client_affinity_only_where_router_state_is_per_replica(rendered, strate
     attrs = svc["metadata"]["annotations"].get(
         "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes", "")
     assert ("stickiness.type=source_ip" in attrs) is sticky
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_every_serving_pod_meets_pod_security_restricted(rendered, case):
+    """What PSA `restricted` checks, on every pod, init containers included; the namespace
+    enforces it."""
+    _, docs = rendered[case]
+    (ns,) = _all(docs, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = [d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {
+                "drop": ["ALL"]}, c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc.get("runAsUser", pod["securityContext"].get("runAsUser")) != 0
+        for v in pod.get("volumes", []):
+            assert set(v) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"}, v

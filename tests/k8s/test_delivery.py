@@ -45,6 +45,7 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
         assert [f.name for f in files] == ["00-namespace.yaml",
                                            "01-llama-8b-intel-routing-workers.yaml",
                                            "02-llama-8b-intel-routing-router.yaml",
+                                           "03-serving-network-policies.yaml",
                                            *monitoring, "kube-prometheus-stack.values.yaml"]
         objects = [f for f in files if f.parent == tmp_path / name]
         docs = [d for f in objects for d in yaml.safe_load_all(f.read_text())]
@@ -57,7 +58,8 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
                                    and d["kind"] != "PrometheusRule"])
         text = "".join(f.read_text() for f in files)
         assert "${Token[" not in text
-        for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}"):
+        for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}", "${API_KEY_SECRET_ARN}",
+                            "${LB_SUBNETS}"):
             assert placeholder in text, placeholder
         managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
         for placeholder in ("${L2_ENDPOINT}", "${L2_SECRET_ARN}"):

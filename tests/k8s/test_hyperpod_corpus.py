@@ -105,7 +105,15 @@ def _corpus_env(tmp: Path, variant: str, files: list[Path]) -> dict:
     env["nodeGroups"] = {**env["nodeGroups"], "gpu": NODE_GROUPS}
     env["instanceTypeMap"] = TYPE_MAP
     env["endpoints"] = [f.name for f in files]
+    env["listener"] = {"certificateArn": _certificate(env)}
     return ctx
+
+
+def _certificate(env: dict) -> str:
+    """The environment's own ACM certificate (a published file's is in another account)."""
+    partition = "aws-cn" if env["region"].startswith("cn-") else "aws"
+    return (f"arn:{partition}:acm:{env['region']}:{env['account']}:certificate/"
+            "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d")
 
 
 def _groups() -> list[list[Path]]:
@@ -286,6 +294,42 @@ def test_fields_not_acted_on_are_each_a_warning_at_synth(corpus):
     nvme = c.spec(CORPUS / "awsdocs-nvme-k8s-volume-fallback.yaml")
     assert any(w.startswith("awsdocs-nvme-k8s-volume-fallback.yaml: spec.kubernetes: ignored")
                for w in nvme.warnings)
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_tls_certificate_from_the_file_or_the_environment(corpus, variant):
+    """The published file's ACM certificate is another account's: the environment's serves,
+    and a warning says so. The router's NLB terminates TLS with it."""
+    c = corpus[variant]
+    path = CORPUS / "awsdocs-custom-certs-tls-acm.yaml"
+    spec = c.spec(path)
+    assert spec.tls_certificate_arn is None
+    assert any("cannot serve a load balancer" in w for w in spec.warnings)
+    svc = next(d for d in c.docs_by_file[path.name] if d["kind"] == "Service"
+               and d["metadata"]["name"] == f"{spec.name}-router")
+    annotations = svc["metadata"]["annotations"]
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-cert"] == \
+        c.cfg.listener.certificate_arn
+
+
+def test_a_certificate_of_the_environment_is_used_as_written(tmp_path):
+    raw = yaml.safe_load(filled(CORPUS / "awsdocs-custom-certs-tls-acm.yaml")[0])
+    mine = "arn:aws:acm:us-west-2:111111111111:certificate/11111111-2222-4333-8444-555555555555"
+    raw["spec"]["tlsConfig"]["customCertificateConfig"]["acmArn"] = mine
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(raw))
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"]["endpoints"] = ["e.yaml"]
+    (spec,) = load_endpoints(resolve_environment(ctx), tmp_path)
+    assert spec.tls_certificate_arn == mine
+    del ctx["environments"]["dev"]["endpoints"]
+    raw["spec"]["tlsConfig"]["customCertificateConfig"]["acmArn"] = mine.replace(
+        "111111111111", "123456789012")
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(raw))
+    ctx["environments"]["dev"]["endpoints"] = ["e.yaml"]
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(resolve_environment(ctx), tmp_path)
+    assert info.value.field == "e.yaml: spec.tlsConfig.customCertificateConfig.acmArn"
+    assert "listener.certificateArn" in info.value.allowed
 
 
 def test_the_endpoints_own_l2_url_overrides_the_environments_cache(corpus):

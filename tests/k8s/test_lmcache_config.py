@@ -93,3 +93,61 @@ def test_lmcache_reads_the_values_we_render(parsed, backend):
     assert url.startswith(expected[backend]), url
     # the token exists only in the pod's memory volume, never in what we render
     assert "s3cretT0ken" not in yaml.safe_dump_all(docs)
+
+
+# LMCache's own remote backend, built as a worker builds it: config file + env, then the
+# connector for `remote_url` (it never connects: redis-py pools connect lazily), then one
+# lookup that fails against a closed port, so its warning path runs too. The engine's
+# "Creating LMCacheEngine with config" line is emitted through the engine module's own logger
+# (building a whole engine needs a GPU connector).
+_CONNECT = """
+import asyncio, os, sys, threading, types
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+import lmcache.v1.cache_engine as cache_engine
+cfg = LMCacheEngineConfig.from_file(os.environ["LMCACHE_CONFIG_FILE"])
+cfg.update_config_from_env()
+meta = LMCacheMetadata(model_name="m", world_size=1, local_world_size=1, worker_id=0,
+                       local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(2, 2, 256, 2, 64))
+loop = asyncio.new_event_loop()
+threading.Thread(target=loop.run_forever, daemon=True).start()
+backend = RemoteBackend(cfg, meta, loop, types.SimpleNamespace(config=cfg, metadata=meta),
+                        dst_device="cpu")
+cache_engine.logger.info("Creating LMCacheEngine with config: %s", cfg)
+backend.contains(CacheEngineKey("m", 1, 0, 1, torch.bfloat16))
+pool = backend.connection._connector.pool.connection_kwargs
+print("AUTH-IN-POOL" if pool.get("password") == sys.argv[1] else "NO-AUTH", flush=True)
+"""
+
+
+def _run_lmcache_remote(tmp_path, env: dict) -> str:
+    proc = subprocess.run([str(LMCACHE_PY), "-c", _CONNECT, TOKEN], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "AUTH-IN-POOL" in proc.stdout  # the token did reach the redis client
+    return proc.stdout + proc.stderr
+
+
+TOKEN = "s3cretT0ken"
+
+
+def test_the_l2_token_appears_in_no_lmcache_log_line(tmp_path):
+    cfg = _env("dev")
+    docs = render(cfg, _spec(cfg, backend="redis"))
+    runtime = _config_file(docs, tmp_path)
+    text = runtime.read_text()
+    # point the URL at a closed loopback port: the lookup fails fast, the token stays in it
+    runtime.write_text(text.replace("l2.example.internal:6379", "127.0.0.1:9"))
+    worker = next(c for c in _worker_pod(docs)["containers"] if c["name"] == "vllm")
+    env = {e["name"]: e["value"] for e in worker["env"]
+           if e["name"].startswith(("LMCACHE_", "PYTHONHASHSEED"))}
+    env["LMCACHE_CONFIG_FILE"] = str(runtime)
+    logged = _run_lmcache_remote(tmp_path, env)
+    assert TOKEN not in logged
+    assert "LMCache WARNING" in logged  # its warnings still reach the log (the failed lookup)
+    # The same code at LMCache's default level prints the token: the test can see a leak.
+    loud = _run_lmcache_remote(tmp_path, {**env, "LMCACHE_LOG_LEVEL": "INFO"})
+    assert loud.count(TOKEN) >= 4

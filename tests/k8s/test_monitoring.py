@@ -92,16 +92,17 @@ def test_every_manifest_is_valid_at_the_cluster_version(rendered, name):
 
 def test_in_cluster_pieces_only_where_there_is_no_amp(rendered):
     kinds = {name: sorted({d["kind"] for d in docs}) for name, (_, docs, _, _) in rendered.items()}
-    assert kinds["dev"] == ["DaemonSet", "Namespace"]
+    assert kinds["dev"] == ["ConfigMap", "DaemonSet", "Namespace", "NetworkPolicy"]
     for name in ("china", "dev-cn"):
-        assert kinds[name] == ["ConfigMap", "DaemonSet", "Namespace", "PrometheusRule",
-                               "StorageClass"]
+        assert kinds[name] == ["ConfigMap", "DaemonSet", "Namespace", "NetworkPolicy",
+                               "PrometheusRule", "StorageClass"]
         _, docs, _, _ = rendered[name]
         (rule,) = _kind(docs, "PrometheusRule")
         assert rule["spec"] == rule_file(rendered[name][0])
         (sc,) = _kind(docs, "StorageClass")
         assert sc["provisioner"] == "ebs.csi.aws.com" and sc["parameters"]["type"] == "gp3"
-        (dashboard,) = _kind(docs, "ConfigMap")
+        (dashboard,) = [d for d in _kind(docs, "ConfigMap")
+                        if "grafana_dashboard" in d["metadata"]["labels"]]
         assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert json.loads(next(iter(dashboard["data"].values())))["uid"] == "kvcache-serving"
 
@@ -186,6 +187,20 @@ def test_dcgm_exporter_runs_on_gpu_nodes_only(rendered, name):
     (container,) = pod["containers"]
     assert container["image"] == cfg.images.uri(DCGM_COMPONENT)
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])   # it takes no GPU
+    # no capability: device fields only, from our counters file, no profiling field
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    counters = next(d for d in _kind(docs, "ConfigMap")
+                    if d["metadata"]["name"] == "dcgm-exporter-counters")["data"]["counters.csv"]
+    fields = [line.split(",")[0] for line in counters.splitlines() if not line.startswith("#")]
+    assert fields and all(f.startswith("DCGM_FI_DEV_") for f in fields)
+    assert all(len(line.split(",")) == 3 for line in counters.splitlines()
+               if not line.startswith("#"))
+    assert container["args"] == ["-f", "/etc/kvcache-dcgm/counters.csv"]
+    (ns,) = _kind(docs, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "baseline"
 
 
 @pytest.mark.parametrize("name", ENVS)

@@ -1,11 +1,12 @@
 """What must hold in the synthesized templates, for the global and the China environment."""
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
 
-from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
+from config.contracts import GPU_TAINT_KEY, LOAD_BALANCER_CIDR, NODE_ROLE_GPU, NODE_ROLE_LABEL
 from config.images import CHARTS, IMAGES
 from tests.conftest import dumps, resources
 
@@ -138,6 +139,8 @@ def test_node_groups(synth):
     for template in resources(t, "AWS::EC2::LaunchTemplate").values():
         data = template["Properties"]["LaunchTemplateData"]
         assert data["MetadataOptions"]["HttpTokens"] == "required"
+        # no pod reaches the node role through IMDS
+        assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
         assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
     subnets = dumps([g["Properties"]["Subnets"] for g in groups])
     assert "public" not in subnets.lower()  # imports of private subnets only
@@ -149,6 +152,21 @@ def test_addons_and_pod_identity(synth):
     assert {"vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent",
             "aws-ebs-csi-driver"} <= names
     assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) >= 1
+    addons = {a["Properties"]["AddonName"]: (k, a) for k, a in resources(t, "AWS::EKS::Addon").items()}
+    cni_id, cni = addons["vpc-cni"]
+    # NetworkPolicy enforced (both partitions), CNI permissions on aws-node, not the node role
+    assert json.loads(cni["Properties"]["ConfigurationValues"]) == {"enableNetworkPolicy": "true"}
+    (assoc,) = cni["Properties"]["PodIdentityAssociations"]
+    assert assoc["ServiceAccount"] == "aws-node"
+    roles = resources(t, "AWS::IAM::Role")
+    cni_role = roles[assoc["RoleArn"]["Fn::GetAtt"][0]]
+    assert "AmazonEKS_CNI_Policy" in dumps(cni_role["Properties"]["ManagedPolicyArns"])
+    assert "pods.eks.amazonaws.com" in dumps(cni_role["Properties"]["AssumeRolePolicyDocument"])
+    node_roles = [r for r in roles.values() if "ec2.amazonaws.com" in dumps(
+        r["Properties"]["AssumeRolePolicyDocument"])]
+    assert node_roles and all("AmazonEKS_CNI_Policy" not in dumps(r) for r in node_roles)
+    for group in resources(t, "AWS::EKS::Nodegroup").values():
+        assert cni_id in group.get("DependsOn", [])  # aws-node has its identity first
     assert len(resources(t, "AWS::EKS::AccessEntry")) >= len(synth.cfg.admin_role_names)
 
 
@@ -176,6 +194,21 @@ def test_cache(synth):
     assert len(ingress) == 1 and "SourceSecurityGroupId" in next(iter(ingress))["Properties"]
 
 
+def test_load_balancer_subnets_hold_no_pod(synth):
+    """The NetworkPolicy ipBlock admitting the NLB (LOAD_BALANCER_CIDR) covers the public
+    subnets, where the router NLBs sit, and no private subnet, where nodes and pods live."""
+    lb = ipaddress.ip_network(LOAD_BALANCER_CIDR)
+    subnets = resources(synth.template("Network"), "AWS::EC2::Subnet").values()
+    public = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
+              if s["Properties"]["MapPublicIpOnLaunch"]]
+    private = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
+               if not s["Properties"]["MapPublicIpOnLaunch"]]
+    assert public and private
+    assert all(n.subnet_of(lb) for n in public) and not any(n.overlaps(lb) for n in private)
+    serving = dumps(synth.template("Serving"))
+    assert "aws-load-balancer-subnets" in serving and "publicSubnet" in serving
+
+
 def test_tags_applied(synth):
     t = synth.template("Storage")
     tags = json.dumps(t)
@@ -186,15 +219,33 @@ def test_tags_applied(synth):
 def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(synth):
     t = synth.template("Serving")
     manifests = [m for m in t["Resources"].values() if m["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"]
-    assert len(manifests) == 1 + 2 * len(synth.cfg.endpoint_files)
+    assert len(manifests) == 2 + 2 * len(synth.cfg.endpoint_files)  # + the NetworkPolicies
     policies = dumps(resources(t, "AWS::IAM::Policy"))
     assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
     assert "llama31_8b/*" in policies
-    # The shipped (published) file is L1 only: its workers get no access to the L2 token.
-    assert "secretsmanager:GetSecretValue" not in policies
+    s3 = [st for pol in resources(t, "AWS::IAM::Policy").values()
+          for st in pol["Properties"]["PolicyDocument"]["Statement"]
+          if any(a.startswith("s3:") for a in _listify(st["Action"]))]
+    # least privilege: objects under the prefix, and listing only with the s3:prefix condition
+    assert {a for st in s3 for a in _listify(st["Action"])} == {"s3:GetObject", "s3:ListBucket"}
+    for st in s3:
+        if st["Action"] == "s3:ListBucket":
+            assert st["Condition"] == {"StringLike": {"s3:prefix": [
+                "llama31_8b/*"]}}
+        else:
+            assert "llama31_8b/*" in dumps(st["Resource"])
+    # The shipped (published) file is L1 only: no role may read the L2 token.
+    assert "L2AuthToken" not in policies
     text = dumps(t)
     assert "resolve:secretsmanager" not in text  # workers fetch it at start, never a manifest
-    assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == len(synth.cfg.endpoint_files)
+    # a worker and a router identity per endpoint; both may read the API key, nothing else
+    assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == 2 * len(
+        synth.cfg.endpoint_files)
+    assert "resolve:secretsmanager" not in text and "ApiKeySecretArn" in t["Outputs"]
+
+
+def _listify(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def _helm(template: dict) -> dict[str, dict]:

@@ -1,0 +1,154 @@
+"""The NetworkPolicies we render, evaluated against the flows the charts declare: every declared
+flow is allowed, nothing else reaches a pod in a namespace we own (default deny).
+
+The universe: every pod the serving and monitoring charts render (two endpoints, so one
+endpoint's router must not reach the other's workers), the kube-prometheus-stack and KEDA pods
+(k8s/flows.py HELM_PODS), an intruder pod in each namespace, an address inside the VPC (the
+load balancer, in the public subnets), one in a private subnet, and one on the internet. Pods
+take private-subnet addresses (VPC CNI), as in the cluster.
+"""
+from __future__ import annotations
+
+import copy
+import ipaddress
+import itertools
+
+import cdk8s
+import kubernetes_validate
+import pytest
+
+from config.contracts import (
+    LOAD_BALANCER_CIDR, MONITORING_NAMESPACE, SERVING_NAMESPACE, VPC_CIDR,
+)
+from k8s.endpoint_spec import parse_endpoint
+from k8s.flows import HELM_PODS, Peer, monitoring_stack_flows
+from k8s.monitoring import build_monitoring_charts
+from k8s.serving import build_charts, placeholder_facts
+from tests.k8s.netpol import Endpoint, allowed
+from tests.k8s.test_charts import SEED, _env
+
+OWNED = (SERVING_NAMESPACE, MONITORING_NAMESPACE)
+CASES = [("dev", "prefixaware", "redis"), ("dev", "kvaware", "valkey"),
+         ("china", "session", "lmcache-server"), ("china", "roundrobin", None)]
+
+
+def _specs(cfg, strategy, backend):
+    specs = []
+    for name in ("alpha", "beta"):
+        raw = copy.deepcopy(SEED)
+        raw["metadata"]["name"] = name
+        raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+        if backend is None:
+            raw["spec"]["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": False}
+        else:
+            raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend
+        specs.append(parse_endpoint(cfg.name, f"endpoints/{name}.yaml", raw))
+    return tuple(specs)
+
+
+PRIVATE_SUBNET = "10.64.32.0/19"   # the first private subnet (tests/stacks check the layout)
+
+
+def _universe(docs) -> list[Endpoint]:
+    hosts = ipaddress.ip_network(PRIVATE_SUBNET).hosts()   # pods take node-subnet addresses
+    next(hosts)
+    nlb = next(ipaddress.ip_network(LOAD_BALANCER_CIDR).hosts())
+    out = [Endpoint("nlb-node", str(nlb)),                        # the NLB's ENI
+           Endpoint("vpc-node", str(next(hosts))),                # a node or VM in the VPC
+           Endpoint("internet", "203.0.113.5")]
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
+            pod = d["spec"]["template"]
+            ports = {p.get("name", str(p["containerPort"])): p["containerPort"]
+                     for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+            out.append(Endpoint(d["metadata"]["name"], str(next(hosts)),
+                                d["metadata"]["namespace"], pod["metadata"]["labels"], ports))
+    for name, (peer, ports) in HELM_PODS.items():
+        out.append(Endpoint(name, str(next(hosts)), peer.namespace, peer.labels,
+                            {str(p): p for p in ports}))
+    for ns in (*OWNED, "default"):
+        out.append(Endpoint(f"intruder-{ns}", str(next(hosts)), ns, {"app": "intruder"}))
+    return out
+
+
+def _matches(peer: Peer, e: Endpoint) -> bool:
+    if peer.cidr:
+        return ipaddress.ip_address(e.ip) in ipaddress.ip_network(peer.cidr)
+    return e.namespace == peer.namespace and all(
+        e.labels.get(k) == v for k, v in peer.labels.items())
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(map(str, c)))
+def case(request):
+    env, strategy, backend = request.param
+    cfg = _env(env)
+    specs = _specs(cfg, strategy, backend)
+    serving = build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs))
+    monitoring = build_monitoring_charts(cdk8s.App(), cfg, specs)
+    flows = tuple(f for c in [*serving, *monitoring.all()] for f in getattr(c, "flows", ()))
+    flows += monitoring_stack_flows(cfg.observability == "self-hosted")
+    docs = [d for c in [*serving, *monitoring.all()] for d in c.to_json()]
+    universe = _universe(docs)
+    if cfg.observability != "self-hosted":   # agent mode: no Alertmanager, no Grafana
+        universe = [e for e in universe if e.name not in ("alertmanager", "grafana")]
+    return cfg, docs, flows, universe
+
+
+def test_policies_pass_strict_schema(case):
+    cfg, docs, _, _ = case
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["namespace"] for p in policies} == set(OWNED)
+    for doc in policies:
+        kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+    for ns in OWNED:   # default deny in every namespace we own
+        assert any(p["metadata"]["namespace"] == ns and p["spec"]["podSelector"] == {}
+                   and p["spec"]["policyTypes"] == ["Ingress"] and not p["spec"].get("ingress")
+                   for p in policies)
+
+
+def test_every_declared_flow_lands_on_a_listening_port(case):
+    _, _, flows, universe = case
+    for f in flows:
+        sources = [e for e in universe if _matches(f.source, e)]
+        targets = [e for e in universe if e.namespace and _matches(f.destination, e)]
+        assert sources and targets, f
+        assert all(f.port in t.ports.values() for t in targets), f
+
+
+def test_policies_allow_exactly_the_declared_flows(case):
+    _, docs, flows, universe = case
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    declared = {(s.name, d.name, f.port) for f in flows
+                for s in universe if _matches(f.source, s)
+                for d in universe if d.namespace and _matches(f.destination, d)}
+    ports = {f.port for f in flows} | {p for e in universe for p in e.ports.values()}
+    owned = [e for e in universe if e.namespace in OWNED]
+    actual = {(s.name, d.name, port) for s, d in itertools.product(universe, owned)
+              for port in ports if allowed(policies, s, d, port)}
+    assert not declared - actual, f"declared but blocked: {sorted(declared - actual)}"
+    assert not actual - declared, f"allowed but not declared: {sorted(actual - declared)}"
+    # and the shape of it: one endpoint's router never reaches the other's workers
+    assert ("alpha-router", "beta-workers", 8000) not in actual
+    assert ("intruder-default", "alpha-workers", 8000) not in actual
+    assert ("internet", "alpha-router", 8000) not in actual
+    assert ("nlb-node", "alpha-router", 8000) in actual
+    assert ("vpc-node", "alpha-router", 8000) not in actual     # pods and nodes: no
+    assert ("intruder-default", "alpha-router", 8000) not in actual
+
+
+def test_the_evaluator_sees_a_hole():
+    """A policy allowing everything from everywhere makes the exact-flows check fail."""
+    open_policy = {"metadata": {"namespace": SERVING_NAMESPACE}, "spec": {
+        "podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}]}}
+    deny = {"metadata": {"namespace": SERVING_NAMESPACE}, "spec": {
+        "podSelector": {}, "policyTypes": ["Ingress"]}}
+    intruder = Endpoint("x", "10.64.9.9", "default", {"app": "x"})
+    worker = Endpoint("w", "10.64.9.10", SERVING_NAMESPACE, {"a": "b"}, {"http": 8000})
+    assert allowed([deny, open_policy], intruder, worker, 8000)
+    assert not allowed([deny], intruder, worker, 8000)
+    named = {"metadata": {"namespace": SERVING_NAMESPACE}, "spec": {
+        "podSelector": {"matchLabels": {"a": "b"}}, "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "default"}}}], "ports": [{"port": "http"}]}]}}
+    assert allowed([deny, named], intruder, worker, 8000)
+    assert not allowed([deny, named], intruder, worker, 8001)

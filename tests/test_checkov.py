@@ -1,0 +1,75 @@
+"""checkov (pinned in requirements-checkov.txt, its own venv) over every synthesized template of
+every shipped environment and every manifest we render (serving, monitoring, device plugin):
+no failed check outside security/checkov-skips.yaml, and no entry there that matches nothing.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import subprocess
+from pathlib import Path
+
+import cdk8s
+import pytest
+import yaml
+
+from k8s.device_plugin import DevicePluginChart
+from k8s.monitoring import build_monitoring_charts
+from k8s.serving import build_charts, load_endpoints, placeholder_facts
+from tests.conftest import ROOT
+
+CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
+SKIPS = yaml.safe_load((ROOT / "security" / "checkov-skips.yaml").read_text())
+
+
+def _checkov(directory: Path, framework: str) -> dict:
+    proc = subprocess.run([str(CHECKOV), "-d", str(directory), "--framework", framework,
+                           "-o", "json", "--quiet", "--compact"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]   # 1: some check failed
+    report = json.loads(proc.stdout)
+    (report,) = report if isinstance(report, list) else [report]
+    assert report["summary"]["parsing_errors"] == 0
+    return report
+
+
+@pytest.fixture(scope="module")
+def scans(synths, tmp_path_factory) -> dict[str, dict]:
+    assert CHECKOV.exists(), "run `make test` (it creates .venv-checkov)"
+    cfn, k8s = tmp_path_factory.mktemp("cfn"), tmp_path_factory.mktemp("k8s")
+    for name, synth in synths.items():
+        for stack, template in synth.templates.items():
+            (cfn / f"{name}-{stack}.template.json").write_text(json.dumps(template))
+        cfg = synth.cfg
+        specs = load_endpoints(cfg, ROOT)
+        charts = [*build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs)),
+                  *build_monitoring_charts(cdk8s.App(), cfg, specs).all(),
+                  DevicePluginChart(cdk8s.App(), "nvidia-device-plugin",
+                                    image=cfg.images.uri("nvidia-device-plugin"))]
+        (k8s / f"{name}.yaml").write_text(
+            yaml.safe_dump_all([d for c in charts for d in c.to_json()]))
+    return {"cloudformation": _checkov(cfn, "cloudformation"),
+            "kubernetes": _checkov(k8s, "kubernetes")}
+
+
+def _reasoned(framework: str, check: dict) -> bool:
+    entry = SKIPS[framework].get(check["check_id"])
+    return bool(entry) and any(fnmatch.fnmatchcase(check["resource"], p)
+                               for p in entry["resources"])
+
+
+@pytest.mark.parametrize("framework", ["cloudformation", "kubernetes"])
+def test_no_failed_check_outside_the_reasoned_skips(scans, framework):
+    report = scans[framework]
+    failed = report["results"]["failed_checks"]
+    unreasoned = sorted({(c["check_id"], c["resource"]) for c in failed
+                         if not _reasoned(framework, c)})
+    assert not unreasoned, unreasoned
+    assert report["summary"]["passed"] > 100   # it really checked something
+    # every skip still earns its place, and each names why
+    used = {c["check_id"] for c in failed}
+    for check_id, entry in SKIPS[framework].items():
+        assert check_id in used, f"{check_id} no longer fails: remove it from the skip file"
+        assert len(entry["reason"]) > 20 and entry["resources"]
+    print(f"checkov {framework}: {report['summary']['passed']} passed, {len(failed)} failed "
+          f"(all in the skip file: {len(used)} checks)")

@@ -99,7 +99,7 @@ class RouterChart(Chart):
         workers = Peer(f"{props.endpoint}-workers", ns, dict(props.worker_selector))
         self.flows = (Flow(LOAD_BALANCER, router, ROUTER_PORT, "clients, through the NLB"),
                       Flow(PROMETHEUS, router, ROUTER_METRICS_PORT, "router metrics"),
-                      Flow(router, workers, WORKER_PORT, "requests, health, render/tokenize"))
+                      Flow(router, workers, props.worker_port, "requests, health, render/tokenize"))
         if props.kv_event_sources:
             self.flows += (Flow(router, workers, KV_EVENTS_PORT, "KV events (ZMQ SUB)"),)
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,

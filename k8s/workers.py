@@ -203,7 +203,7 @@ class WorkersChart(Chart):
         sel = selector_labels(COMPONENT, p.endpoint)
         labels = standard_labels(COMPONENT, p.endpoint)
         self.selector = sel
-        self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), WORKER_PORT,
+        self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), p.port,
                            "vLLM and LMCache metrics"),)
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
                    name=p.service_account, namespace=p.namespace, labels=labels,

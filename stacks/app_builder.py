@@ -104,7 +104,7 @@ def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
 
     charts = build_charts(cdk8s.App(), cfg, endpoints, placeholder_facts(cfg, endpoints))
     monitoring = build_monitoring_charts(cdk8s.App(), cfg, endpoints)
-    before_chart = [monitoring.base, monitoring.dcgm]
+    before_chart = [monitoring.base, monitoring.dcgm, monitoring.network_policies]
     after_chart = [c for c in (monitoring.rules, monitoring.dashboards) if c is not None]
     helm_dir = outdir / "helm"
     helm_dir.mkdir(parents=True, exist_ok=True)
@@ -122,8 +122,9 @@ def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
     values.write_text(
         f"# helm upgrade --install {RELEASE} {source} --version {CHARTS[CHART_KEY].version} "
         f"--namespace {MONITORING_NAMESPACE} -f {values.name}\n"
-        f"# Install after {written[len(charts) + 1].name}, before "
-        f"{', '.join(p.name for p in written[len(charts) + 2:]) or 'nothing else'}.\n"
+        f"# Install after {written[len(charts) + len(before_chart) - 1].name}, before "
+        f"{', '.join(p.name for p in written[len(charts) + len(before_chart):]) or 'nothing else'}"
+        ".\n"
         + yaml.safe_dump(placeholder_values(cfg, endpoints), sort_keys=False, width=1000))
     written.append(values)
     return written

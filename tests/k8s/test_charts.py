@@ -412,3 +412,27 @@ def test_every_serving_pod_meets_pod_security_restricted(rendered, case):
             assert sc.get("runAsUser", pod["securityContext"].get("runAsUser")) != 0
         for v in pod.get("volumes", []):
             assert set(v) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"}, v
+
+
+def test_the_files_container_port_is_where_everything_reaches_the_workers():
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["modelInvocationPort"]["containerPort"] = 8080
+    raw["spec"]["worker"]["args"] = ["--port", "8080", *raw["spec"]["worker"]["args"]]
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    docs = render(cfg, spec)
+    worker = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"].endswith("-workers"))
+    vllm = worker["spec"]["template"]["spec"]["containers"][0]
+    assert vllm["ports"][0]["containerPort"] == 8080
+    assert vllm["args"].count("--port") == 1           # the file's, not a second one
+    router = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"].endswith("-router"))
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--service-discovery-port") + 1] == "8080"
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"
+                and d["spec"]["podSelector"].get("matchLabels", {}).get(
+                    "app.kubernetes.io/name") == "vllm-worker"]
+    ports = {p["port"] for pol in policies for r in pol["spec"].get("ingress", [])
+             for p in r.get("ports", [])}
+    assert ports == {8080}

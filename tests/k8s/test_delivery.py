@@ -39,8 +39,9 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
         cfg = synths[name].cfg
         specs = load_endpoints(cfg, ROOT)
         files = write_manifests(cfg, specs, tmp_path / name)
-        monitoring = (["03-monitoring-base.yaml", "04-dcgm-exporter.yaml"]
-                      + (["05-alert-rules.yaml", "06-dashboards.yaml"]
+        monitoring = (["04-monitoring-base.yaml", "05-dcgm-exporter.yaml",
+                       "06-monitoring-network-policies.yaml"]
+                      + (["07-alert-rules.yaml", "08-dashboards.yaml"]
                          if cfg.observability == "self-hosted" else []))
         assert [f.name for f in files] == ["00-namespace.yaml",
                                            "01-llama-8b-intel-routing-workers.yaml",

@@ -78,12 +78,15 @@ def test_metrics_port_is_open_to_monitoring_only(valkey):
     svc = _named(docs, "Service", name)
     assert {"name": "metrics", "port": REDIS_EXPORTER_PORT, "targetPort": "metrics"} in \
         svc["spec"]["ports"]
-    policy = _named(docs, "NetworkPolicy", name)
+    # The serving namespace denies by default; one policy admits exactly the declared flows.
+    policy = _named(docs, "NetworkPolicy", f"allow-to-{name}")
     kubernetes_validate.validate(policy, cfg.kubernetes_version + ".0", strict=True)
     (rule,) = [r for r in policy["spec"]["ingress"]
                if r["ports"] == [{"protocol": "TCP", "port": REDIS_EXPORTER_PORT}]]
-    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": MONITORING_NAMESPACE}}}]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {
+        "kubernetes.io/metadata.name": MONITORING_NAMESPACE}}
+    assert peer["podSelector"]["matchLabels"]     # Prometheus only, not the whole namespace
 
 
 def test_scrape_job_selects_exactly_the_exporter_port(valkey):

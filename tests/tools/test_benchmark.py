@@ -20,7 +20,8 @@ from tools.loopback import FakeWorkerPool, RouterProcess, free_port, localize_ro
 FAST = {"prefill_ms_per_token": 0.01, "decode_ms_per_token": 0.2, "overhead_ms": 0.5}
 SMALL = ["--requests", "2", "--prefix-words", "48", "--sessions", "2", "--turns", "2",
          "--user-words", "8", "--documents", "1", "--questions", "2", "--contexts", "96",
-         "--max-tokens", "4", "--overhead-requests", "2", "--concurrency", "2"]
+         "--max-tokens", "4", "--overhead-requests", "2", "--concurrency", "2",
+         "--repeats", "1", "--warmup", "1"]
 SCENARIOS = ["cold", "warm", "shared-prefix", "distinct-prefix", "multi-turn", "document-96"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -79,7 +80,8 @@ def test_unreachable_worker_metrics_leave_the_hit_rate_unknown(router, tmp_path)
     proc, _ = router
     config = BenchConfig(proc.url, model=MODEL, scenarios=("cold-warm",), requests=1,
                          prefix_words=16, user_words=4, max_tokens=2, concurrency=1,
-                         worker_metrics=(f"http://127.0.0.1:{free_port()}/metrics",), salt="x")
+                         worker_metrics=(f"http://127.0.0.1:{free_port()}/metrics",), salt="x",
+                         repeats=1, warmup=0)
     result = run_benchmark(config, progress=False)
     cold = result["scenarios"]["cold"]
     assert cold["ok"] == 1 and cold["cache_hit_rate"] is None
@@ -91,7 +93,8 @@ def test_run_policy_renders_the_router_args_of_the_strategy():
     assert args[args.index("--policy") + 1] == "round_robin" and "--service-discovery" in args
     result = run_policy("roundrobin", BenchConfig("", scenarios=("multi-turn",), sessions=2,
                                                   turns=2, prefix_words=32, user_words=4,
-                                                  max_tokens=2, concurrency=2, salt="rr"),
+                                                  max_tokens=2, concurrency=2, salt="rr",
+                                                  repeats=1, warmup=0),
                         workers=2, worker_opts=FAST, progress=False)
     mt = result["scenarios"]["multi-turn"]
     assert mt["ok"] == 4 and 0 <= mt["cache_hit_rate"] <= 1
@@ -129,7 +132,8 @@ def test_contexts_beyond_the_model_are_left_out_with_a_note():
     assert [p.scenario for p in phases] == ["document-8k"]
     assert notes == ["document-64k left out: 65536 tokens exceed the model's max_model_len "
                      "32768"]
-    assert len(phases[0].jobs[0].system.split()) == 2 + 8192  # "Document <id>." + 8K words
+    # "Run <salt>. Document <id>." + 8K words
+    assert len(phases[0].jobs[0].system.split()) == 4 + 8192
 
 
 def test_percentiles_interpolate_like_numpy():

@@ -272,6 +272,7 @@ def run_strategies(strategies: list[str], config: BenchConfig, *, workers: int,
     from tools import bench_report
 
     results = {}
+    out.mkdir(parents=True, exist_ok=True)
     for strategy in strategies:
         results[strategy] = run_policy(
             strategy, replace(config, salt=uuid.uuid4().hex[:8]), workers=workers,

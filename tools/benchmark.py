@@ -153,13 +153,12 @@ def build_phases(c: BenchConfig, max_model_len: int | None = None) -> tuple[list
 
 def _shuffled(phase: Phase, c: BenchConfig, salted: str) -> Phase:
     """The phase's jobs in a seeded order with seeded delays; document questions become jobs
-    of their own, so one document's questions interleave with the others'."""
+    of their own (same session id), so one document's questions interleave with the others'."""
     rng = random.Random(f"{c.seed}/{phase.scenario}")
     rate = dict(c.scenario_rates).get(phase.scenario, c.request_rate)
     jobs = list(phase.jobs)
-    if phase.scenario.startswith("document"):
-        jobs = [Job(f"{j.session}-q{i}", j.system, (u,)) for j in jobs
-                for i, u in enumerate(j.users)]
+    if phase.scenario.startswith("document"):  # one session per document, as a user's
+        jobs = [Job(j.session, j.system, (u,)) for j in jobs for u in j.users]
     rng.shuffle(jobs)
     out, clock = [], 0.0
     per_job = sum(len(j.users) for j in jobs) / max(1, len(jobs))

@@ -15,36 +15,45 @@ Model (a roofline, one engine step at a time, as vLLM's scheduler runs it):
   over bandwidth x efficiency), plus a fixed per-step overhead.
 - Render/tokenize (the router's cache_aware calls it on every worker per request): a fixed HTTP
   cost plus a per-token tokenizer cost, as a CPU-bound API server pays it.
-- ``time_scale`` shrinks every emulated duration (0.1: ten times faster than the GPU), so long
-  contexts fit in a benchmark run; the router's own hop is real time and is not scaled.
+- ``time_scale`` shrinks every emulated GPU duration (0.1: ten times faster than the GPU), so
+  long contexts fit in a benchmark run. Render/tokenize is CPU work in the API server and stays
+  real time, like the router's own hop: what cache_aware's fan-out costs is never scaled away.
 
-Sources of the profile figures (datasheets and published measurements, November 2026):
-- A10G: 24 GB GDDR6, 600 GB/s; tensor FP16 ~70 TFLOPS dense (lower than A10's 125).
-  https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/
-- g5.24xlarge = 4 x A10G over PCIe, p4d.24xlarge = 8 x A100 40 GB over NVLink, p5.48xlarge =
-  8 x H100 80 GB: AWS instance tables, as collected in
-  https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e and the EC2
-  accelerated-computing page.
-- A100 40 GB: 312 TFLOPS BF16 dense, 1,555 GB/s (NVIDIA A100 datasheet).
-- H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s, 80 GB HBM3 (NVIDIA H100 datasheet;
-  https://glennklockwood.com/garden/processors/h100).
-- Decode efficiency: vLLM, Llama-3.1-8B, one A100 40 GB, one stream: ~75 tokens/s, "roughly 77%
-  of the GPU's memory-bandwidth ceiling" (https://johnmusgrave.com/p/vllm-throughput-latency-
-  sweep-on). Used as the bandwidth efficiency of every profile (0.75 over PCIe TP).
-- Prefill MFU: 0.5 on NVLink/SXM parts, 0.3 on PCIe A10G TP 4 (tensor-parallel all-reduces over
-  PCIe); the g5 figure reproduces the published ~2,200 input tokens/s of 2 x A10G TP 2 within
-  a factor of 1.5 (/work/shared/FACTS.md, "Router strategies measured on loopback").
-- Models: Llama-3.1-8B 32 layers, d_model 4096, 8 KV heads x 128; Llama-3.1-70B 80 layers,
-  d_model 8192, 8 KV heads x 128 (the models' config.json on Hugging Face). BF16 weights.
-- Tokenizer cost: ~1.5 us per token on one core for a byte-level BPE (measured here, FACTS.md).
-- Step overhead (scheduler, sampling, CUDA-graph launch): 3 ms, an assumption of this model.
+Sources of the profile figures: `SOURCES` below (also printed in docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
+
+SOURCES = (
+    "A10G: 24 GB GDDR6, 600 GB/s; tensor FP16 ~70 TFLOPS dense (below the A10's 125): "
+    "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/",
+    "g5.24xlarge = 4 x A10G 24 GB over PCIe; p4d.24xlarge = 8 x A100 40 GB over NVLink: AWS "
+    "instance tables as collected in "
+    "https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e; p5.48xlarge "
+    "= 8 x H100 80 GB (AWS EC2 accelerated-computing instances).",
+    "A100 40 GB: 312 TFLOPS BF16 dense, 1,555 GB/s (NVIDIA A100 datasheet).",
+    "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s, 80 GB HBM3 (NVIDIA H100 datasheet; "
+    "https://glennklockwood.com/garden/processors/h100).",
+    "Decode efficiency: vLLM serving Llama-3.1-8B on one A100 40 GB decodes one stream at "
+    "~75 tokens/s, 'roughly 77% of the GPU's memory-bandwidth ceiling': "
+    "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on (0.77 here; 0.75 for PCIe "
+    "tensor parallelism on g5).",
+    "Prefill MFU: 0.5 on NVLink/SXM parts; 0.3 on A10G TP 4 over PCIe, which puts 2 x A10G "
+    "TP 2 at ~2,600 prompt tokens/s, within 20% of the ~2,200 published for that setup "
+    "(project FACTS.md).",
+    "Llama-3.1-8B: 32 layers, d_model 4096, 8 KV heads x 128; Llama-3.1-70B: 80 layers, "
+    "d_model 8192, 8 KV heads x 128 (the models' config.json); BF16 weights and KV.",
+    "vLLM defaults: gpu_memory_utilization 0.9, block size 16, chunked prefill with "
+    "max_num_batched_tokens 8192, max_num_seqs 256 (vLLM engine arguments).",
+    "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured here, "
+    "project FACTS.md) + 1 ms HTTP.",
+    "Assumptions of this model, not published figures: 2 GB per GPU of activation reserve, "
+    "3 ms of per-step overhead.",
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,6 @@ class GpuProfile:
     max_num_seqs: int = 256
     render_fixed_ms: float = 1.0
     render_us_per_token: float = 1.5
-    sources: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def kv_tokens(self) -> int:

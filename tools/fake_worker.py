@@ -24,7 +24,7 @@ optional KV events, which need pyzmq and msgpack):
 - Or, with ``profile`` (``tools.emulator.PROFILES``, e.g. ``g5.24xlarge``), a calibrated
   emulation instead: the prefix cache holds the replica's KV capacity, requests share one
   emulated GPU step by step (continuous batching, chunked prefill), render/tokenize cost what a
-  real API server's tokenizer does, all durations times ``time_scale``.
+  real API server's tokenizer does (real time), GPU durations times ``time_scale``.
 - Output: ``max_tokens`` words (default 16) drawn deterministically from the prompt, so every
   worker gives the same answer to the same prompt (like greedy decoding on one model).
 - KV events (``kv_events_port`` not None): every change of the prefix cache is published at
@@ -840,7 +840,7 @@ class FakeWorker:
                 n = sum(len(ids) for ids in self._prompts(body, chat))
             except _BadRequest:
                 return
-            time.sleep(self.gpu.render_seconds(n) * self.engine.time_scale)
+            time.sleep(self.gpu.render_seconds(n))  # CPU time: real, never scaled
 
     def render_payload(self, body: dict, chat: bool) -> Any:
         """vLLM's /v1/{chat/}completions/render: the request as token ids, not run."""

@@ -8,7 +8,8 @@ the GPU's rates, render/tokenize at a tokenizer's cost). One run per strategy, t
         --scenarios multi-turn document --contexts 8192 --repeats 3
 
 Strategies: the HyperPod names, plus `session-noheader` (the session strategy while the client
-sends no X-Session-ID). Figures, not assertions: the emulator is a model; `--time-scale` makes
+sends no X-Session-ID); `STRATEGY@sglang` runs sglang-router instead of vllm-router
+(`RouterProps.implementation`). Figures, not assertions: the emulator is a model; `--time-scale` makes
 the GPU faster than life (every emulated duration times the scale) while the router's own work
 stays real, so ratios between strategies are the result, absolute milliseconds are not.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,9 +38,24 @@ BENCH_ENDPOINT = "bench"
 
 def router_strategy(strategy: str) -> tuple[str, bool]:
     """(HyperPod strategy the router runs, whether the client sends X-Session-ID)."""
+    strategy = strategy.split("@")[0]
     if strategy.endswith("-noheader"):
         return strategy[: -len("-noheader")], False
     return strategy, True
+
+
+def implementation(strategy: str) -> str:
+    return "sglang-router" if strategy.endswith("@sglang") else "vllm-router"
+
+
+def router_command(strategy: str, args: list[str]) -> tuple[str | None, list[str]]:
+    """(binary, args) to start the router of `strategy` with localized `args`: sglang-router
+    takes its `launch` subcommand first (the rendered args' leading word)."""
+    if implementation(strategy) != "sglang-router":
+        return None, args
+    binary = os.environ.get("SGLANG_ROUTER_BIN") or str(Path(sys.executable).parent
+                                                          / "sglang-router")
+    return binary, ["launch", *args]
 
 
 def in_cluster_workers(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -62,7 +79,7 @@ def rendered_router_args(strategy: str, workers: int = 4) -> list[str]:
     urls, endpoints = in_cluster_workers(workers) if kv else ((), ())
     return router_args(RouterProps(
         endpoint=BENCH_ENDPOINT, namespace=SERVING_NAMESPACE, image="local",
-        policy=ROUTING_POLICIES[name],
+        policy=ROUTING_POLICIES[name], implementation=implementation(strategy),
         worker_selector={"app.kubernetes.io/instance": BENCH_ENDPOINT},
         static_workers=urls, kv_event_sources=tuple(zip(urls, endpoints)),
         kv_event_block_size=KV_BLOCK_SIZE, model_name=MODEL if kv else ""))
@@ -161,7 +178,8 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
         args = localize_router_args(rendered, pool.urls, free_port(), free_port(),
                                     kv_worker_map=kv_map, kv_endpoint_map=ep_map)
         log = (log_dir / f"router-{strategy}.log") if log_dir else None
-        with RouterProcess(args, log_path=log) as router:
+        binary, args = router_command(strategy, args)
+        with RouterProcess(args, log_path=log, binary=binary) as router:
             if kv and not processes:
                 pool.wait_kv_subscribers()
             elif kv:
@@ -186,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--policies", nargs="+", default=["roundrobin", "prefixaware"],
-                   choices=STRATEGIES + ("prefixaware-noheader", "roundrobin-noheader"))
+                   choices=STRATEGIES + ("prefixaware-noheader", "roundrobin-noheader",
+                                         "prefixaware@sglang", "roundrobin@sglang"))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--profile", default="g5.24xlarge",
                    help="GPU profile to emulate (tools.emulator.PROFILES), or 'none' for the "

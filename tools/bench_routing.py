@@ -22,6 +22,8 @@ from tools.bench_loopback import STRATEGIES, open_loop, run_strategies
 from tools.bench_report import _fmt_span, ratio_span, span
 from tools.benchmark import BenchConfig
 
+# Every HyperPod strategy on vllm-router, and cache_aware on the second implementation.
+MATRIX = STRATEGIES + ("prefixaware@sglang",)
 PROFILE = "g5.24xlarge"
 WORKERS = (4, 16)
 CONTEXTS = (2048, 8192, 65536)
@@ -132,7 +134,7 @@ def matrix_tables(m: dict) -> tuple[list[str], list[dict]]:
                   "(warm prompt of the context's size) | errors |", "|" + "---|" * 11]
         for w in WORKERS:
             base = m.get(f"{BASELINE}/{w}/{ctx}")
-            for strategy in STRATEGIES:
+            for strategy in MATRIX:
                 cell = m.get(f"{strategy}/{w}/{ctx}")
                 if not cell or name not in cell["scenarios"] or not base:
                     continue
@@ -178,7 +180,7 @@ def plot_ratios(rows: list[dict], path: Path) -> None:
 
     plt = _pyplot()
     groups = [(n, c) for n, c in dict.fromkeys((r["scenario"], r["ctx"]) for r in rows)]
-    strategies = [s for s in STRATEGIES if s != BASELINE]
+    strategies = [s for s in MATRIX if s != BASELINE]
     fig, axes = plt.subplots(1, len(WORKERS), figsize=(13, 4.5), sharey=True)
     for ax, w in zip(axes, WORKERS):
         width = 0.8 / len(strategies)
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results/routing"))
     p.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    p.add_argument("--strategies", nargs="+", default=list(MATRIX), choices=MATRIX)
     p.add_argument("--workers", nargs="+", type=int, default=list(WORKERS))
     p.add_argument("--contexts", nargs="+", type=int, default=list(CONTEXTS),
                    choices=list(CONTEXTS))

@@ -275,3 +275,30 @@ def test_loopback_strategies_render_their_own_router_args():
     assert result["meta"]["config"]["session_header"] is False
     # consistent_hash with no key: every request on one worker
     assert len(result["scenarios"]["multi-turn"]["workers"]) == 1
+
+
+def test_sglang_router_serves_with_the_args_router_args_renders():
+    """The second implementation: the real sglang-router binary, started with
+    `sglang_router_args` (localized), routes by its own prefix tree."""
+    args = rendered_router_args("prefixaware@sglang")
+    assert args[0] == "launch" and args[args.index("--policy") + 1] == "cache_aware"
+    result = run_policy("prefixaware@sglang", BenchConfig(
+        "", scenarios=("multi-turn",), sessions=3, turns=3, prefix_words=64, user_words=4,
+        max_tokens=2, concurrency=2, repeats=1, warmup=0), workers=2, worker_opts=FAST,
+        progress=False)
+    mt = result["scenarios"]["multi-turn"]
+    assert (mt["ok"], mt["errors"]) == (9, 0) and mt["cache_hit_rate"] > 0.3
+    assert result["meta"]["loopback"]["router_args"][:2] == ["launch", "--host"]
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "consistent_hash"])
+def test_sglang_router_refuses_what_it_cannot_do(policy):
+    from k8s.router import RouterProps, router_args
+
+    props = RouterProps(endpoint="e", namespace="n", image="i", policy=policy,
+                        worker_selector={"a": "b"}, implementation="sglang-router")
+    with pytest.raises(ValueError, match=f"sglang-router has no policy '{policy}'"):
+        router_args(props)
+    with pytest.raises(ValueError, match="router implementation 'x': one of vllm-router, "
+                                         "sglang-router"):
+        router_args(replace(props, implementation="x"))

@@ -345,24 +345,29 @@ def findings(m: dict, st: dict) -> list[str]:
 
 
 def _stability_findings(st: dict) -> list[str]:
+    """Per scenario and header setting: do the invocations' P50 ratio ranges overlap (for
+    intervals, pairwise overlap = one common point) and stay on one side of 1?"""
     out = []
-    for name in ("multi-turn", "document-8k"):
-        spans = {key: _ratio(r["prefixaware"], r[BASELINE], name, "ttft_s.p50")
-                 for key, r in st.items()}
-        got = [v for v in spans.values() if v]
-        if not got:
-            continue
-        overlap = max(v[1] for v in got) <= min(v[2] for v in got)
-        side = all(v[2] < 1 for v in got) or all(v[1] > 1 for v in got)
-        worst = max(v[2] for v in got)
-        out.append(
-            f"- {name}, prefixaware / roundrobin TTFT P50 over {len(got)} invocations "
-            f"(3 repeats each, with and without X-Session-ID): medians "
-            f"{', '.join(f'{v[0]:.2f}' for v in got)}; ranges "
-            f"{'overlap' if overlap else 'do NOT all overlap'} and "
-            f"{'stay on the same side of 1' if side else 'cross 1'}; the worst end of any "
-            f"range is {worst:.2f}, {'within' if worst <= HYPERPOD['8k']['p50'] else 'above'} "
-            f"HyperPod's 8K P50 yardstick ({HYPERPOD['8k']['p50']}).")
+    for header in ("header", "noheader"):
+        runs = {k: r for k, r in st.items() if k.split("/")[0] == header}
+        for name in ("multi-turn", "document-8k"):
+            got = [v for r in runs.values()
+                   if (v := _ratio(r["prefixaware"], r[BASELINE], name, "ttft_s.p50"))]
+            if not got:
+                continue
+            lo, hi = max(v[1] for v in got), min(v[2] for v in got)
+            side = all(v[2] < 1 for v in got) or all(v[1] > 1 for v in got)
+            worst = max(v[2] for v in got)
+            out.append(
+                f"- {name}, {'with' if header == 'header' else 'without'} X-Session-ID, "
+                f"prefixaware / roundrobin TTFT P50 over {len(got)} invocations of 3 repeats: "
+                f"medians {', '.join(f'{v[0]:.2f}' for v in got)}; the ranges "
+                + (f"overlap ({lo:.3f}-{hi:.3f} is in all)" if lo <= hi else
+                   f"do NOT all overlap (highest low {lo:.3f} > lowest high {hi:.3f})")
+                + f" and {'stay below 1' if side else 'cross 1'}; the worst end of any "
+                f"range, {worst:.2f}, is "
+                f"{'within' if worst <= HYPERPOD['8k']['p50'] else 'above'} HyperPod's 8K "
+                f"P50 yardstick ({HYPERPOD['8k']['p50']}).")
     return out
 
 

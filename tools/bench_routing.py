@@ -174,7 +174,7 @@ def matrix_tables(m: dict) -> tuple[list[str], list[dict]]:
                 scenarios.append((name, ctx))
     for name, ctx in scenarios:
         lines += ["", f"### {name} ({'2K-token system prompt, growing history' if name == 'multi-turn' else 'document Q&A'})",
-                  "", "| workers | strategy | TTFT P50 ms | P90 ms | P50 / round robin | "
+                  "", "| workers | strategy | TTFT P50 ms (wall, time-scaled) | P90 ms | P50 / round robin | "
                   "P90 / round robin | P50 / rr at life size (est.) | hit rate | tok/s / rr | "
                   "$/1K out / rr | router added ms (warm prompt of the context's size) | "
                   "errors |", "|" + "---|" * 12]

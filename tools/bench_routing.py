@@ -40,8 +40,11 @@ HYPERPOD = {"8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
 
 def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
     scenarios = ("multi-turn", "document") if ctx == 2048 else ("document",)
-    c = BenchConfig("", scenarios=scenarios, contexts=(ctx,), concurrency=8, sessions=13,
-                    turns=5, documents=5, questions=4, max_tokens=16, repeats=repeats,
+    # users grow with the workers (odd counts: no power-of-two worker count divides them),
+    # so each session's and each document's own request rate stays the same
+    c = BenchConfig("", scenarios=scenarios, contexts=(ctx,), concurrency=8,
+                    sessions=2 * workers + 5, turns=5, documents=workers + 1, questions=4,
+                    max_tokens=16, repeats=repeats,
                     seed=seed, warmup=8, direct_url="auto", overhead_requests=12,
                     overhead_prompt_words=ctx, hourly_usd=8.144, instances=workers,
                     timeout_s=900, time_limit_s=900)
@@ -278,9 +281,10 @@ def render_doc(doc: Path, out: Path) -> None:
         f"- Workers emulate the `{PROFILE}` profile below: bounded KV cache (LRU), continuous "
         "batching with chunked prefill, prefill and decode at roofline rates, render/tokenize "
         "at a tokenizer's cost (what cache_aware's per-request fan-out waits for).",
-        f"- Workload (`tools/benchmark.py`): seed 1, the same plan for every strategy; 13 "
-        "multi-turn sessions x 5 turns (2K-token system prompt), 5 documents x 4 questions "
-        "per context; shuffled order; Poisson arrivals at "
+        f"- Workload (`tools/benchmark.py`): seed 1, the same plan for every strategy; "
+        "2 x workers + 5 multi-turn sessions x 5 turns (2K-token system prompt), workers + 1 "
+        "documents x 4 questions per context (13 and 5 at 4 workers, 37 and 17 at 16); "
+        "shuffled order; Poisson arrivals at "
         f"{LOAD:.0%} of what the workers prefill with no cache hit; 8 warm-up requests per "
         "repeat left out; caches emptied between repeats; 16 output tokens per request.",
         "- Every figure: the median of 3 repeats, min-max in brackets; a ratio's range is "

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 SOURCES = (
     "A10G: 24 GB GDDR6, 600 GB/s; tensor FP16 ~70 TFLOPS dense (below the A10's 125): "
@@ -188,14 +188,22 @@ def profile(name: str) -> GpuProfile:
 
 
 class Sequence_:
-    """One request in the engine: prefill from `cached` to `prompt`, then `max_tokens` steps."""
+    """One request in the engine: prefill from `cached` to `prompt`, then `max_tokens` steps.
 
-    __slots__ = ("prompt", "done", "max_tokens", "produced", "times")
+    `lookup()`, if given, is asked for the cached prefix when the sequence is first scheduled
+    (as vLLM's scheduler does, so a request queued behind another with the same prefix finds
+    what that one computed); `on_progress(done)` hears of every prefill chunk (the worker
+    caches the computed blocks at once, as vLLM does)."""
 
-    def __init__(self, prompt: int, cached: int, max_tokens: int) -> None:
+    __slots__ = ("prompt", "done", "max_tokens", "produced", "times", "lookup", "on_progress")
+
+    def __init__(self, prompt: int, cached: int, max_tokens: int,
+                 lookup: Callable[[], int] | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> None:
         self.prompt, self.done, self.max_tokens = prompt, min(cached, prompt - 1), max_tokens
         self.produced = 0
         self.times: list[float] = []   # perf_counter of each token
+        self.lookup, self.on_progress = lookup, on_progress
 
     @property
     def context(self) -> int:
@@ -218,8 +226,10 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="emulated-gpu", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt: int, cached: int, max_tokens: int) -> Sequence_:
-        seq = Sequence_(prompt, cached, max_tokens)
+    def submit(self, prompt: int, cached: int, max_tokens: int,
+               lookup: Callable[[], int] | None = None,
+               on_progress: Callable[[int], None] | None = None) -> Sequence_:
+        seq = Sequence_(prompt, cached, max_tokens, lookup, on_progress)
         with self._cond:
             self._queue.append(seq)
             self._cond.notify_all()
@@ -246,6 +256,9 @@ class Engine:
         for s in running:
             if budget <= 0:
                 break
+            if s.lookup is not None:  # first scheduled: what is cached now
+                s.done = max(s.done, min(s.lookup(), s.prompt - 1))
+                s.lookup = None
             if s.done < s.prompt:
                 n = min(budget, s.prompt - s.done)
                 chunks.append((s, n))
@@ -270,6 +283,8 @@ class Engine:
                     s.times.append(now)
                 for s, n in chunks:
                     s.done += n
+                    if s.on_progress is not None:
+                        s.on_progress(s.done)
                     if s.done >= s.prompt:  # the prefill's last step samples the first token
                         s.produced += 1
                         s.times.append(now)

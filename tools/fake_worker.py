@@ -937,10 +937,6 @@ class FakeWorker:
         try:
             with self._lock:
                 self._running += 1
-            req.cached = [self.cache.lookup(ids) for ids in prompts]
-            with self._lock:
-                self._query_tokens += req.prompt_tokens
-                self._hit_tokens += sum(req.cached)
             words = [generate_words(ids, max_tokens) for ids in prompts]
             token_at = self._timeline(req, max_tokens)
             token_at(0)
@@ -975,12 +971,25 @@ class FakeWorker:
             if self._slots is not None:
                 self._slots.release()
 
+    def _count_hits(self, req: "_Request") -> int:
+        req.cached = [self.cache.lookup(ids) for ids in req.prompts]
+        with self._lock:
+            self._query_tokens += req.prompt_tokens
+            self._hit_tokens += sum(req.cached)
+        return sum(req.cached)
+
     def _timeline(self, req: "_Request", max_tokens: int) -> Callable[[int], None]:
         """A function that returns once output token ``i`` exists: fixed rates, or the
-        emulated GPU's steps."""
+        emulated GPU's steps (the prefix cache is looked up when the engine schedules the
+        request, and fills chunk by chunk)."""
         if self.engine is not None:
-            seq = self.engine.submit(req.prompt_tokens, sum(req.cached), max_tokens)
+            ids = req.prompts[0] if len(req.prompts) == 1 else \
+                [t for p in req.prompts for t in p]
+            seq = self.engine.submit(req.prompt_tokens, 0, max_tokens,
+                                     lookup=lambda: self._count_hits(req),
+                                     on_progress=lambda done: self.cache.insert(ids[:done]))
             return lambda i: self.engine.wait_token(seq, i) and None
+        self._count_hits(req)
         uncached = req.prompt_tokens - sum(req.cached)
         first_at = req.t0 + (self.overhead_ms + self.prefill_ms_per_token * uncached) / 1e3
         decode_s = self.decode_ms_per_token / 1e3

@@ -85,3 +85,26 @@ def test_an_emulated_worker_holds_its_profile_kv_capacity_lru():
     cache.insert(list(range(10**6, 10**6 + 16 * 60)))
     assert len(cache) == 100                    # bounded
     assert cache.lookup(first + [1]) == 0       # the oldest prefix went first
+
+
+def test_a_request_queued_behind_the_same_prefix_finds_it_cached_when_scheduled():
+    """vLLM looks the prefix cache up when it schedules a request, and caches blocks as
+    chunks complete: the second of two same-prefix requests waits, then hits."""
+    engine = Engine(G5, time_scale=1e-4)
+    computed = [0]
+    looked: list[int] = []
+
+    def lookup() -> int:
+        looked.append(computed[0])
+        return computed[0]
+
+    try:
+        a = engine.submit(20_000, 0, 1, on_progress=lambda done: computed.__setitem__(0, done))
+        b = engine.submit(20_000, 0, 1, lookup=lookup)
+        engine.wait_token(a, 0)
+        engine.wait_token(b, 0)
+        # a takes the whole 8192-token budget twice; b is scheduled in the third step, with
+        # a's first 16384 tokens computed, and finishes in that same step
+        assert looked == [16_384] and engine.steps == 3
+    finally:
+        engine.stop()

@@ -24,7 +24,9 @@ optional KV events, which need pyzmq and msgpack):
 - Or, with ``profile`` (``tools.emulator.PROFILES``, e.g. ``g5.24xlarge``), a calibrated
   emulation instead: the prefix cache holds the replica's KV capacity, requests share one
   emulated GPU step by step (continuous batching, chunked prefill), render/tokenize cost what a
-  real API server's tokenizer does (real time), GPU durations times ``time_scale``.
+  real API server's tokenizer does (real time), GPU durations times ``time_scale``; the cache
+  is looked up when the engine schedules the request and filled chunk by chunk, as vLLM's
+  scheduler does.
 - Output: ``max_tokens`` words (default 16) drawn deterministically from the prompt, so every
   worker gives the same answer to the same prompt (like greedy decoding on one model).
 - KV events (``kv_events_port`` not None): every change of the prefix cache is published at

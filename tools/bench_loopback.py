@@ -92,10 +92,8 @@ class WorkerProcesses:
     other and add milliseconds that are the harness's, not the router's."""
 
     def __init__(self, n: int, *, kv_events: bool = False, **opts: Any) -> None:
-        from tools.loopback import free_port
-
-        self.ports = [free_port() for _ in range(n)]
-        self.kv_ports = [free_port() for _ in range(n)] if kv_events else []
+        ports = distinct_ports(2 * n if kv_events else n)
+        self.ports, self.kv_ports = ports[:n], ports[n:]
         self.opts = opts
         self.procs: list[subprocess.Popen] = []
 
@@ -152,12 +150,24 @@ class WorkerProcesses:
                 proc.kill()
 
 
+def distinct_ports(n: int, taken: set[int] = frozenset()) -> list[int]:
+    """`n` ports free a moment ago and distinct (free_port may hand the same one out twice)."""
+    from tools.loopback import free_port
+
+    out: list[int] = []
+    while len(out) < n:
+        port = free_port()
+        if port not in out and port not in taken:
+            out.append(port)
+    return out
+
+
 def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
                worker_opts: dict[str, Any] | None = None, log_dir: Path | None = None,
                progress: bool = True, processes: bool = False) -> dict:
     """One benchmark (all its repeats) through the router for `strategy`, on fresh fake
     workers (threads of this process, or one process each); caches emptied between repeats."""
-    from tools.loopback import FakeWorkerPool, RouterProcess, free_port, localize_router_args
+    from tools.loopback import FakeWorkerPool, RouterProcess, localize_router_args
 
     name, header = router_strategy(strategy)
     kv = name == "kvaware"
@@ -175,7 +185,9 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
             remote_urls, remote_eps = in_cluster_workers(workers)
             local_eps = pool.kv_endpoints if processes else [w.kv_events_endpoint for w in pool]
             kv_map, ep_map = dict(zip(remote_urls, pool.urls)), dict(zip(remote_eps, local_eps))
-        args = localize_router_args(rendered, pool.urls, free_port(), free_port(),
+        taken = {int(u.rsplit(":", 1)[1]) for u in pool.urls}
+        port, prom = distinct_ports(2, taken | set(getattr(pool, "kv_ports", [])))
+        args = localize_router_args(rendered, pool.urls, port, prom,
                                     kv_worker_map=kv_map, kv_endpoint_map=ep_map)
         log = (log_dir / f"router-{strategy}.log") if log_dir else None
         binary, args = router_command(strategy, args)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench_loopback import STRATEGIES, open_loop, run_strategies
-from tools.bench_report import _fmt_span, _num, ratio_span, span
+from tools.bench_report import _fmt_span, _num, ratio_span, span, verdict
 from tools.benchmark import BenchConfig
 
 # Every HyperPod strategy on vllm-router, and cache_aware on the second implementation.
@@ -394,6 +394,19 @@ def _matrix_findings(m: dict) -> list[str]:
                   if loses else "nowhere in the measured range (its added latency stays "
                   "below the prefill a hit saves on every profile, 2K to 64K, 4 and 16 "
                   "workers)."))
+    for key, cell in sorted(m.items()):
+        strategy, w, ctx = key.split("/")
+        vllm = m.get(f"prefixaware/{w}/{ctx}")
+        if strategy != "prefixaware@sglang" or not vllm:
+            continue
+        for name, sg in cell["scenarios"].items():
+            va = vllm["scenarios"].get(name)
+            r = ratio_span(va, sg, "ttft_s.p50") if va else None
+            if r:
+                out.append(f"- {name}, {w} workers: sglang-router / vllm-router cache_aware "
+                           f"TTFT P50 {_fmt_span(r, fmt='.2f')}: "
+                           f"{verdict(va, sg, 'ttft_s.p50', 'vllm-router', 'sglang-router')}"
+                           f"; router added latency {_hop_ms(cell)} vs {_hop_ms(vllm)} ms.")
     noheader = [r for r in rows if r["strategy"] == "session-noheader" and r["p50"]]
     if noheader:
         worst = max(noheader, key=lambda r: r["p50"][0])

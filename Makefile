@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 ENV ?=
 
-.PHONY: deps tools synth test bench clean
+.PHONY: deps tools synth test bench bench-routing clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -48,6 +48,13 @@ test: tools deps
 ## Timings of full synths and of the test suite (figures, not assertions).
 bench: deps
 	$(PY) -m tools.bench_synth
+
+## Every routing strategy on emulated GPUs through the real router, 4/16 workers, 2K/8K/64K
+## tokens, 3 repeats, then the stability check: writes docs/benchmarks.md (figures, not
+## assertions; about an hour on 2 cores). Not part of `make test`.
+bench-routing: deps
+	$(PY) -m tools.bench_routing --out bench-results/routing --doc docs/benchmarks.md
+	$(PY) -m tools.bench_routing --stability --out bench-results/routing --doc docs/benchmarks.md
 
 clean:
 	rm -rf cdk.out dist .pytest_cache

@@ -55,6 +55,15 @@ class RouterProps:
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
     load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
+    # "vllm-router" (vllm-project/router) or "sglang-router" (sgl-project's Rust router, image
+    # entrypoint `sglang-router launch`): its cache_aware keeps the prefix tree in the router
+    # and calls no worker per request (docs/benchmarks.md has the figures)
+    implementation: str = "vllm-router"
+
+
+ROUTER_IMPLEMENTATIONS = ("vllm-router", "sglang-router")
+# Policies sglang-router 0.3.2 offers that mean the same as vllm-router's (`--help`).
+SGLANG_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 def router_name(endpoint: str) -> str:
@@ -63,6 +72,31 @@ def router_name(endpoint: str) -> str:
 
 
 def router_args(p: RouterProps) -> list[str]:
+    if p.implementation == "sglang-router":
+        return sglang_router_args(p)
+    if p.implementation != "vllm-router":
+        raise ValueError(f"router implementation {p.implementation!r}: one of "
+                         f"{', '.join(ROUTER_IMPLEMENTATIONS)}")
+    args = _common_args(p)
+    for worker, endpoint in p.kv_event_sources:
+        args += ["--kv-event-source", f"{worker}={endpoint}"]
+    if p.kv_event_sources:
+        args += ["--kv-event-block-size", str(p.kv_event_block_size),
+                 "--kv-event-model", p.model_name]
+    return args
+
+
+def sglang_router_args(p: RouterProps) -> list[str]:
+    """sglang-router 0.3.2 takes the same flags for what both routers do; it has no KV event
+    index (kvaware) and no session-key hashing (session)."""
+    if p.policy not in SGLANG_POLICIES or p.kv_event_sources:
+        raise ValueError(f"sglang-router has no policy {p.policy!r}"
+                         f"{' with KV events' if p.kv_event_sources else ''}; it offers "
+                         f"{', '.join(SGLANG_POLICIES)}")
+    return ["launch", *_common_args(p)]
+
+
+def _common_args(p: RouterProps) -> list[str]:
     args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", p.policy,
             "--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT),
             "--health-check-endpoint", p.health_check_path,
@@ -79,11 +113,6 @@ def router_args(p: RouterProps) -> list[str]:
                  *[f"{k}={v}" for k, v in sorted(p.worker_selector.items())],
                  "--service-discovery-namespace", p.namespace,
                  "--service-discovery-port", str(p.worker_port)]
-    for worker, endpoint in p.kv_event_sources:
-        args += ["--kv-event-source", f"{worker}={endpoint}"]
-    if p.kv_event_sources:
-        args += ["--kv-event-block-size", str(p.kv_event_block_size),
-                 "--kv-event-model", p.model_name]
     return args
 
 

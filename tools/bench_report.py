@@ -13,16 +13,49 @@ def _ms(stats: dict, key: str) -> str:
     return f"{stats[key] * 1000:.1f}" if stats and key in stats else "-"
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
 def _num(value: float | None, fmt: str = ".1f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _ratio(b: float | None, a: float | None) -> str:
-    return "-" if not a or b is None else f"{b / a:.2f}"
+def span(s: dict, key: str) -> tuple[float, float, float] | None:
+    """(median, min, max) of a figure over the repeats: key "ttft_s.p50", "cache_hit_rate"..."""
+    head, _, stat = key.partition(".")
+    value = (s.get(head) or {}).get(stat) if stat else s.get(head)
+    if value is None:
+        return None
+    lo, hi = (s.get("spread") or {}).get(key, (value, value))
+    return value, lo, hi
+
+
+def _fmt_span(v: tuple[float, float, float] | None, scale: float = 1.0, fmt: str = ".1f",
+              pct: bool = False) -> str:
+    """"median (min-max)"; just the median when the repeats agree exactly or there is one."""
+    if v is None:
+        return "-"
+    m, lo, hi = v
+    f = (lambda x: f"{x:.0%}") if pct else (lambda x: format(x * scale, fmt))
+    return f(m) if lo == hi else f"{f(m)} ({f(lo)}-{f(hi)})"
+
+
+def ratio_span(a: dict, b: dict, key: str) -> tuple[float, float, float] | None:
+    """b/a: the ratio of the medians, and the widest ratio the repeats allow
+    (min b / max a .. max b / min a)."""
+    va, vb = span(a, key), span(b, key)
+    if not va or not vb or not va[0] or not va[1]:
+        return None
+    return vb[0] / va[0], vb[1] / va[2], vb[2] / va[1]
+
+
+def verdict(a: dict, b: dict, key: str, la: str, lb: str) -> str:
+    """Who is lower on `key`, or "no clear difference" when the min-max ranges overlap."""
+    va, vb = span(a, key), span(b, key)
+    if not va or not vb:
+        return "-"
+    if vb[2] < va[1]:
+        return f"{lb} lower"
+    if va[2] < vb[1]:
+        return f"{la} lower"
+    return "no clear difference"
 
 
 def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
@@ -44,16 +77,22 @@ def summary_markdown(r: Result) -> str:
     for name, s in r["scenarios"].items():
         rows.append([
             name, str(s["prompt_words"]), f"{s['ok']}/{s['requests']}",
-            _ms(s["ttft_s"], "p50"), _ms(s["ttft_s"], "p90"), _ms(s["ttft_s"], "p95"),
-            _ms(s["ttft_s"], "p99"), _ms(s["itl_s"], "p50"),
-            _num(s["output_tokens_per_s"]), _num(s["request_throughput_rps"], ".2f"),
-            _pct(s["cache_hit_rate"]), _pct(s["usage_cached_fraction"]),
-            _num(s["cost_per_1k_output_tokens_usd"], ".4f"),
-            _num(s["cost_per_1k_tokens_usd"], ".5f")])
-    body = _table(["scenario", "prompt words", "ok", "TTFT P50 ms", "P90", "P95", "P99",
+            _fmt_span(span(s, "ttft_s.p50"), 1000), _fmt_span(span(s, "ttft_s.p90"), 1000),
+            _fmt_span(span(s, "ttft_s.p99"), 1000), _fmt_span(span(s, "itl_s.p50"), 1000),
+            _fmt_span(span(s, "output_tokens_per_s")),
+            _fmt_span(span(s, "request_throughput_rps"), fmt=".2f"),
+            _fmt_span(span(s, "cache_hit_rate"), pct=True),
+            _fmt_span(span(s, "usage_cached_fraction"), pct=True),
+            _fmt_span(span(s, "cost_per_1k_output_tokens_usd"), fmt=".4f"),
+            _fmt_span(span(s, "cost_per_1k_tokens_usd"), fmt=".5f")])
+    body = _table(["scenario", "prompt words", "ok", "TTFT P50 ms", "P90", "P99",
                    "ITL P50 ms", "out tok/s", "req/s", "hit rate (metrics)",
                    "cached (usage)", "$/1K out", "$/1K all"], rows)
-    notes = ["", "- hit rate (metrics): delta of `vllm:prefix_cache_hits_total` over "
+    repeats = m.get("repeats", 1)
+    notes = ["", f"- every figure: the median of {repeats} repeat(s) of the same request plan "
+             f"(seed {m.get('seed', '-')}), min-max of the repeats in brackets; ok counts "
+             "all repeats.",
+             "- hit rate (metrics): delta of `vllm:prefix_cache_hits_total` over "
              "`vllm:prefix_cache_queries_total` on every worker during the scenario; "
              "cached (usage): `usage.prompt_tokens_details.cached_tokens` over prompt tokens."]
     if cfg.get("hourly_usd"):
@@ -102,26 +141,35 @@ def compare_markdown(a: Result, b: Result) -> str:
     rows = []
     for name in _common(a, b):
         sa, sb = a["scenarios"][name], b["scenarios"][name]
-        rows.append([
-            name,
-            _ms(sa["ttft_s"], "p50"), _ms(sb["ttft_s"], "p50"),
-            _ratio(sb["ttft_s"].get("p50"), sa["ttft_s"].get("p50")),
-            _ms(sa["ttft_s"], "p90"), _ms(sb["ttft_s"], "p90"),
-            _ratio(sb["ttft_s"].get("p90"), sa["ttft_s"].get("p90")),
-            _pct(sa["cache_hit_rate"]), _pct(sb["cache_hit_rate"]),
-            _num(sa["output_tokens_per_s"]), _num(sb["output_tokens_per_s"]),
-            _num(sa["cost_per_1k_output_tokens_usd"], ".4f"),
-            _num(sb["cost_per_1k_output_tokens_usd"], ".4f"),
-            f"{sa['errors']}/{sb['errors']}"])
-    header = ["scenario", f"P50 {la}", f"P50 {lb}", f"{lb}/{la}", f"P90 {la}", f"P90 {lb}",
-              f"{lb}/{la}", f"hits {la}", f"hits {lb}", f"tok/s {la}", f"tok/s {lb}",
-              f"$/1K out {la}", f"$/1K out {lb}", "errors"]
-    lines = [f"# {lb} vs {la}", "", f"TTFT in ms; ratios below 1 mean {lb} is faster. "
-             f"{la}: {a['meta']['url']} ({a['meta']['started']}); {lb}: {b['meta']['url']} "
-             f"({b['meta']['started']}).", "", _table(header, rows)]
+        row = [name]
+        for p in ("p50", "p90"):
+            key = f"ttft_s.{p}"
+            row += [_fmt_span(span(sa, key), 1000), _fmt_span(span(sb, key), 1000),
+                    _fmt_span(ratio_span(sa, sb, key), fmt=".2f"),
+                    verdict(sa, sb, key, la, lb)]
+        row += [_fmt_span(span(sa, "cache_hit_rate"), pct=True),
+                _fmt_span(span(sb, "cache_hit_rate"), pct=True),
+                _fmt_span(ratio_span(sa, sb, "output_tokens_per_s"), fmt=".2f"),
+                _fmt_span(ratio_span(sa, sb, "cost_per_1k_output_tokens_usd"), fmt=".2f"),
+                f"{sa['errors']}/{sb['errors']}"]
+        rows.append(row)
+    header = ["scenario", f"P50 {la}", f"P50 {lb}", f"{lb}/{la}", "P50 verdict",
+              f"P90 {la}", f"P90 {lb}", f"{lb}/{la}", "P90 verdict", f"hits {la}",
+              f"hits {lb}", f"tok/s {lb}/{la}", f"$/1K out {lb}/{la}", "errors"]
+    ra, rb = a["meta"].get("repeats", 1), b["meta"].get("repeats", 1)
+    lines = [f"# {lb} vs {la}", "",
+             f"TTFT in ms: the median of the repeats ({la}: {ra}, {lb}: {rb}), min-max in "
+             f"brackets. Ratios below 1 mean {lb} is lower; a ratio's range is the widest the "
+             f"repeats allow (min {lb} / max {la} .. max {lb} / min {la}). \"no clear "
+             "difference\": the two min-max ranges overlap. "
+             f"{la}: {a['meta']['url']} ({a['meta']['started']}, seed "
+             f"{a['meta'].get('seed', '-')}); {lb}: {b['meta']['url']} ({b['meta']['started']}, "
+             f"seed {b['meta'].get('seed', '-')}).", "", _table(header, rows)]
     only = sorted(set(a["scenarios"]) ^ set(b["scenarios"]))
     if only:
         lines += ["", f"In one run only: {', '.join(only)}."]
+    if a["meta"].get("seed") != b["meta"].get("seed"):
+        lines += ["", "The two runs used different seeds: different request plans."]
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +211,8 @@ def _plot_distribution(r: Result, path: Path) -> None:
         ax.legend(fontsize="small")
     ax.set_xlabel("time to first token (ms)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(f"TTFT distribution: {r['meta']['label'] or r['meta']['url']}")
+    ax.set_title(f"TTFT distribution: {r['meta']['label'] or r['meta']['url']} "
+                 f"(all {r['meta'].get('repeats', 1)} repeats)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -171,7 +220,8 @@ def _plot_distribution(r: Result, path: Path) -> None:
 
 
 def _plot_bars(runs: list[Result], path: Path) -> None:
-    """Per scenario: TTFT P50 and P90 bars, and the cache hit rate, for one run or several."""
+    """Per scenario: TTFT P50 and P90 bars, and the cache hit rate, for one run or several;
+    bars at the median of the repeats, whiskers at their min and max."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     plt = _pyplot()
@@ -182,9 +232,12 @@ def _plot_bars(runs: list[Result], path: Path) -> None:
               for p in ("p50", "p90")]
     width = 0.8 / len(series)
     for k, (i, label, r, p) in enumerate(series):
-        ys = [r["scenarios"][n]["ttft_s"].get(p, 0) * 1000 for n in names]
+        spans = [span(r["scenarios"][n], f"ttft_s.{p}") or (0, 0, 0) for n in names]
+        ys = [v[0] * 1000 for v in spans]
+        err = [[(v[0] - v[1]) * 1000 for v in spans], [(v[2] - v[0]) * 1000 for v in spans]]
         top.bar([x + k * width for x in range(len(names))], ys, width, color=f"C{i}",
-                alpha=1.0 if p == "p50" else 0.5, label=f"{label} TTFT {p.upper()}")
+                alpha=1.0 if p == "p50" else 0.5, label=f"{label} TTFT {p.upper()}",
+                yerr=err, capsize=2, ecolor="black")
     top.set_ylabel("TTFT (ms)")
     if any(h.get_height() > 0 for h in top.patches):
         top.set_yscale("log")
@@ -195,9 +248,11 @@ def _plot_bars(runs: list[Result], path: Path) -> None:
     top.grid(True, axis="y", alpha=0.3)
     hw = 0.8 / len(runs)
     for k, r in enumerate(runs):
-        ys = [r["scenarios"][n]["cache_hit_rate"] or 0 for n in names]
-        bottom.bar([i + k * hw for i in range(len(names))], ys, hw, color=f"C{k}",
-                   label=r["meta"]["label"] or f"run {k + 1}")
+        spans = [span(r["scenarios"][n], "cache_hit_rate") or (0, 0, 0) for n in names]
+        bottom.bar([i + k * hw for i in range(len(names))], [v[0] for v in spans], hw,
+                   color=f"C{k}", label=r["meta"]["label"] or f"run {k + 1}",
+                   yerr=[[v[0] - v[1] for v in spans], [v[2] - v[0] for v in spans]],
+                   capsize=2, ecolor="black")
     bottom.set_ylabel("prefix cache hit rate")
     bottom.set_ylim(0, 1)
     if names:

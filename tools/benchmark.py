@@ -11,10 +11,18 @@ Scenarios (each a phase, one after the other, so metric deltas belong to one sce
 - document-<N>k: long-document Q&A, several questions per document, one document per context
   size (8K and 64K tokens by default; tokens are approximated by common English words).
 
+Without aliasing: the request plan (which prompts, in which order, with which delays) comes from
+`--seed` alone, so two strategies measured with the same seed get the same sequence; sessions and
+documents are shuffled, every request waits a seeded jitter (closed loop, `--concurrency` clients)
+or arrives as a Poisson process (`--request-rate`), session counts default to a number that no
+power-of-two worker count divides, and a warm-up of distinct prompts before each repeat is left
+out of the figures. `--repeats N` runs the plan N times with fresh prompt salts: every figure is
+the median of the repeats, with its min-max beside it.
+
 Streams every response and reports TTFT P50/P90/P95/P99, inter-token latency, output tokens/s,
 request throughput, errors, the prefix cache hit rate from the workers' `/metrics`
 (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` deltas) where reachable,
-and the cost per 1K tokens from the instance price. Every run salts its prompts, so one run's
+and the cost per 1K tokens from the instance price. Every repeat salts its prompts, so one run's
 cache never warms the next. Writes results.json, summary.md and PNG plots (`bench_report`).
 """
 from __future__ import annotations
@@ -31,7 +39,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -77,12 +85,15 @@ def words(seed: str, n: int) -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """One client's sequence of requests, sent one after the other."""
+    """One client's sequence of requests, sent one after the other; before request i it waits
+    delays[i] seconds (jitter, think time or, for the first, the arrival offset)."""
 
     session: str
     system: str | None
     users: tuple[str, ...]
     history: bool = False  # multi-turn: each request carries the previous turns
+    delays: tuple[float, ...] = ()
+    arrival_s: float | None = None  # open loop: start this long after the phase started
 
 
 @dataclass(frozen=True)
@@ -102,10 +113,10 @@ class BenchConfig:
     concurrency: int = 8
     requests: int = 16          # cold-warm and prefix scenarios
     prefix_words: int = 2000    # their prompt size, and the multi-turn system prompt
-    sessions: int = 8
+    sessions: int = 13          # no power-of-two worker count divides it
     turns: int = 5
     user_words: int = 40
-    documents: int = 4
+    documents: int = 5
     questions: int = 4
     max_tokens: int = 64
     timeout_s: float = 300.0
@@ -119,11 +130,56 @@ class BenchConfig:
     ignore_eos: bool = True
     api_key: str | None = field(default=None, repr=False)
     salt: str = ""
+    seed: int = 1                 # the request plan: order, jitter, arrivals
+    repeats: int = 3
+    request_rate: float | None = None   # requests/s, Poisson; None: closed loop
+    scenario_rates: tuple[tuple[str, float], ...] = ()  # per-scenario request_rate
+    jitter_s: float = 0.05        # closed loop: uniform 0..jitter before each request
+    think_s: float = 0.0          # open loop: mean think time between turns (exponential)
+    warmup: int = 8               # requests before each repeat, not in the figures
+    session_header: bool = True   # send X-Session-ID (the session strategy's key)
 
 
 def build_phases(c: BenchConfig, max_model_len: int | None = None) -> tuple[list[Phase],
                                                                            list[str]]:
-    """The phases of a run, and notes on scenarios left out (contexts beyond the model)."""
+    """The phases of a run, and notes on scenarios left out (contexts beyond the model).
+
+    The texts come from `c.seed`, each prompt led by `c.salt` (a cache buster that changes no
+    length); job order and delays come from `c.seed` and the scenario name only."""
+    phases, notes = _phases(replace(c, salt=f"{c.seed}"), max_model_len)
+    salted = f"Run {c.salt}. " if c.salt else ""
+    return [_shuffled(p, c, salted) for p in phases], notes
+
+
+def _shuffled(phase: Phase, c: BenchConfig, salted: str) -> Phase:
+    """The phase's jobs in a seeded order with seeded delays; document questions become jobs
+    of their own (same session id), so one document's questions interleave with the others'."""
+    rng = random.Random(f"{c.seed}/{phase.scenario}")
+    rate = dict(c.scenario_rates).get(phase.scenario, c.request_rate)
+    jobs = list(phase.jobs)
+    if phase.scenario.startswith("document"):  # one session per document, as a user's
+        jobs = [Job(j.session, j.system, (u,)) for j in jobs for u in j.users]
+    rng.shuffle(jobs)
+    out, clock = [], 0.0
+    per_job = sum(len(j.users) for j in jobs) / max(1, len(jobs))
+    for j in jobs:
+        arrival = None
+        if rate:
+            clock += rng.expovariate(rate / per_job)
+            arrival = clock
+            delays = tuple([0.0] + [rng.expovariate(1 / c.think_s) if c.think_s else 0.0
+                                    for _ in j.users[1:]])
+        else:
+            delays = tuple(rng.uniform(0, c.jitter_s) for _ in j.users)
+        system = (salted + j.system) if j.system else None
+        users = j.users if system else tuple(salted + u for u in j.users)
+        session = f"{c.salt}-{j.session}" if c.salt else j.session
+        out.append(replace(j, session=session, system=system, users=users, delays=delays,
+                           arrival_s=arrival))
+    return replace(phase, jobs=tuple(out))
+
+
+def _phases(c: BenchConfig, max_model_len: int | None) -> tuple[list[Phase], list[str]]:
     salt = c.salt
     phases: list[Phase] = []
     notes: list[str] = []
@@ -395,7 +451,11 @@ def run_phase(client: Client, phase: Phase, c: BenchConfig,
     def run_job(job: Job) -> None:
         nonlocal skipped
         history: list[dict] = []
+        if job.arrival_s is not None:
+            stop.wait(max(0.0, job.arrival_s - (time.perf_counter() - t0)))
         for turn, user in enumerate(job.users):
+            if turn < len(job.delays) and job.delays[turn]:
+                stop.wait(job.delays[turn])
             if time.monotonic() > deadline or stop.is_set():
                 with lock:
                     skipped += len(job.users) - turn
@@ -404,7 +464,8 @@ def run_phase(client: Client, phase: Phase, c: BenchConfig,
             messages += history + [{"role": "user", "content": user}]
             sample = Sample(phase.scenario, job.session, turn,
                             start_s=time.perf_counter() - t0)
-            answer = client.chat(messages, sample, session=job.session)
+            answer = client.chat(messages, sample,
+                                 session=job.session if c.session_header else None)
             with lock:
                 samples.append(sample)
             on_request()
@@ -412,7 +473,11 @@ def run_phase(client: Client, phase: Phase, c: BenchConfig,
                 history += [{"role": "user", "content": user},
                             {"role": "assistant", "content": answer}]
 
-    with ThreadPoolExecutor(max(1, min(c.concurrency, len(phase.jobs)))) as pool:
+    # closed loop: `concurrency` clients take jobs in the plan's order; open loop: every job
+    # has its own client, started at its arrival time
+    open_loop = any(j.arrival_s is not None for j in phase.jobs)
+    clients = len(phase.jobs) if open_loop else min(c.concurrency, len(phase.jobs))
+    with ThreadPoolExecutor(max(1, clients)) as pool:
         try:
             list(pool.map(run_job, phase.jobs))
         except KeyboardInterrupt:
@@ -466,7 +531,17 @@ def router_overhead(c: BenchConfig, model: str) -> dict:
     return out
 
 
-def run_benchmark(c: BenchConfig, *, progress: bool = True) -> dict:
+def warm_up(client: Client, c: BenchConfig, salt: str) -> None:
+    """Requests that are not measured: connections, the router's tables and the workers' first
+    steps settle before the figures start (prompts of their own, sharing no prefix)."""
+    for i in range(c.warmup):
+        client.chat([{"role": "user", "content": f"Warm-up {salt}-{i}. "
+                      + words(f"{salt}-warm-{i}", 64)}], Sample("warmup", "warmup", i))
+
+
+def run_benchmark(c: BenchConfig, *, progress: bool = True,
+                  between_repeats: Callable[[int], None] = lambda r: None) -> dict:
+    """`c.repeats` runs of the same plan (fresh salts), aggregated: see `aggregate`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn
 
@@ -481,26 +556,100 @@ def run_benchmark(c: BenchConfig, *, progress: bool = True) -> dict:
             raise ToolError.bad_input("--model", None, f"a model name (GET {c.url}/v1/models "
                                       f"did not answer: {exc})")
     client.model = model
-    phases, notes = build_phases(c, max_len)
+    base = c.salt or uuid.uuid4().hex[:8]
+    salts = [f"{base}r{r}" for r in range(c.repeats)]
+    phases, notes = build_phases(replace(c, salt=salts[0]), max_len)
     result: dict[str, Any] = {
         "meta": {"label": c.label, "url": c.url, "model": model, "max_model_len": max_len,
-                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "salt": c.salt,
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "salt": base,
+                 "seed": c.seed, "repeats": c.repeats,
                  "config": {k: v for k, v in asdict(c).items() if k != "api_key"},
                  "notes": notes},
-        "scenarios": {}, "router_overhead": None,
+        "scenarios": {}, "router_overhead": None, "runs": [],
     }
-    total = sum(len(j.users) for p in phases for j in p.jobs)
+    total = c.repeats * (sum(len(j.users) for p in phases for j in p.jobs) + c.warmup)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, disable=not progress) as bar:
         task = bar.add_task("bench", total=total)
-        for phase in phases:
-            bar.update(task, description=phase.scenario)
-            result["scenarios"][phase.scenario] = run_phase(
-                client, phase, c, on_request=lambda: bar.advance(task))
+        for r, salt in enumerate(salts):
+            between_repeats(r)
+            bar.update(task, description=f"repeat {r + 1}/{c.repeats}: warm-up")
+            warm_up(client, c, salt)
+            bar.advance(task, c.warmup)
+            run: dict[str, dict] = {}
+            for phase in build_phases(replace(c, salt=salt), max_len)[0]:
+                bar.update(task, description=f"repeat {r + 1}/{c.repeats}: {phase.scenario}")
+                run[phase.scenario] = run_phase(client, phase, c,
+                                                on_request=lambda: bar.advance(task))
+            result["runs"].append(run)
         if c.direct_url:
             bar.update(task, description="router overhead")
-            result["router_overhead"] = router_overhead(c, model)
+            result["router_overhead"] = router_overhead(replace(c, salt=base), model)
+    result["scenarios"] = aggregate(result["runs"])
     return result
+
+
+# Figures of one repeat that are reported as the median of the repeats, with min-max.
+SPREAD_KEYS = ("request_throughput_rps", "output_tokens_per_s", "total_tokens_per_s",
+               "cache_hit_rate", "external_cache_hit_rate", "usage_cached_fraction",
+               "cost_per_1k_output_tokens_usd", "cost_per_1k_tokens_usd", "wall_s")
+SPREAD_STATS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
+SUMMED_KEYS = ("requests", "ok", "errors", "skipped_after_time_limit", "output_tokens",
+               "prompt_tokens")
+
+
+def median(xs: Sequence[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+
+def aggregate(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per scenario: every figure of `SPREAD_KEYS`/`SPREAD_STATS` is the median over the
+    repeats, and `spread[figure] = [min, max]` (figure "ttft_s.p50" etc.); counts are summed;
+    samples and per-worker counts pooled. One repeat: its figures, spread min = max."""
+    out: dict[str, dict] = {}
+    names = [n for n in runs[0]] if runs else []
+    for name in names:
+        reps = [run[name] for run in runs if name in run]
+        agg = dict(reps[0])
+        spread: dict[str, list[float]] = {}
+
+        def fold(key: str, values: list[float | None]) -> float | None:
+            got = [v for v in values if v is not None]
+            if not got:
+                return None
+            spread[key] = [min(got), max(got)]
+            return median(got)
+
+        for key in SPREAD_KEYS:
+            agg[key] = fold(key, [r.get(key) for r in reps])
+        for key in SPREAD_STATS:
+            agg[key] = {}
+            for stat in reps[0].get(key) or {}:
+                value = fold(f"{key}.{stat}", [(r.get(key) or {}).get(stat) for r in reps])
+                if value is not None:
+                    agg[key][stat] = value
+        for key in SUMMED_KEYS:
+            values = [r.get(key) for r in reps]
+            agg[key] = None if any(v is None for v in values) else sum(values)
+        workers: dict[str, int] = {}
+        kinds: dict[str, int] = {}
+        for r in reps:
+            for w, n in (r.get("workers") or {}).items():
+                workers[w] = workers.get(w, 0) + n
+            for k, n in (r.get("error_kinds") or {}).items():
+                kinds[k] = kinds.get(k, 0) + n
+        agg["workers"], agg["error_kinds"] = dict(sorted(workers.items())), kinds
+        agg["ttft_samples_s"] = [x for r in reps for x in r.get("ttft_samples_s", [])]
+        agg["samples"] = [dict(s, repeat=i) for i, r in enumerate(reps)
+                          for s in r.get("samples", [])]
+        agg["metrics_unreachable"] = sorted({u for r in reps
+                                             for u in r.get("metrics_unreachable", [])})
+        agg["repeats"] = len(reps)
+        agg["spread"] = spread
+        out[name] = agg
+    return out
 
 
 # --------------------------------------------------------------------------- command
@@ -526,7 +675,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                             ("documents", "documents per context size"),
                             ("questions", "questions per document"),
                             ("max-tokens", "tokens generated per request"),
-                            ("overhead-requests", "requests each way for --direct-url")):
+                            ("overhead-requests", "requests each way for --direct-url"),
+                            ("repeats", "runs of the same plan (fresh salts): median, min-max"),
+                            ("seed", "the request plan: texts, order, jitter, arrivals"),
+                            ("warmup", "unmeasured requests before each repeat")):
         p.add_argument(f"--{name}", type=int, default=getattr(d, name.replace("-", "_")),
                        help=help_text)
     p.add_argument("--timeout", type=float, default=d.timeout_s, help="per request, seconds")
@@ -544,7 +696,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "bearer token")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send vLLM's ignore_eos (for non-vLLM servers)")
-    p.add_argument("--seed", help="prompt salt (default: random, so runs never share cache)")
+    p.add_argument("--request-rate", type=float, help="open loop: requests per second, Poisson "
+                   "arrivals (default: closed loop, --concurrency clients)")
+    p.add_argument("--jitter", type=float, default=d.jitter_s, help="closed loop: each request "
+                   "waits a seeded uniform 0..JITTER seconds (no lockstep)")
+    p.add_argument("--think-time", type=float, default=d.think_s, help="open loop: mean "
+                   "seconds between a session's turns (exponential)")
+    p.add_argument("--no-session-header", action="store_true",
+                   help="do not send X-Session-ID (the session strategy's key)")
 
     c = add_command(sub, "bench-compare", compare_main, "two bench runs side by side "
                     "(Markdown + PNG)", env=False)
@@ -556,10 +715,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
     for name in ("concurrency", "requests", "prefix_words", "sessions", "turns", "user_words",
-                 "documents", "questions", "max_tokens", "overhead_requests"):
+                 "documents", "questions", "max_tokens", "overhead_requests", "repeats"):
         value = getattr(a, name)
         if not 1 <= value <= 100_000:
             raise ToolError.bad_input(f"--{name.replace('_', '-')}", value, "1 to 100000")
+    if not 0 <= a.warmup <= 100_000:
+        raise ToolError.bad_input("--warmup", a.warmup, "0 to 100000")
+    if a.request_rate is not None and not 0 < a.request_rate <= 100_000:
+        raise ToolError.bad_input("--request-rate", a.request_rate,
+                                  "a positive number of requests per second")
+    for name in ("jitter", "think_time"):
+        if getattr(a, name) < 0:
+            raise ToolError.bad_input(f"--{name.replace('_', '-')}", getattr(a, name),
+                                      "0 or more seconds")
     for ctx in a.contexts:
         if not 16 <= ctx <= 2_000_000:
             raise ToolError.bad_input("--contexts", ctx, "16 to 2000000 tokens")
@@ -593,7 +761,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         time_limit_s=a.time_limit, worker_metrics=tuple(a.worker_metrics),
         direct_url=a.direct_url, overhead_requests=a.overhead_requests, hourly_usd=hourly,
         instances=instances or 1.0, ignore_eos=not a.no_ignore_eos, api_key=api_key,
-        salt=a.seed or uuid.uuid4().hex[:8])
+        seed=a.seed, repeats=a.repeats, request_rate=a.request_rate, jitter_s=a.jitter,
+        think_s=a.think_time, warmup=a.warmup, session_header=not a.no_session_header)
 
 
 def _env_price(a: argparse.Namespace, hourly: float | None,

@@ -21,6 +21,12 @@ optional KV events, which need pyzmq and msgpack):
 - Time: time to first token = ``overhead_ms`` + ``prefill_ms_per_token`` x uncached prompt
   tokens; then one token every ``decode_ms_per_token``. ``max_num_seqs`` > 0 bounds concurrent
   requests; the rest wait (``vllm:num_requests_waiting``).
+- Or, with ``profile`` (``tools.emulator.PROFILES``, e.g. ``g5.24xlarge``), a calibrated
+  emulation instead: the prefix cache holds the replica's KV capacity, requests share one
+  emulated GPU step by step (continuous batching, chunked prefill), render/tokenize cost what a
+  real API server's tokenizer does (real time), GPU durations times ``time_scale``; the cache
+  is looked up when the engine schedules the request and filled chunk by chunk, as vLLM's
+  scheduler does.
 - Output: ``max_tokens`` words (default 16) drawn deterministically from the prompt, so every
   worker gives the same answer to the same prompt (like greedy decoding on one model).
 - KV events (``kv_events_port`` not None): every change of the prefix cache is published at
@@ -598,6 +604,8 @@ class FakeWorker:
         verbose: bool = False,
         kv_events_port: int | None = None,
         kv_events_topic: str = "",
+        profile: str | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
             raise ValueError("timings must be >= 0")
@@ -619,6 +627,13 @@ class FakeWorker:
         self.kv_events_topic = kv_events_topic
         self._kv: _KvEventPublisher | None = None
         self._kv_seq = 0
+        self.gpu = self.engine = None
+        if profile:
+            from tools.emulator import Engine, profile as gpu_profile
+
+            self.gpu = gpu_profile(profile)
+            self.engine = Engine(self.gpu, time_scale)
+            cache_blocks = self.gpu.kv_tokens // block_size
         self.cache = PrefixCache(block_size, cache_blocks)
         self.healthy = True
         self._lock = threading.Lock()
@@ -808,6 +823,7 @@ class FakeWorker:
         self._check_model(body)
         with self._lock:
             self._tokenize_calls += 1
+        self._render_cost(body, chat="messages" in body)
         if "messages" in body:
             ids = self._prompts(body, chat=True)[0]
         else:
@@ -819,11 +835,21 @@ class FakeWorker:
         return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
                 "token_strs": None}
 
+    def _render_cost(self, body: dict, chat: bool) -> None:
+        """An emulated API server tokenizes on its CPU: what the router's render call waits."""
+        if self.engine is not None:
+            try:
+                n = sum(len(ids) for ids in self._prompts(body, chat))
+            except _BadRequest:
+                return
+            time.sleep(self.gpu.render_seconds(n))  # CPU time: real, never scaled
+
     def render_payload(self, body: dict, chat: bool) -> Any:
         """vLLM's /v1/{chat/}completions/render: the request as token ids, not run."""
         self._check_model(body)
         with self._lock:
             self._render_calls += 1
+        self._render_cost(body, chat)
         max_tokens = self._max_tokens(body, chat)
         out = []
         for ids in self._prompts(body, chat):
@@ -913,22 +939,16 @@ class FakeWorker:
         try:
             with self._lock:
                 self._running += 1
-            req.cached = [self.cache.lookup(ids) for ids in prompts]
-            with self._lock:
-                self._query_tokens += req.prompt_tokens
-                self._hit_tokens += sum(req.cached)
             words = [generate_words(ids, max_tokens) for ids in prompts]
-            uncached = req.prompt_tokens - sum(req.cached)
-            first_at = req.t0 + (self.overhead_ms + self.prefill_ms_per_token * uncached) / 1e3
-            decode_s = self.decode_ms_per_token / 1e3
-            _sleep_until(first_at)
+            token_at = self._timeline(req, max_tokens)
+            token_at(0)
             for ids in prompts:
                 self.cache.insert(ids)
             if req.stream:
-                self._stream(handler, req, words, first_at, decode_s)
+                self._stream(handler, req, words, token_at)
             else:
                 req.ttft = time.perf_counter() - req.t0
-                _sleep_until(first_at + decode_s * (max_tokens - 1))
+                token_at(max_tokens - 1)
                 req.outputs = [list(w) for w in words]
                 choices = []
                 for i, w in enumerate(words):
@@ -952,6 +972,30 @@ class FakeWorker:
             self._finish(req, "abort")
             if self._slots is not None:
                 self._slots.release()
+
+    def _count_hits(self, req: "_Request") -> int:
+        req.cached = [self.cache.lookup(ids) for ids in req.prompts]
+        with self._lock:
+            self._query_tokens += req.prompt_tokens
+            self._hit_tokens += sum(req.cached)
+        return sum(req.cached)
+
+    def _timeline(self, req: "_Request", max_tokens: int) -> Callable[[int], None]:
+        """A function that returns once output token ``i`` exists: fixed rates, or the
+        emulated GPU's steps (the prefix cache is looked up when the engine schedules the
+        request, and fills chunk by chunk)."""
+        if self.engine is not None:
+            ids = req.prompts[0] if len(req.prompts) == 1 else \
+                [t for p in req.prompts for t in p]
+            seq = self.engine.submit(req.prompt_tokens, 0, max_tokens,
+                                     lookup=lambda: self._count_hits(req),
+                                     on_progress=lambda done: self.cache.insert(ids[:done]))
+            return lambda i: self.engine.wait_token(seq, i) and None
+        self._count_hits(req)
+        uncached = req.prompt_tokens - sum(req.cached)
+        first_at = req.t0 + (self.overhead_ms + self.prefill_ms_per_token * uncached) / 1e3
+        decode_s = self.decode_ms_per_token / 1e3
+        return lambda i: _sleep_until(first_at + decode_s * i)
 
     def _finish(self, req: "_Request", reason: str) -> None:
         """Account for a request once: caches, counters, histograms, the recent log."""
@@ -982,7 +1026,7 @@ class FakeWorker:
             })
 
     def _stream(self, handler: _Handler, req: "_Request", words: list[list[str]],
-                first_at: float, decode_s: float) -> None:
+                token_at: Callable[[int], None]) -> None:
         """Send the SSE body: a role chunk (chat), one chunk per token, usage, [DONE]."""
         obj = "chat.completion.chunk" if req.chat else "text_completion"
 
@@ -1011,7 +1055,7 @@ class FakeWorker:
         req.outputs = [[] for _ in words]
         last_step = req.max_tokens - 1
         for step in range(req.max_tokens):
-            _sleep_until(first_at + decode_s * step)
+            token_at(step)
             choices = []
             for i, w in enumerate(words):
                 piece = w[step] if (req.chat and step == 0) else " " + w[step]
@@ -1086,6 +1130,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="publish KV cache events (ZMQ, vLLM's wire format) on "
                         "tcp://127.0.0.1:PORT (0 = any free port); needs pyzmq and msgpack")
     p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
+    p.add_argument("--profile", default=None, help="emulate this GPU profile "
+                   "(tools.emulator.PROFILES): KV capacity, batching, prefill/decode rates")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="with --profile: wall seconds per emulated second")
     return p
 
 
@@ -1098,7 +1146,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         block_size=a.block_size, cache_blocks=a.cache_blocks,
         default_max_tokens=a.default_max_tokens, max_model_len=a.max_model_len,
         max_num_seqs=a.max_num_seqs, verbose=a.verbose, kv_events_port=a.kv_events_port,
-        kv_events_topic=a.kv_events_topic,
+        kv_events_topic=a.kv_events_topic, profile=a.profile, time_scale=a.time_scale,
     ).start()
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tools.__main__ import main
-from tools.bench_loopback import MODEL, rendered_router_args, run_policy
+from tools.bench_loopback import MODEL, rendered_router_args, router_strategy, run_policy
 from tools.benchmark import (
-    BenchConfig, build_phases, config_from_args, percentiles, register, run_benchmark,
+    BenchConfig, aggregate, build_phases, config_from_args, percentiles, register,
+    run_benchmark,
 )
-from tools.bench_report import write_run
+from tools.bench_report import compare_markdown, verdict, write_run
 from tools.loopback import FakeWorkerPool, RouterProcess, free_port, localize_router_args
 
 FAST = {"prefill_ms_per_token": 0.01, "decode_ms_per_token": 0.2, "overhead_ms": 0.5}
 SMALL = ["--requests", "2", "--prefix-words", "48", "--sessions", "2", "--turns", "2",
          "--user-words", "8", "--documents", "1", "--questions", "2", "--contexts", "96",
-         "--max-tokens", "4", "--overhead-requests", "2", "--concurrency", "2"]
+         "--max-tokens", "4", "--overhead-requests", "2", "--concurrency", "2",
+         "--repeats", "1", "--warmup", "1"]
 SCENARIOS = ["cold", "warm", "shared-prefix", "distinct-prefix", "multi-turn", "document-96"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -79,7 +83,8 @@ def test_unreachable_worker_metrics_leave_the_hit_rate_unknown(router, tmp_path)
     proc, _ = router
     config = BenchConfig(proc.url, model=MODEL, scenarios=("cold-warm",), requests=1,
                          prefix_words=16, user_words=4, max_tokens=2, concurrency=1,
-                         worker_metrics=(f"http://127.0.0.1:{free_port()}/metrics",), salt="x")
+                         worker_metrics=(f"http://127.0.0.1:{free_port()}/metrics",), salt="x",
+                         repeats=1, warmup=0)
     result = run_benchmark(config, progress=False)
     cold = result["scenarios"]["cold"]
     assert cold["ok"] == 1 and cold["cache_hit_rate"] is None
@@ -91,7 +96,8 @@ def test_run_policy_renders_the_router_args_of_the_strategy():
     assert args[args.index("--policy") + 1] == "round_robin" and "--service-discovery" in args
     result = run_policy("roundrobin", BenchConfig("", scenarios=("multi-turn",), sessions=2,
                                                   turns=2, prefix_words=32, user_words=4,
-                                                  max_tokens=2, concurrency=2, salt="rr"),
+                                                  max_tokens=2, concurrency=2, salt="rr",
+                                                  repeats=1, warmup=0),
                         workers=2, worker_opts=FAST, progress=False)
     mt = result["scenarios"]["multi-turn"]
     assert mt["ok"] == 4 and 0 <= mt["cache_hit_rate"] <= 1
@@ -103,6 +109,9 @@ def test_run_policy_renders_the_router_args_of_the_strategy():
     (["bench", "--url", "http://x", "--scenarios", "chat"],
      "--scenarios = 'chat' is not valid; allowed: cold-warm, prefix, multi-turn, document"),
     (["bench", "--url", "http://x", "--concurrency", "0"], "--concurrency = 0 is not valid"),
+    (["bench", "--url", "http://x", "--repeats", "0"], "--repeats = 0 is not valid"),
+    (["bench", "--url", "http://x", "--request-rate", "-1"],
+     "--request-rate = -1.0 is not valid; allowed: a positive number"),
     (["bench", "--url", "http://x", "--env", "dev", "--endpoint", "nope"],
      "--endpoint = 'nope' is not valid; allowed: llama-8b-intel-routing"),
     (["bench-compare", "missing-a.json", "missing-b.json"],
@@ -129,7 +138,8 @@ def test_contexts_beyond_the_model_are_left_out_with_a_note():
     assert [p.scenario for p in phases] == ["document-8k"]
     assert notes == ["document-64k left out: 65536 tokens exceed the model's max_model_len "
                      "32768"]
-    assert len(phases[0].jobs[0].system.split()) == 2 + 8192  # "Document <id>." + 8K words
+    # "Run <salt>. Document <id>." + 8K words
+    assert len(phases[0].jobs[0].system.split()) == 4 + 8192
 
 
 def test_percentiles_interpolate_like_numpy():
@@ -145,3 +155,150 @@ def test_written_paths_are_relative_to_out(tmp_path: Path):
               "scenarios": {}, "router_overhead": None}
     paths = write_run(result, tmp_path / "run")
     assert [p.name for p in paths] == ["results.json", "summary.md", "ttft.png", "scenarios.png"]
+
+
+# --------------------------------------------------------------------------- the request plan
+
+PLAN = BenchConfig("", scenarios=("multi-turn", "document"), contexts=(64,), prefix_words=32,
+                   user_words=4, seed=3, salt="a")
+
+
+def _shape(phases):
+    """Everything of a plan but the salt: order, delays, arrivals, prompt lengths."""
+    return [(p.scenario, [(j.session.split("-", 1)[1], j.delays, j.arrival_s,
+                           len((j.system or "").split()), [len(u.split()) for u in j.users])
+                          for j in p.jobs]) for p in phases]
+
+
+def test_the_same_seed_gives_the_same_plan_whatever_the_salt():
+    a, _ = build_phases(PLAN)
+    b, _ = build_phases(replace(PLAN, salt="b"))
+    assert _shape(a) == _shape(b)
+    assert a[0].jobs[0].system.startswith("Run a. ") and b[0].jobs[0].system.startswith("Run b. ")
+    # the texts differ only by the salt
+    assert a[1].jobs[0].system.split()[2:] == b[1].jobs[0].system.split()[2:]
+    other, _ = build_phases(replace(PLAN, seed=4))
+    assert _shape(other) != _shape(a)
+
+
+def test_the_plan_does_not_line_up_with_the_workers():
+    assert all(math.gcd(BenchConfig("").sessions, w) == 1 for w in (2, 4, 8, 16))
+    phases, _ = build_phases(PLAN)
+    turns, docs = phases
+    order = [j.session for j in turns.jobs]
+    assert sorted(order) != order and len(set(order)) == BenchConfig("").sessions
+    # every document question is its own job, one document's questions interleaved with others
+    ids = [j.session for j in docs.jobs]
+    assert len(ids) == PLAN.documents * PLAN.questions
+    assert any(ids[i] != ids[i + 1] and ids[i] in ids[i + 2:] for i in range(len(ids) - 2))
+    # closed loop: a seeded jitter before every request, within bounds, not all equal
+    delays = [d for j in turns.jobs for d in j.delays]
+    assert all(0 <= d <= PLAN.jitter_s for d in delays) and len(set(delays)) == len(delays)
+
+
+def test_open_loop_arrivals_are_poisson_at_the_rate():
+    docs = build_phases(replace(PLAN, scenarios=("document",), request_rate=10.0,
+                                documents=50))[0][0]
+    arrivals = [j.arrival_s for j in docs.jobs]
+    assert arrivals == sorted(arrivals) and len(set(arrivals)) == len(arrivals)
+    assert 0.5 < len(arrivals) / arrivals[-1] / 10.0 < 1.5  # 200 arrivals at about 10/s
+    rates = dict(replace(PLAN, scenario_rates=(("document-64", 1.0),)).scenario_rates)
+    assert rates == {"document-64": 1.0}
+
+
+def test_repeats_give_the_median_and_the_range_and_sum_the_counts():
+    def run(p50, hit, ok):
+        return {"s": {"ttft_s": {"p50": p50, "p90": 2 * p50}, "cache_hit_rate": hit,
+                      "requests": ok, "ok": ok, "errors": 0, "workers": {"w0": ok},
+                      "ttft_samples_s": [p50], "samples": [{"turn": 0}]}}
+
+    agg = aggregate([run(0.3, 0.5, 2), run(0.1, None, 2), run(0.2, 0.7, 2)])["s"]
+    assert agg["ttft_s"] == {"p50": 0.2, "p90": 0.4}
+    assert agg["spread"]["ttft_s.p50"] == [0.1, 0.3] and agg["spread"]["ttft_s.p90"] == [0.2, 0.6]
+    assert agg["cache_hit_rate"] == pytest.approx(0.6)  # median of the repeats that have one
+    assert agg["spread"]["cache_hit_rate"] == [0.5, 0.7]
+    assert (agg["requests"], agg["ok"], agg["repeats"], agg["workers"]) == (6, 6, 3, {"w0": 6})
+    assert [s["repeat"] for s in agg["samples"]] == [0, 1, 2]
+
+
+def _result(label, ranges):
+    scen = {name: {"ttft_s": {"p50": m, "p90": m}, "cache_hit_rate": 0.5, "errors": 0,
+                   "output_tokens_per_s": 1.0, "cost_per_1k_output_tokens_usd": None,
+                   "spread": {"ttft_s.p50": [lo, hi], "ttft_s.p90": [lo, hi]}}
+            for name, (m, lo, hi) in ranges.items()}
+    return {"meta": {"label": label, "url": "u", "started": "t", "seed": 1, "repeats": 3},
+            "scenarios": scen}
+
+
+def test_compare_says_no_clear_difference_when_the_ranges_overlap():
+    a = _result("rr", {"multi-turn": (0.10, 0.08, 0.12), "document-8k": (0.10, 0.09, 0.11)})
+    b = _result("pa", {"multi-turn": (0.11, 0.10, 0.30), "document-8k": (0.02, 0.01, 0.03)})
+    md = compare_markdown(a, b)
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines()
+            if line.startswith("| multi") or line.startswith("| document")}
+    assert "no clear difference" in rows["multi-turn"]
+    assert "pa lower" in rows["document-8k"] and "no clear" not in rows["document-8k"]
+    # ratio of the medians, with the widest range the repeats allow
+    assert "0.20 (0.09-0.33)" in rows["document-8k"]
+    assert verdict(b["scenarios"]["document-8k"], a["scenarios"]["document-8k"], "ttft_s.p50",
+                   "pa", "rr") == "pa lower"
+
+
+def test_repeats_and_warm_up_through_the_router(router):
+    proc, pool = router
+    pool.reset()
+    seen = []
+    config = BenchConfig(proc.url, model=MODEL, scenarios=("multi-turn",), sessions=3, turns=2,
+                         prefix_words=16, user_words=4, max_tokens=2, concurrency=2,
+                         repeats=2, warmup=3, worker_metrics=tuple(f"{u}/metrics"
+                                                                   for u in pool.urls))
+    result = run_benchmark(config, progress=False, between_repeats=seen.append)
+    mt = result["scenarios"]["multi-turn"]
+    assert seen == [0, 1] and len(result["runs"]) == 2
+    assert (mt["requests"], mt["ok"], mt["repeats"]) == (12, 12, 2)
+    assert set(mt["spread"]) >= {"ttft_s.p50", "ttft_s.p90", "cache_hit_rate"}
+    # the warm-up reached the workers but not the figures
+    served = sum(s["requests"] for s in pool.stats().values())
+    assert served == 12 + 2 * 3
+    assert result["meta"]["seed"] == 1 and result["meta"]["repeats"] == 2
+
+
+def test_loopback_strategies_render_their_own_router_args():
+    kv = rendered_router_args("kvaware", 2)
+    assert kv[kv.index("--policy") + 1] == "kv_aware"
+    assert sum(a == "--kv-event-source" for a in kv) == 2 and "--worker-urls" in kv
+    assert router_strategy("session-noheader") == ("session", False)
+    result = run_policy("session-noheader", BenchConfig(
+        "", scenarios=("multi-turn",), sessions=3, turns=2, prefix_words=16, user_words=4,
+        max_tokens=2, concurrency=2, repeats=1, warmup=0), workers=2, worker_opts=FAST,
+        progress=False)
+    assert result["meta"]["config"]["session_header"] is False
+    # consistent_hash with no key: every request on one worker
+    assert len(result["scenarios"]["multi-turn"]["workers"]) == 1
+
+
+def test_sglang_router_serves_with_the_args_router_args_renders():
+    """The second implementation: the real sglang-router binary, started with
+    `sglang_router_args` (localized), routes by its own prefix tree."""
+    args = rendered_router_args("prefixaware@sglang")
+    assert args[0] == "launch" and args[args.index("--policy") + 1] == "cache_aware"
+    result = run_policy("prefixaware@sglang", BenchConfig(
+        "", scenarios=("multi-turn",), sessions=3, turns=3, prefix_words=64, user_words=4,
+        max_tokens=2, concurrency=2, repeats=1, warmup=0), workers=2, worker_opts=FAST,
+        progress=False)
+    mt = result["scenarios"]["multi-turn"]
+    assert (mt["ok"], mt["errors"]) == (9, 0) and mt["cache_hit_rate"] > 0.3
+    assert result["meta"]["loopback"]["router_args"][:2] == ["launch", "--host"]
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "consistent_hash"])
+def test_sglang_router_refuses_what_it_cannot_do(policy):
+    from k8s.router import RouterProps, router_args
+
+    props = RouterProps(endpoint="e", namespace="n", image="i", policy=policy,
+                        worker_selector={"a": "b"}, implementation="sglang-router")
+    with pytest.raises(ValueError, match=f"sglang-router has no policy '{policy}'"):
+        router_args(props)
+    with pytest.raises(ValueError, match="router implementation 'x': one of vllm-router, "
+                                         "sglang-router"):
+        router_args(replace(props, implementation="x"))

@@ -389,11 +389,13 @@ def _matrix_findings(m: dict) -> list[str]:
         out.append(f"- {name}, {w} workers: lowest TTFT P50 {strategy} ({ratio:.2f} x round "
                    "robin).")
     loses = [line for line in fanout_table(m) if "LOSES" in line]
-    out.append("- vllm-router's cache_aware render fan-out costs more than a hit saves: "
-               + ("; ".join(line.strip("| ").replace(" | ", ", ") for line in loses)
-                  if loses else "nowhere in the measured range (its added latency stays "
-                  "below the prefill a hit saves on every profile, 2K to 64K, 4 and 16 "
-                  "workers)."))
+    out.append("- vllm-router's cache_aware render fan-out, per request, costs more than a "
+               "hit saves: " + ("; ".join(line.strip("| ").replace(" | ", ", ")
+                                          for line in loses)
+                                if loses else "nowhere in the measured range (its added "
+                                "latency stays below the prefill a hit saves on every "
+                                "profile, 2K to 64K, 4 and 16 workers)."))
+    out += _fanout_losses(m, rows)
     for key, cell in sorted(m.items()):
         strategy, w, ctx = key.split("/")
         vllm = m.get(f"prefixaware/{w}/{ctx}")
@@ -407,12 +409,56 @@ def _matrix_findings(m: dict) -> list[str]:
                            f"TTFT P50 {_fmt_span(r, fmt='.2f')}: "
                            f"{verdict(va, sg, 'ttft_s.p50', 'vllm-router', 'sglang-router')}"
                            f"; router added latency {_hop_ms(cell)} vs {_hop_ms(vllm)} ms.")
+    pairs = [(k, n) for k, c in m.items() if k.startswith("prefixaware@sglang/")
+             for n in c["scenarios"]]
+    lower = [(k, n) for k, n in pairs if verdict(
+        m[k.replace("@sglang", "")]["scenarios"].get(n) or {}, m[k]["scenarios"][n],
+        "ttft_s.p50", "v", "s") == "s lower"]
+    if pairs:
+        out.append(
+            f"- Default: sglang-router's cache_aware has the lower TTFT P50 than vllm-router's "
+            f"in {len(lower)} of {len(pairs)} cells (clear of the ranges), at the same hit "
+            "rate, with no session header needed; it is the measured winner for "
+            "`prefixaware`. It is offered as `RouterProps.implementation=\"sglang-router\"` "
+            "(args by `sglang_router_args`, pinned, loopback-tested); the chart default stays "
+            "vllm-router until a router image is built from the sglang-router wheel.")
     noheader = [r for r in rows if r["strategy"] == "session-noheader" and r["p50"]]
     if noheader:
         worst = max(noheader, key=lambda r: r["p50"][0])
         out.append(f"- session without X-Session-ID (consistent_hash on a constant key) "
                    f"puts every request on one worker: up to {worst['p50'][0]:.2f} x round "
                    f"robin's P50 ({worst['scenario']}, {worst['workers']} workers).")
+    return out
+
+
+def _fanout_losses(m: dict, rows: list[dict]) -> list[str]:
+    """Cells where vllm-router's cache_aware does worse than round robin, with what explains
+    it: requests that arrive while earlier ones are still in the fan-out are routed before
+    the router's tree holds their prefix."""
+    from tools.emulator import profile as gpu_profile
+
+    out = []
+    gpu = gpu_profile(PROFILE)
+    for r in rows:
+        if r["strategy"] != "prefixaware" or not r["p50"] or r["p50"][0] <= 1:
+            continue
+        ctx, w = r["ctx"], r["workers"]
+        gap = TIME_SCALE[ctx] * gpu.prefill_seconds(ctx) / (LOAD * w)  # wall s per arrival
+        sgl = m.get(f"prefixaware@sglang/{w}/{ctx}", {}).get("scenarios", {}).get(
+            r["scenario"])
+        out.append(
+            f"- vllm-router's cache_aware loses to round robin on {r['scenario']} at {w} "
+            f"workers: P50 {_fmt_span(r['p50'], fmt='.2f')} x round robin, hit rate "
+            f"{_fmt_span(r['hit'], pct=True)}"
+            + (f" (sglang-router's cache_aware: {_fmt_span(span(sgl, 'cache_hit_rate'), pct=True)})"
+               if sgl else "")
+            + f". Each routing decision waits {r['hop'] * 1000:.0f} ms for {w} renders of "
+            f"{ctx // 1024}K tokens while requests arrive every {gap * 1000:.0f} ms (wall): "
+            + ("decisions overlap, the tree does not hold a document yet when its next "
+               "questions are routed, affinity is lost. At life size the arrivals would be "
+               f"{1 / TIME_SCALE[ctx]:.0f} x sparser; any traffic whose same-prefix requests "
+               "come closer together than the fan-out meets the same loss."
+               if r["hop"] and r["hop"] > gap else "the fan-out itself outweighs the gain."))
     return out
 
 

@@ -55,6 +55,8 @@ bench: deps
 bench-routing: deps
 	$(PY) -m tools.bench_routing --out bench-results/routing --doc docs/benchmarks.md
 	$(PY) -m tools.bench_routing --stability --out bench-results/routing --doc docs/benchmarks.md
+	$(PY) -m tools.bench_routing --stability --candidate prefixaware@sglang \
+		--out bench-results/routing --doc docs/benchmarks.md
 
 clean:
 	rm -rf cdk.out dist .pytest_cache

@@ -81,11 +81,16 @@ def run_matrix(out: Path, strategies: list[str], workers: list[int], contexts: l
     return done
 
 
+def stability_path(out: Path, candidate: str) -> Path:
+    return out / ("stability.json" if candidate == "prefixaware" else
+                  f"stability-{candidate}.json")
+
+
 def run_stability(out: Path, invocations: int, repeats: int, seed: int,
-                  headers: tuple[bool, ...]) -> dict:
-    """The Done-when check: the same prefixaware-vs-roundrobin compare, invoked again and
+                  headers: tuple[bool, ...], candidate: str = "prefixaware") -> dict:
+    """The Done-when check: the same candidate-vs-roundrobin compare, invoked again and
     again (fresh workers, router and salts each time, same seed), each with `repeats`."""
-    path = out / "stability.json"
+    path = stability_path(out, candidate)
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for header in headers:
         for i in range(invocations):
@@ -99,8 +104,9 @@ def run_stability(out: Path, invocations: int, repeats: int, seed: int,
                             session_header=header)
             c = replace(open_loop(c, PROFILE, TIME_SCALE[8192], 4, LOAD),
                         think_s=2.0 * TIME_SCALE[8192])
-            runs = run_strategies([BASELINE, "prefixaware"], c, workers=4, profile=PROFILE,
-                                  time_scale=TIME_SCALE[8192], out=out / key.replace("/", "-"))
+            runs = run_strategies([BASELINE, candidate], c, workers=4, profile=PROFILE,
+                                  time_scale=TIME_SCALE[8192],
+                                  out=out / f"{candidate}-{key.replace('/', '-')}")
             done[key] = {s: compact(r) for s, r in runs.items()}
             path.write_text(json.dumps(done, indent=1))
     return done
@@ -210,12 +216,18 @@ def matrix_tables(m: dict) -> tuple[list[str], list[dict]]:
     return lines, rows
 
 
+def _candidate(runs: dict) -> str:
+    return next(k for k in runs if k != BASELINE)
+
+
 def stability_table(st: dict) -> list[str]:
-    lines = ["", "| invocation | session header | scenario | P50 prefixaware / roundrobin "
-             "(range) | P90 ratio (range) | hit rate rr / pa |", "|---|---|---|---|---|---|"]
+    cand = _candidate(next(iter(st.values())))
+    lines = ["", f"| invocation | session header | scenario | P50 {cand} / roundrobin "
+             "(range) | P90 ratio (range) | hit rate rr / candidate |",
+             "|---|---|---|---|---|---|"]
     for key, runs in st.items():
         header, i = key.split("/")
-        base, pa = runs[BASELINE], runs["prefixaware"]
+        base, pa = runs[BASELINE], runs[cand]
         for name in pa["scenarios"]:
             lines.append("| " + " | ".join([
                 str(int(i) + 1), "yes" if header == "header" else "no", name,
@@ -263,6 +275,8 @@ def render_doc(doc: Path, out: Path) -> None:
     m = json.loads((out / "matrix.json").read_text()) if (out / "matrix.json").exists() else {}
     st = json.loads((out / "stability.json").read_text()) \
         if (out / "stability.json").exists() else {}
+    sgl_path = stability_path(out, "prefixaware@sglang")
+    st_sgl = json.loads(sgl_path.read_text()) if sgl_path.exists() else {}
     figs = doc.parent / "benchmarks"
     figs.mkdir(parents=True, exist_ok=True)
     lines, rows = matrix_tables(m)
@@ -331,11 +345,15 @@ def render_doc(doc: Path, out: Path) -> None:
              "prefixaware vs roundrobin, 4 workers, multi-turn and 8K document Q&A, each "
              "invocation with 3 repeats (fresh workers, router and prompt salts)."]
     text += stability_table(st) if st else ["", "(no stability results yet)"]
+    if st_sgl:
+        text += ["", "The same check with sglang-router's cache_aware as the candidate "
+                 "(`--stability --candidate prefixaware@sglang`):"] + stability_table(st_sgl)
     text += ["", "## HyperPod's published yardstick", "",
              "Llama-3.1-70B on 7 x p5.48xlarge, prefix-aware vs round robin: 8K context TTFT "
              "P50 -72% (ratio 0.28), P90 -40% (0.60), throughput +24%, cost -21%; 64K P50 -94% "
              "(0.06), P90 -35% (0.65), throughput +38%, cost -28%."]
-    doc.write_text("\n".join(text + findings(m, st)) + "\n")
+    doc.write_text("\n".join(text + findings(m, st) + (
+        _stability_findings(st_sgl) if st_sgl else [])) + "\n")
 
 
 def findings(m: dict, st: dict) -> list[str]:
@@ -356,7 +374,7 @@ def _stability_findings(st: dict) -> list[str]:
         runs = {k: r for k, r in st.items() if k.split("/")[0] == header}
         for name in ("multi-turn", "document-8k"):
             got = [v for r in runs.values()
-                   if (v := _ratio(r["prefixaware"], r[BASELINE], name, "ttft_s.p50"))]
+                   if (v := _ratio(r[_candidate(r)], r[BASELINE], name, "ttft_s.p50"))]
             if not got:
                 continue
             lo, hi = max(v[1] for v in got), min(v[2] for v in got)
@@ -364,7 +382,7 @@ def _stability_findings(st: dict) -> list[str]:
             worst = max(v[2] for v in got)
             out.append(
                 f"- {name}, {'with' if header == 'header' else 'without'} X-Session-ID, "
-                f"prefixaware / roundrobin TTFT P50 over {len(got)} invocations of 3 repeats: "
+                f"{_candidate(next(iter(runs.values())))} / roundrobin TTFT P50 over {len(got)} invocations of 3 repeats: "
                 f"medians {', '.join(f'{v[0]:.2f}' for v in got)}; the ranges "
                 + (f"overlap ({lo:.3f}-{hi:.3f} is in all)" if lo <= hi else
                    f"do NOT all overlap (highest low {lo:.3f} > lowest high {hi:.3f})")
@@ -389,11 +407,13 @@ def _matrix_findings(m: dict) -> list[str]:
         out.append(f"- {name}, {w} workers: lowest TTFT P50 {strategy} ({ratio:.2f} x round "
                    "robin).")
     loses = [line for line in fanout_table(m) if "LOSES" in line]
-    out.append("- vllm-router's cache_aware render fan-out costs more than a hit saves: "
-               + ("; ".join(line.strip("| ").replace(" | ", ", ") for line in loses)
-                  if loses else "nowhere in the measured range (its added latency stays "
-                  "below the prefill a hit saves on every profile, 2K to 64K, 4 and 16 "
-                  "workers)."))
+    out.append("- vllm-router's cache_aware render fan-out, per request, costs more than a "
+               "hit saves: " + ("; ".join(line.strip("| ").replace(" | ", ", ")
+                                          for line in loses)
+                                if loses else "nowhere in the measured range (its added "
+                                "latency stays below the prefill a hit saves on every "
+                                "profile, 2K to 64K, 4 and 16 workers)."))
+    out += _fanout_losses(m, rows)
     for key, cell in sorted(m.items()):
         strategy, w, ctx = key.split("/")
         vllm = m.get(f"prefixaware/{w}/{ctx}")
@@ -407,12 +427,56 @@ def _matrix_findings(m: dict) -> list[str]:
                            f"TTFT P50 {_fmt_span(r, fmt='.2f')}: "
                            f"{verdict(va, sg, 'ttft_s.p50', 'vllm-router', 'sglang-router')}"
                            f"; router added latency {_hop_ms(cell)} vs {_hop_ms(vllm)} ms.")
+    pairs = [(k, n) for k, c in m.items() if k.startswith("prefixaware@sglang/")
+             for n in c["scenarios"]]
+    lower = [(k, n) for k, n in pairs if verdict(
+        m[k.replace("@sglang", "")]["scenarios"].get(n) or {}, m[k]["scenarios"][n],
+        "ttft_s.p50", "v", "s") == "s lower"]
+    if pairs:
+        out.append(
+            f"- Default: sglang-router's cache_aware has the lower TTFT P50 than vllm-router's "
+            f"in {len(lower)} of {len(pairs)} cells (clear of the ranges), at the same hit "
+            "rate, with no session header needed; it is the measured winner for "
+            "`prefixaware`. It is offered as `RouterProps.implementation=\"sglang-router\"` "
+            "(args by `sglang_router_args`, pinned, loopback-tested); the chart default stays "
+            "vllm-router until a router image is built from the sglang-router wheel.")
     noheader = [r for r in rows if r["strategy"] == "session-noheader" and r["p50"]]
     if noheader:
         worst = max(noheader, key=lambda r: r["p50"][0])
         out.append(f"- session without X-Session-ID (consistent_hash on a constant key) "
                    f"puts every request on one worker: up to {worst['p50'][0]:.2f} x round "
                    f"robin's P50 ({worst['scenario']}, {worst['workers']} workers).")
+    return out
+
+
+def _fanout_losses(m: dict, rows: list[dict]) -> list[str]:
+    """Cells where vllm-router's cache_aware does worse than round robin, with what explains
+    it: requests that arrive while earlier ones are still in the fan-out are routed before
+    the router's tree holds their prefix."""
+    from tools.emulator import profile as gpu_profile
+
+    out = []
+    gpu = gpu_profile(PROFILE)
+    for r in rows:
+        if r["strategy"] != "prefixaware" or not r["p50"] or r["p50"][0] <= 1:
+            continue
+        ctx, w = r["ctx"], r["workers"]
+        gap = TIME_SCALE[ctx] * gpu.prefill_seconds(ctx) / (LOAD * w)  # wall s per arrival
+        sgl = m.get(f"prefixaware@sglang/{w}/{ctx}", {}).get("scenarios", {}).get(
+            r["scenario"])
+        out.append(
+            f"- vllm-router's cache_aware loses to round robin on {r['scenario']} at {w} "
+            f"workers: P50 {_fmt_span(r['p50'], fmt='.2f')} x round robin, hit rate "
+            f"{_fmt_span(r['hit'], pct=True)}"
+            + (f" (sglang-router's cache_aware: {_fmt_span(span(sgl, 'cache_hit_rate'), pct=True)})"
+               if sgl else "")
+            + f". Each routing decision waits {r['hop'] * 1000:.0f} ms for {w} renders of "
+            f"{ctx // 1024}K tokens while requests arrive every {gap * 1000:.0f} ms (wall): "
+            + ("decisions overlap, the tree does not hold a document yet when its next "
+               "questions are routed, affinity is lost. At life size the arrivals would be "
+               f"{1 / TIME_SCALE[ctx]:.0f} x sparser; any traffic whose same-prefix requests "
+               "come closer together than the fan-out meets the same loss."
+               if r["hop"] and r["hop"] > gap else "the fan-out itself outweighs the gain."))
     return out
 
 
@@ -429,11 +493,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--stability", action="store_true", help="run the Done-when check only")
     p.add_argument("--invocations", type=int, default=3)
+    p.add_argument("--candidate", default="prefixaware", choices=MATRIX,
+                   help="with --stability: the strategy compared with round robin")
     p.add_argument("--render-only", action="store_true", help="rewrite the doc from DIR")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stability:
-        run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False))
+        run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False), a.candidate)
     elif not a.render_only:
         run_matrix(a.out, a.strategies, a.workers, a.contexts, a.repeats, a.seed)
     render_doc(a.doc, a.out)

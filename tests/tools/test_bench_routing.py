@@ -26,6 +26,7 @@ def test_the_doc_holds_the_table_the_profiles_and_what_the_numbers_say(tmp_path)
                 p50 = 1.0 if strategy == "roundrobin" else 0.1
                 hop = 0.5 if (strategy == "prefixaware" and ctx == 2048) else 0.001
                 m[f"{strategy}/{w}/{ctx}"] = _cell(strategy, w, ctx, p50, hop)
+    m["prefixaware/16/65536"] = _cell("prefixaware", 16, 65536, 2.0, 0.5)
     st = {f"{h}/{i}": {"roundrobin": _cell("roundrobin", 4, 8192, 1.0, 0),
                        "prefixaware": _cell("prefixaware", 4, 8192, 0.1 + i / 100, 0)}
           for h in ("header", "noheader") for i in range(3)}

@@ -164,10 +164,6 @@ _QUANTITY = re.compile(r"^\d+(\.\d+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _ACM_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:acm:[a-z0-9-]+:\d{12}:certificate/[A-Fa-f0-9-]+")
 
 
-def _quantity(value: Any) -> str:
-    return str(value)
-
-
 def parse_endpoint(env: str, file: str, raw: Any, *,
                    instance_type_map: Mapping[str, str] | None = None,
                    node_instance_types: tuple[str, ...] = ()) -> EndpointSpec:
@@ -335,8 +331,8 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         raise worker._err("spec.worker.resources.limits.nvidia.com/gpu", gpus,
                           f"a divisor of {shape.gpus} (GPUs on {itype})")
     pods_per_node = shape.gpus // gpus
-    cpu = _quantity(requests.get("cpu", max(1, shape.vcpus // pods_per_node - 2)))
-    memory = _quantity(requests.get("memory", f"{shape.memory_gib // pods_per_node - 8}Gi"))
+    cpu = str(requests.get("cpu", max(1, shape.vcpus // pods_per_node - 2)))
+    memory = str(requests.get("memory", f"{shape.memory_gib // pods_per_node - 8}Gi"))
     for key, value in (("cpu", cpu), ("memory", memory)):
         if not _QUANTITY.match(value):
             raise worker._err(f"spec.worker.resources.requests.{key}", value,

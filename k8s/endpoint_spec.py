@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import yaml
@@ -433,16 +433,20 @@ def _l2_url(l2spec: _Doc, warnings: list[str]) -> str:
     return url
 
 
-_OWN_FLAGS = ("--host", "--port", "--served-model-name", "--kv-transfer-config")
-
-
-def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
+def arg_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in an argument list (``--flag value`` or ``--flag=value``)."""
+    for i, tok in enumerate(args):
+        if tok == flag and i + 1 < len(args):
             return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
     return None
+
+
+def named_model(args: Sequence[str]) -> str | None:
+    """The model the args already name: `--model X`, or `vllm serve`'s positional."""
+    return arg_value(args, "--model") or (args[0] if args and not args[0].startswith("-")
+                                          else None)
 
 
 def _same_as_ours(doc: _Doc, key: str, ours: str) -> None:
@@ -453,12 +457,11 @@ def _same_as_ours(doc: _Doc, key: str, ours: str) -> None:
 
 def _check_args(worker: _Doc, args: tuple[str, ...], port: int, mount_path: str,
                 warnings: list[str]) -> None:
-    given = _flag_value(args, "--port")
+    given = arg_value(args, "--port")
     if given is not None and given != str(port):
         raise worker.fail("args", f"--port {given}", f"--port {port} (the "
                           "modelInvocationPort.containerPort) or no --port")
-    model = _flag_value(args, "--model") or (args[0] if args and not args[0].startswith("-")
-                                             else None)
+    model = named_model(args)
     if model is not None and not (model == mount_path or model.startswith(mount_path + "/")):
         warnings.append(f"{worker.file}: {worker.p('args')}: the model {model!r} is not the "
                         f"staged weights at {mount_path}: vLLM runs offline "

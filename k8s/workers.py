@@ -19,7 +19,7 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
 )
-from k8s.endpoint_spec import AutoScaling
+from k8s.endpoint_spec import AutoScaling, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
@@ -145,11 +145,6 @@ def _flags(args: tuple[str, ...] | list[str]) -> set[str]:
     return {a.split("=", 1)[0].replace("_", "-") for a in args if a.startswith("--")}
 
 
-def names_model(args: tuple[str, ...]) -> bool:
-    """The file already says which model to serve: `--model X` or vllm serve's positional."""
-    return "--model" in _flags(args) or bool(args and not args[0].startswith("-"))
-
-
 def vllm_command(p: WorkerProps) -> list[str]:
     """The file's command as written; else `vllm serve`, or the API server module for args
     written with `--model` (HyperPod's published `--model /opt/ml/model` files)."""
@@ -164,7 +159,7 @@ def vllm_args(p: WorkerProps) -> list[str]:
     """The file's args as written, then only what they lack: the model path (where the weights
     are mounted), where to listen, the served name, LMCache's connector and KV events."""
     given = _flags(p.extra_args)
-    args = [] if p.command or names_model(p.extra_args) else [p.model_mount_path]
+    args = [] if p.command or named_model(p.extra_args) else [p.model_mount_path]
     args += list(p.extra_args)
     own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
            "--kv-transfer-config": json.dumps(

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from k8s.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
 from tools.fake_worker import FakeWorker
 
 __all__ = [
@@ -300,16 +301,6 @@ def localize_for_pool(
         rendered_args, urls, port or free_port(), prometheus_port or free_port(),
         kv_worker_map=worker_map, kv_endpoint_map=endpoint_map,
     )
-
-
-def arg_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` in an argument list (``--flag value`` or ``--flag=value``)."""
-    for i, tok in enumerate(args):
-        if tok == flag and i + 1 < len(args):
-            return args[i + 1]
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
 
 
 def _arg_values(args: Sequence[str], flag: str) -> list[str]:

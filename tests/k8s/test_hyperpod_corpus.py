@@ -276,9 +276,8 @@ def test_router_and_workers_keep_the_files_strategy_gpus_image_args_and_env(
     # The model is where the file mounts it, once: no second positional model argument.
     mount = w.get("modelVolumeMount", {}).get("mountPath", "/opt/ml/model")
     assert mount in {m["mountPath"] for m in container["volumeMounts"]}
-    positional = [a for a in got[: got.index(next(a for a in got if a.startswith("-")))]] \
-        if any(a.startswith("-") for a in got) else got
-    assert len(positional) <= 1
+    first_flag = next((i for i, a in enumerate(got) if a.startswith("-")), len(got))
+    assert first_flag <= 1
 
 
 def test_fields_not_acted_on_are_each_a_warning_at_synth(corpus):

@@ -55,7 +55,7 @@ bench: deps
 bench-routing: deps
 	$(PY) -m tools.bench_routing --out bench-results/routing --doc docs/benchmarks.md
 	$(PY) -m tools.bench_routing --stability --out bench-results/routing --doc docs/benchmarks.md
-	$(PY) -m tools.bench_routing --stability --candidate prefixaware@sglang \
+	$(PY) -m tools.bench_routing --stability --candidate prefixaware@vllm \
 		--out bench-results/routing --doc docs/benchmarks.md
 
 clean:

@@ -47,6 +47,23 @@ PROMETHEUS_PORT = 9090
 IN_CLUSTER_PROMETHEUS_URL = (f"http://{MONITORING_RELEASE}-prometheus.{MONITORING_NAMESPACE}"
                              f".svc.cluster.local:{PROMETHEUS_PORT}")
 
+# Router implementations and the HyperPod strategies each runs (their --help): sglang-router
+# has no KV event index (kvaware) and no session-key hashing (session).
+ROUTER_STRATEGIES = {
+    "vllm-router": ("prefixaware", "kvaware", "session", "roundrobin"),
+    "sglang-router": ("prefixaware", "roundrobin"),
+}
+# The implementation a strategy gets unless the environment's `routerImplementations` says
+# otherwise: the measured winner (docs/benchmarks.md: sglang-router's cache_aware keeps its
+# prefix tree in the router and calls no worker per request; vllm-router's renders on every
+# worker first). vllm-router for every other strategy.
+DEFAULT_ROUTER = {"prefixaware": "sglang-router"}
+
+
+def default_router(strategy: str) -> str:
+    return DEFAULT_ROUTER.get(strategy, "vllm-router")
+
+
 # Session affinity for the `session` strategy (vllm-router consistent_hash reads it first)
 SESSION_HEADER = "X-Session-ID"
 

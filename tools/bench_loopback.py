@@ -8,8 +8,9 @@ the GPU's rates, render/tokenize at a tokenizer's cost). One run per strategy, t
         --scenarios multi-turn document --contexts 8192 --repeats 3
 
 Strategies: the HyperPod names, plus `session-noheader` (the session strategy while the client
-sends no X-Session-ID); `STRATEGY@sglang` runs sglang-router instead of vllm-router
-(`RouterProps.implementation`). Figures, not assertions: the emulator is a model; `--time-scale` makes
+sends no X-Session-ID). Each strategy runs on the router implementation the chart deploys for it
+(`config.contracts.DEFAULT_ROUTER`: sglang-router for prefixaware); `STRATEGY@vllm` and
+`STRATEGY@sglang` pick one (`routerImplementations` in cdk.json). Figures, not assertions: the emulator is a model; `--time-scale` makes
 the GPU faster than life (every emulated duration times the scale) while the router's own work
 stays real, so ratios between strategies are the result, absolute milliseconds are not.
 """
@@ -44,8 +45,28 @@ def router_strategy(strategy: str) -> tuple[str, bool]:
     return strategy, True
 
 
+IMPLEMENTATION_SUFFIXES = {"vllm": "vllm-router", "sglang": "sglang-router"}
+
+
 def implementation(strategy: str) -> str:
-    return "sglang-router" if strategy.endswith("@sglang") else "vllm-router"
+    """The router `strategy` runs on: its `@vllm`/`@sglang` suffix, else the chart's default."""
+    from config.contracts import default_router
+
+    name, _, suffix = strategy.partition("@")
+    if suffix:
+        return IMPLEMENTATION_SUFFIXES[suffix]
+    return default_router(router_strategy(name)[0])
+
+
+def strategy_choices() -> tuple[str, ...]:
+    """Every strategy name the tools accept: the HyperPod ones, `-noheader` variants and an
+    explicit implementation where it offers the strategy."""
+    from config.contracts import ROUTER_STRATEGIES
+
+    names = STRATEGIES + ("prefixaware-noheader", "roundrobin-noheader")
+    return names + tuple(f"{n}@{short}" for n in names
+                         for short, impl in IMPLEMENTATION_SUFFIXES.items()
+                         if router_strategy(n)[0] in ROUTER_STRATEGIES[impl])
 
 
 def router_command(strategy: str, args: list[str]) -> tuple[str | None, list[str]]:
@@ -216,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--policies", nargs="+", default=["roundrobin", "prefixaware"],
-                   choices=STRATEGIES + ("prefixaware-noheader", "roundrobin-noheader",
-                                         "prefixaware@sglang", "roundrobin@sglang"))
+                   choices=strategy_choices())
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--profile", default="g5.24xlarge",
                    help="GPU profile to emulate (tools.emulator.PROFILES), or 'none' for the "

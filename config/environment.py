@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError
 from .images import ImageResolver
 from .instances import GPU_SHAPES, gpu_shape
@@ -113,6 +114,8 @@ class EnvironmentConfig:
     # HyperPod instance type (`ml.p5.48xlarge`) -> the EC2 type of a GPU node group serving it
     instance_type_map: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
+    # HyperPod strategy -> router implementation, where it differs from contracts.DEFAULT_ROUTER
+    router_implementations: Mapping[str, str] = field(default_factory=dict)
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
     alert_subscriptions: tuple[AlertSubscription, ...] = ()
 
@@ -124,6 +127,10 @@ class EnvironmentConfig:
     @property
     def stack_prefix(self) -> str:
         return f"KvCache-{self.name}"
+
+    def router_implementation(self, strategy: str) -> str:
+        """The router an endpoint with HyperPod routing `strategy` runs behind."""
+        return self.router_implementations.get(strategy) or default_router(strategy)
 
     def gpu_group_for(self, instance_type: str) -> NodeGroupConfig | None:
         return next((g for g in self.gpu_node_groups if instance_type in g.instance_types), None)
@@ -379,6 +386,17 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     for k, v in tags.items():
         if not isinstance(v, str):
             raise ConfigError(name, f"tags.{k}", v, "a string")
+    routers = r.get("routerImplementations", Mapping, {},
+                    allowed="an object of routing strategy -> router implementation")
+    for strategy, impl in routers.items():
+        offers = [i for i, strategies in ROUTER_STRATEGIES.items() if strategy in strategies]
+        if not offers:
+            raise ConfigError(name, "routerImplementations", strategy,
+                              "routing strategies as keys: " + ", ".join(
+                                  dict.fromkeys(s for v in ROUTER_STRATEGIES.values() for s in v)))
+        if impl not in offers:
+            raise ConfigError(name, f"routerImplementations.{strategy}", impl,
+                              "a router that offers it: " + ", ".join(offers))
     served = [t for g in gpu_groups for t in g.instance_types]
     type_map = r.get("instanceTypeMap", Mapping, {},
                      allowed="an object of HyperPod instance type -> EC2 instance type")
@@ -407,6 +425,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
         instance_hourly_usd=dict(prices), tags=dict(tags), instance_type_map=dict(type_map),
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
+        router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
     )
     r.done()

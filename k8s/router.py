@@ -1,6 +1,8 @@
-"""The router chart: vllm-project/router in front of one endpoint's workers.
+"""The router chart: one endpoint's router in front of its workers: sgl-project's sglang-router
+for prefixaware (the measured winner, docs/benchmarks.md), vllm-project/router for the rest.
+Both binaries are in the one router image (images/router).
 
-Args are built by `router_args` and nowhere else, so the loopback tests start the real binary
+Command and args are built here and nowhere else, so the loopback tests start the real binary
 with exactly what the Deployment carries (discovery swapped for local URLs).
 """
 from __future__ import annotations
@@ -11,7 +13,7 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
+    ROUTER_STRATEGIES, KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
     WORKER_PORT,
 )
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
@@ -26,9 +28,18 @@ COMPONENT = "vllm-router"
 # TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
-# The router takes its key only as an argument: appended at exec time, never in the manifest.
-ROUTER_COMMAND = ["/bin/sh", "-c",
-                  f'exec vllm-router "$@" --api-key "$(cat {API_KEY_FILE})"', "vllm-router"]
+
+
+def router_command(implementation: str, api_key: bool) -> list[str]:
+    """The container command: the implementation's binary. Both routers take the key only as
+    an argument, so it is appended at exec time from the fetched file, never in the manifest.
+    With it, vllm-router 0.1.17 sends it on its own render/tokenize calls and passes the
+    client's Authorization through (vLLM checks it); sglang-router 0.3.2 also checks the
+    client's key itself, then sends its own to the worker (both measured on loopback)."""
+    if not api_key:
+        return [implementation]
+    return ["/bin/sh", "-c", f'exec {implementation} "$@" --api-key "$(cat {API_KEY_FILE})"',
+            implementation]
 
 
 @dataclass(frozen=True)
@@ -55,13 +66,13 @@ class RouterProps:
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
     load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
-    # "vllm-router" (vllm-project/router) or "sglang-router" (sgl-project's Rust router, image
-    # entrypoint `sglang-router launch`): its cache_aware keeps the prefix tree in the router
-    # and calls no worker per request (docs/benchmarks.md has the figures)
+    # "vllm-router" (vllm-project/router) or "sglang-router" (sgl-project's Rust router): its
+    # cache_aware keeps the prefix tree in the router and calls no worker per request. The
+    # environment decides (EnvironmentConfig.router_implementation).
     implementation: str = "vllm-router"
 
 
-ROUTER_IMPLEMENTATIONS = ("vllm-router", "sglang-router")
+ROUTER_IMPLEMENTATIONS = tuple(ROUTER_STRATEGIES)
 # Policies sglang-router 0.3.2 offers that mean the same as vllm-router's (`--help`).
 SGLANG_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
@@ -148,7 +159,7 @@ class RouterChart(Chart):
         if props.api_key:
             key_pod = {"initContainers": [fetch_api_key_container(props.api_key, 65532)],
                        "volumes": API_KEY_VOLUMES}
-            key_container = {"command": ROUTER_COMMAND, "volumeMounts": [
+            key_container = {"volumeMounts": [
                 {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
         probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
                  "timeoutSeconds": 3}
@@ -171,6 +182,8 @@ class RouterChart(Chart):
                                "containers": [{
                                    "name": "router", "image": props.image,
                                    "imagePullPolicy": "IfNotPresent",
+                                   "command": router_command(props.implementation,
+                                                             props.api_key is not None),
                                    **key_container,
                                    "args": router_args(props),
                                    "ports": [{"name": "http", "containerPort": ROUTER_PORT},

@@ -208,7 +208,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
-            policy=s.router_policy, worker_selector=workers.selector, worker_port=s.port,
+            policy=s.router_policy, implementation=cfg.router_implementation(s.routing_strategy),
+            worker_selector=workers.selector, worker_port=s.port,
             health_check_path=s.health_check_path, public_listener=cfg.public_listener,
             static_workers=worker_urls(wp) if kvaware else (),
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))

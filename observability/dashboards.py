@@ -184,30 +184,42 @@ def serving_dashboard(cfg: EnvironmentConfig,
     routing = [
         _ts("Router decisions per worker", "reqps", [
             (_rate("vllm_router_policy_decisions_total", R, f"{_EP}, worker"),
-             f"{ep} {{{{worker}}}}")],
+             f"{ep} {{{{worker}}}}"),
+            (_rate("smg_worker_cb_outcomes_total", R, f"{_EP}, worker"),
+             f"{ep} {{{{worker}}}} (sglang-router)")],
             "Requests the router sent to each worker: an even spread with cache_aware means "
             "prefixes are spread; one hot worker means one prefix dominates.", width=8),
         _ts("Router decisions per policy", "reqps", [
             (_rate("vllm_router_policy_decisions_total", R, f"{_EP}, policy"),
              f"{ep} {{{{policy}}}}"),
             (_rate("vllm_router_prefix_routing_decisions_total", R, f"{_EP}, policy, outcome"),
-             f"{ep} {{{{policy}}}} {{{{outcome}}}}")],
+             f"{ep} {{{{policy}}}} {{{{outcome}}}}"),
+            (_rate("smg_worker_selection_total", R, f"{_EP}, policy"),
+             f"{ep} {{{{policy}}}} (sglang-router)")],
             "Decisions by policy, and prefix routing outcomes (prefix_hit, prefix_miss, "
             "missing_tokens = the worker did not tokenize for the router).", width=8),
         _ts("Worker health", "short", [
             (f"min by ({_EP}, worker) (vllm_router_worker_health{{{R}}})",
              f"{ep} {{{{worker}}}} (router)"),
+            (f"min by ({_EP}, worker) (smg_worker_health{{{R}}})",
+             f"{ep} {{{{worker}}}} (sglang-router)"),
             (f"min by ({_EP}, pod) (up{{{W}}})", f"{ep} {{{{pod}}}} (scrape)")],
             "1 = healthy. The router's own health checks per worker, and whether Prometheus "
             "can scrape each worker pod.", width=8, lo=0, hi=1),
         _ts("Router requests and errors", "reqps", [
             (_rate("vllm_router_requests_total", R), f"{ep} requests"),
             (_rate("vllm_router_request_errors_total", R, f"{_EP}, error_type"),
-             f"{ep} {{{{error_type}}}}")],
+             f"{ep} {{{{error_type}}}}"),
+            (_rate("smg_router_requests_total", R), f"{ep} requests (sglang-router)"),
+            (_rate("smg_router_upstream_responses_total",
+                   f'{R},status_code!~"2..|3.."', f"{_EP}, status_code"),
+             f"{ep} worker {{{{status_code}}}} (sglang-router)")],
             "Requests the router received and the errors it returned.", width=12),
-        _latency("Router latency", "vllm_router_generate_duration_seconds", R,
-                 "Proxied request duration measured by the router (router hop included).",
-                 width=12),
+        _ts("Router latency P50 / P90 / P99", "s",
+            _quantiles("vllm_router_generate_duration_seconds", R)
+            + _quantiles("smg_router_request_duration_seconds", R),
+            "Proxied request duration measured by the router (router hop included): "
+            "vllm-router's or sglang-router's, whichever the endpoint runs.", width=12),
     ]
     gpu = [
         _ts("GPU utilisation", "percent", [

@@ -11,6 +11,8 @@ Names were read from the sources of the pinned versions, not from docs:
 - vllm-router 0.1.17: `src/metrics.rs` of the sdist, and the real binary's `/metrics` on a
   loopback run. In regular (non-PD) mode request latency is `vllm_router_generate_duration_seconds`;
   `vllm_router_request_duration_seconds` is only recorded by the PD router.
+- sglang-router 0.3.2 (its Rust core calls itself "smg"): the real binary's `/metrics` on a
+  loopback run (tests/e2e/test_routing.py checks every `smg_` name below is exported).
 - DCGM exporter 4.5.3-4.8.2: `etc/default-counters.csv` baked into the image (no `_total`
   suffix on its counters).
 - kube-state-metrics v2.20.0, node-exporter v1.12.1, and Prometheus's own `up`.
@@ -28,8 +30,9 @@ COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 # Who exports a metric: a catalogue image key (config/images.py), the router image the project
 # builds from the pinned vllm-router wheel, or Prometheus itself (synthetic series).
 ROUTER_SOURCE = "vllm-router"
+SGLANG_ROUTER_SOURCE = "sglang-router"
 PROMETHEUS_SOURCE = "prometheus"
-BUILT_SOURCES = frozenset({ROUTER_SOURCE})
+BUILT_SOURCES = frozenset({ROUTER_SOURCE, SGLANG_ROUTER_SOURCE})
 
 # Labels the scrape configs add to every kvcache target (k8s/monitoring.py sets them), so
 # dashboards and rules group the same way in both variants. `endpoint` is avoided on purpose:
@@ -59,7 +62,7 @@ class Metric:
         return (self.name,)
 
 
-_V, _R, _D = "vllm-lmcache", ROUTER_SOURCE, "dcgm-exporter"
+_V, _R, _S, _D = "vllm-lmcache", ROUTER_SOURCE, SGLANG_ROUTER_SOURCE, "dcgm-exporter"
 _KSM, _NODE = "kube-state-metrics", "node-exporter"
 _RX = "redis-exporter"
 
@@ -116,7 +119,21 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     Metric("vllm_router_active_workers", GAUGE, _R, "workers the router can use"),
     Metric("vllm_router_running_requests", GAUGE, _R, "in-flight requests per worker"),
     Metric("vllm_router_cb_state", GAUGE, _R, "circuit breaker: 0 closed, 1 open, 2 half-open"),
+    Metric("vllm_router_cb_outcomes_total", COUNTER, _R,
+           "requests to each worker by circuit-breaker outcome"),
     Metric("vllm_router_retries_total", COUNTER, _R, "retries by route"),
+    # sglang-router 0.3.2 (prefixaware's router)
+    Metric("smg_router_requests_total", COUNTER, _S, "requests by route"),
+    Metric("smg_router_request_duration_seconds", HISTOGRAM, _S, "proxied request duration"),
+    Metric("smg_router_upstream_responses_total", COUNTER, _S,
+           "worker responses by status_code"),
+    Metric("smg_worker_selection_total", COUNTER, _S, "routing decisions by policy"),
+    Metric("smg_worker_cb_outcomes_total", COUNTER, _S,
+           "requests to each worker by circuit-breaker outcome"),
+    Metric("smg_worker_health", GAUGE, _S, "1 healthy, 0 unhealthy, per worker"),
+    Metric("smg_worker_requests_active", GAUGE, _S, "in-flight requests per worker"),
+    Metric("smg_worker_cb_state", GAUGE, _S, "circuit breaker: 0 closed, 1 open, 2 half-open"),
+    Metric("smg_worker_retries_total", COUNTER, _S, "retries (only once one happened)"),
     # NVIDIA DCGM exporter (default counters)
     Metric("DCGM_FI_DEV_GPU_UTIL", GAUGE, _D, "GPU utilisation, percent"),
     Metric("DCGM_FI_DEV_MEM_COPY_UTIL", GAUGE, _D, "memory bandwidth utilisation, percent"),
@@ -170,3 +187,22 @@ def metric_of(series: str) -> Metric | None:
 
 def known_sources() -> frozenset[str]:
     return frozenset(IMAGES) | BUILT_SOURCES | {PROMETHEUS_SOURCE}
+
+
+# One meaning under each router's own name, vllm-router's first: a dashboard panel or an alert
+# queries both, so it works whichever router an endpoint runs.
+ROUTER_METRICS = {
+    "requests": ("vllm_router_requests_total", "smg_router_requests_total"),
+    "duration": ("vllm_router_generate_duration_seconds", "smg_router_request_duration_seconds"),
+    "worker_health": ("vllm_router_worker_health", "smg_worker_health"),
+    "worker_outcomes": ("vllm_router_cb_outcomes_total", "smg_worker_cb_outcomes_total"),
+    "retries": ("vllm_router_retries_total", "smg_worker_retries_total"),
+    "decisions": ("vllm_router_policy_decisions_total", "smg_worker_selection_total"),
+}
+ROUTER_METRIC_PREFIX = {ROUTER_SOURCE: "vllm_router_", SGLANG_ROUTER_SOURCE: "smg_"}
+
+
+def router_metric(meaning: str, implementation: str) -> str:
+    """`implementation`'s name for a ROUTER_METRICS meaning."""
+    vllm, sglang = ROUTER_METRICS[meaning]
+    return sglang if implementation == SGLANG_ROUTER_SOURCE else vllm

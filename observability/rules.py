@@ -152,11 +152,13 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
         ),
         "kvcache.availability": (
             Alert("KvcacheEndpointNoWorkers",
-                  f"max by ({ENDPOINT_LABEL}) (vllm_router_active_workers{{{_R}}}) == 0",
+                  f"(max by ({ENDPOINT_LABEL}) (vllm_router_active_workers{{{_R}}}) or "
+                  f"sum by ({ENDPOINT_LABEL}) (smg_worker_health{{{_R}}})) == 0",
                   "10m", "critical", f"Router of {ep} has no worker",
                   "The router has no usable worker: every request fails."),
             Alert("KvcacheWorkerUnhealthy",
-                  f"min by ({ENDPOINT_LABEL}, worker) (vllm_router_worker_health{{{_R}}}) == 0",
+                  f"min by ({ENDPOINT_LABEL}, worker) (vllm_router_worker_health{{{_R}}} or "
+                  f"smg_worker_health{{{_R}}}) == 0",
                   "3m", "warning", f"Worker {{{{ $labels.worker }}}} of {ep} unhealthy",
                   "The router's health checks fail for this worker; it gets no traffic."),
             Alert("KvcacheWorkerNotReady",

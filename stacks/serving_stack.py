@@ -19,7 +19,8 @@ from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
 ROUTER_CONTEXT = Path(__file__).resolve().parent.parent / "images" / "router"
-VLLM_ROUTER_VERSION = "0.1.17"  # same pin as requirements.txt (tests check they agree)
+# The router image's wheels: the same pins as requirements.txt (tests check they agree).
+ROUTER_VERSIONS = {"VLLM_ROUTER_VERSION": "0.1.17", "SGLANG_ROUTER_VERSION": "0.3.2"}
 
 
 class ServingStack(Stack):
@@ -33,8 +34,7 @@ class ServingStack(Stack):
         super().__init__(scope, id, **kwargs)
         router = ecr_assets.DockerImageAsset(
             self, "RouterImage", directory=str(ROUTER_CONTEXT),
-            build_args={"BASE_IMAGE": router_base_image,
-                        "VLLM_ROUTER_VERSION": VLLM_ROUTER_VERSION},
+            build_args={"BASE_IMAGE": router_base_image, **ROUTER_VERSIONS},
             platform=ecr_assets.Platform.LINUX_AMD64)
         CfnOutput(self, "RouterImageUri", value=router.image_uri)  # ${ROUTER_IMAGE} in dist/
         # The endpoints' API key: clients send it as a Bearer token, vLLM checks it.

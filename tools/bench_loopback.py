@@ -69,16 +69,6 @@ def strategy_choices() -> tuple[str, ...]:
                          if router_strategy(n)[0] in ROUTER_STRATEGIES[impl])
 
 
-def router_command(strategy: str, args: list[str]) -> tuple[str | None, list[str]]:
-    """(binary, args) to start the router of `strategy` with localized `args`: sglang-router
-    takes its `launch` subcommand first (the rendered args' leading word)."""
-    if implementation(strategy) != "sglang-router":
-        return None, args
-    binary = os.environ.get("SGLANG_ROUTER_BIN") or str(Path(sys.executable).parent
-                                                          / "sglang-router")
-    return binary, ["launch", *args]
-
-
 def in_cluster_workers(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Worker URLs and KV event endpoints as a kvaware Deployment names them (stand-ins that
     the loopback maps onto local ports)."""
@@ -188,7 +178,9 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
                progress: bool = True, processes: bool = False) -> dict:
     """One benchmark (all its repeats) through the router for `strategy`, on fresh fake
     workers (threads of this process, or one process each); caches emptied between repeats."""
-    from tools.loopback import FakeWorkerPool, RouterProcess, localize_router_args
+    from tools.loopback import (
+        FakeWorkerPool, RouterProcess, localize_router_args, router_launch,
+    )
 
     name, header = router_strategy(strategy)
     kv = name == "kvaware"
@@ -211,7 +203,7 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
         args = localize_router_args(rendered, pool.urls, port, prom,
                                     kv_worker_map=kv_map, kv_endpoint_map=ep_map)
         log = (log_dir / f"router-{strategy}.log") if log_dir else None
-        binary, args = router_command(strategy, args)
+        binary, args = router_launch(implementation(strategy), args)
         with RouterProcess(args, log_path=log, binary=binary) as router:
             if kv and not processes:
                 pool.wait_kv_subscribers()

@@ -46,6 +46,7 @@ __all__ = [
     "FakeWorkerPool",
     "localize_router_args",
     "router_binary",
+    "router_launch",
     "RouterProcess",
     "RouterStartError",
     "ChatResult",
@@ -318,14 +319,23 @@ def _arg_values(args: Sequence[str], flag: str) -> list[str]:
 # --------------------------------------------------------------------------- router process
 
 
-def router_binary() -> str:
-    """The ``vllm-router`` console script of the running interpreter's environment."""
-    candidate = Path(sys.executable).parent / "vllm-router"
+def router_binary(implementation: str = "vllm-router") -> str:
+    """The router's console script (``vllm-router``, ``sglang-router``) of the running
+    interpreter's environment."""
+    candidate = Path(sys.executable).parent / implementation
     if candidate.exists():
         return str(candidate)
     raise FileNotFoundError(
-        f"vllm-router not found next to {sys.executable}; install the pinned vllm-router"
+        f"{implementation} not found next to {sys.executable}; install the pinned "
+        f"{implementation} (requirements.txt)"
     )
+
+
+def router_launch(implementation: str, args: Sequence[str]) -> tuple[str, list[str]]:
+    """(binary, argv) that start ``implementation`` with localized ``args`` (which lost the
+    rendered leading words): sglang-router takes its ``launch`` subcommand first."""
+    lead = ["launch"] if implementation == "sglang-router" else []
+    return router_binary(implementation), [*lead, *args]
 
 
 class RouterStartError(RuntimeError):
@@ -371,8 +381,11 @@ class RouterProcess:
         log_path: str | os.PathLike | None = None,
         env: Mapping[str, str] | None = None,
         binary: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.args = list(args)
+        # sglang-router started with --api-key answers /workers only to that key
+        self.control_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         port = arg_value(self.args, "--port")
         if port is None:
             raise ValueError("args must carry --port (use localize_router_args)")
@@ -406,6 +419,17 @@ class RouterProcess:
     @property
     def metrics_url(self) -> str | None:
         return f"http://{LOOPBACK}:{self.prometheus_port}/metrics" if self.prometheus_port else None
+
+    @property
+    def implementation(self) -> str:
+        """`vllm-router` or `sglang-router`: the binary's name."""
+        return Path(self.binary).name
+
+    def served(self) -> float:
+        """Requests the router received, by its own counter (observability.ROUTER_METRICS)."""
+        from observability.metrics import router_metric
+
+        return self.metric(router_metric("requests", self.implementation))
 
     @property
     def pid(self) -> int | None:
@@ -448,7 +472,8 @@ class RouterProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RouterStartError(
-                    f"vllm-router exited with {self.proc.returncode} during startup; log "
+                    f"{Path(self.binary).name} exited with {self.proc.returncode} during "
+                    f"startup; log "
                     f"{self.log_path}:\n{self._log_tail()}"
                 )
             try:
@@ -467,14 +492,15 @@ class RouterProcess:
                 last = f"{type(exc).__name__}: {exc}"
             time.sleep(0.05)
         raise RouterStartError(
-            f"vllm-router not ready after {self.startup_timeout:.0f}s ({last}); log "
+            f"{Path(self.binary).name} not ready after {self.startup_timeout:.0f}s ({last}); log "
             f"{self.log_path}:\n{self._log_tail()}"
         )
 
     def workers(self) -> list[dict]:
         """The router's own view: ``GET /workers`` -> ``{"workers": [{url, is_healthy, load,
         model_id, ...}], "total": N, "stats": {...}}``."""
-        status, body = http_json("GET", self.url + "/workers", timeout=2.0)
+        status, body = http_json("GET", self.url + "/workers", timeout=2.0,
+                                 headers=self.control_headers)
         if status != 200 or not isinstance(body, dict):
             return []
         return list(body.get("workers") or [])
@@ -586,15 +612,16 @@ def chat(
     stream: bool = True,
     max_tokens: int = 16,
     *,
-    model: str | None = None,
+    model: str | None = "fake-model",
     headers: Mapping[str, str] | None = None,
     timeout: float = 30.0,
     extra_body: Mapping[str, Any] | None = None,
 ) -> ChatResult:
     """One chat completion against a router or a worker at ``url`` (base url or full path).
 
-    Sends ``X-Session-ID`` when ``session_id`` is given. Never raises for HTTP-level failures:
-    look at ``status``/``error``.
+    Sends ``X-Session-ID`` when ``session_id`` is given, and ``model`` (the fake workers'
+    default name) as OpenAI clients must: sglang-router fills a missing one with `unknown`,
+    which vLLM refuses. Never raises for HTTP-level failures: look at ``status``/``error``.
     """
     host, port, path = _split(url)
     if not path.rstrip("/").endswith("/chat/completions"):

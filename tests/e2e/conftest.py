@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -23,6 +24,7 @@ from tools.loopback import (  # noqa: E402
     free_port,
     localize_for_pool,
     localize_router_args,
+    router_launch,
 )
 
 N_WORKERS = 4
@@ -33,7 +35,7 @@ WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhe
 
 
 @functools.lru_cache(maxsize=None)
-def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
+def _rendered_docs_json(strategy: str, replicas: int | None, router: str | None = None) -> str:
     import copy
 
     import cdk8s
@@ -45,6 +47,8 @@ def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
     from k8s.serving import build_charts, placeholder_facts
 
     cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})
+    if router:   # as `routerImplementations: {strategy: router}` in cdk.json
+        cfg = dataclasses.replace(cfg, router_implementations={strategy: router})
     raw = yaml.safe_load((_ROOT / SEED_FILE).read_text())
     raw = copy.deepcopy(raw)
     raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
@@ -56,17 +60,36 @@ def _rendered_docs_json(strategy: str, replicas: int | None) -> str:
                        for doc in chart.to_json()])
 
 
-def _rendered_docs(strategy: str, replicas: int | None = None) -> list[dict]:
+def _rendered_docs(strategy: str, replicas: int | None = None,
+                   router: str | None = None) -> list[dict]:
     """Every Kubernetes object rendered for the shipped endpoint file switched to HyperPod
-    routing strategy ``strategy`` (and to ``replicas`` workers if given)."""
-    return json.loads(_rendered_docs_json(strategy, replicas))
+    routing strategy ``strategy`` (and to ``replicas`` workers, and to the ``router``
+    implementation, if given)."""
+    return json.loads(_rendered_docs_json(strategy, replicas, router))
+
+
+def _container(strategy: str, replicas: int | None, kind: str, suffix: str) -> dict:
+    for doc in _rendered_docs(strategy, replicas):
+        if doc["kind"] == kind and doc["metadata"]["name"].endswith(suffix):
+            return doc["spec"]["template"]["spec"]["containers"][0]
+    raise AssertionError(f"no {kind} *{suffix} rendered")
 
 
 def _container_args(strategy: str, replicas: int | None, kind: str, suffix: str) -> list[str]:
-    for doc in _rendered_docs(strategy, replicas):
-        if doc["kind"] == kind and doc["metadata"]["name"].endswith(suffix):
-            return list(doc["spec"]["template"]["spec"]["containers"][0]["args"])
-    raise AssertionError(f"no {kind} *{suffix} rendered")
+    return list(_container(strategy, replicas, kind, suffix)["args"])
+
+
+def rendered_implementation(strategy: str) -> str:
+    """The router binary the rendered Deployment runs for ``strategy``: its command's last
+    word (the binary itself, or the name the API-key shell `exec`s)."""
+    return _container(strategy, None, "Deployment", "-router")["command"][-1]
+
+
+def start_rendered_router(strategy: str, args: list[str], **kw) -> RouterProcess:
+    """A RouterProcess (not started) of the binary the Deployment for ``strategy`` runs, with
+    localized ``args``."""
+    binary, argv = router_launch(rendered_implementation(strategy), args)
+    return RouterProcess(argv, binary=binary, **kw)
 
 
 def _rendered_args(strategy: str, replicas: int | None = None) -> list[str]:
@@ -131,7 +154,8 @@ def router_for(
                     router_args(strategy), worker_pool.urls, free_port(), free_port()
                 )
                 log = tmp_path_factory.mktemp(f"router-{strategy}") / "router.log"
-                started[strategy] = stack.enter_context(RouterProcess(args, log_path=log))
+                started[strategy] = stack.enter_context(
+                    start_rendered_router(strategy, args, log_path=log))
             return started[strategy]
 
         yield get
@@ -181,7 +205,7 @@ def launch_routers(router_args, tmp_path) -> Iterator[Callable[..., list[RouterP
             for _ in range(n):
                 log = tmp_path / f"router-{strategy}-{next(numbers)}.log"
                 args = localize_for_pool(rendered, pool, kv_endpoints=kv_endpoints)
-                router = RouterProcess(args, log_path=log)
+                router = start_rendered_router(strategy, args, log_path=log)
                 stack.callback(router.stop)
                 routers.append(router)
             with ThreadPoolExecutor(n) as starting:

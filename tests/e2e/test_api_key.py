@@ -1,9 +1,11 @@
-"""The endpoint API key through the real vllm-router, started by the rendered Deployment's own
+"""The endpoint API key through each real router, started by the rendered Deployment's own
 command (the shell that appends `--api-key` from the secret file) and args, in front of a
 worker that checks `Authorization: Bearer` on /v1 routes as vLLM's --api-key does.
 
-vllm-router 0.1.17 does not check clients itself: the worker's 401 reaches the client. The
-router's own calls (cache_aware's render/tokenize) carry the router's key.
+vllm-router 0.1.17 does not check clients itself: the worker's 401 reaches the client; the
+router's own calls (cache_aware's render/tokenize) carry the router's key. sglang-router 0.3.2
+checks the client's key itself (a client without it never reaches a worker) and sends its own
+key to the worker.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import requests
 
 from k8s.secret_fetch import API_KEY_FILE
 from tests.e2e.conftest import _rendered_docs
-from tools.loopback import RouterProcess, free_port, localize_router_args, router_binary
+from tools.loopback import (
+    RouterProcess, free_port, localize_router_args, router_binary, router_launch,
+)
 
 pytestmark = pytest.mark.e2e
 KEY = "k3y-from-secrets-manager"
@@ -73,27 +77,35 @@ def worker():
     server.shutdown()
 
 
-def test_only_clients_with_the_key_get_answers(worker, tmp_path):
-    deployment = next(d for d in _rendered_docs("prefixaware")
+@pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])
+def test_only_clients_with_the_key_get_answers(worker, tmp_path, router):
+    """prefixaware on each implementation (sglang-router is the default)."""
+    deployment = next(d for d in _rendered_docs("prefixaware", router=router)
                       if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     key_file = tmp_path / "api-key"
     key_file.write_text(KEY)
     shell, flag, script, name = container["command"]
-    assert API_KEY_FILE in script
+    assert API_KEY_FILE in script and name == router and f"exec {router} " in script
     args = localize_router_args(container["args"], [worker], free_port(), free_port())
+    _, args = router_launch(router, args)   # sglang-router's `launch` subcommand first
     # the rendered command, with the secret volume's path moved to this machine
     wrapped = [flag, script.replace(API_KEY_FILE, str(key_file)), name, *args]
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
-    env = {**os.environ, "PATH": f"{Path(router_binary()).parent}:{os.environ['PATH']}"}
-    with RouterProcess(wrapped, binary=shell, expect_workers=1, env=env) as router:
-        url = f"{router.url}/v1/chat/completions"
+    env = {**os.environ, "PATH": f"{Path(router_binary(router)).parent}:{os.environ['PATH']}"}
+    with RouterProcess(wrapped, binary=shell, expect_workers=1, env=env,
+                       api_key=KEY) as process:
+        url = f"{process.url}/v1/chat/completions"
         assert requests.post(url, json=body, timeout=10).status_code == 401
         assert requests.post(url, json=body, timeout=10, headers={
             "Authorization": "Bearer wrong"}).status_code == 401
         ok = requests.post(url, json=body, timeout=10, headers={"Authorization": f"Bearer {KEY}"})
         assert ok.status_code == 200, ok.text
-        log = router.log_path.read_text()
+        log = process.log_path.read_text()
+    chats = [auth for path, auth in _VllmLike.seen if path == "/v1/chat/completions"]
     renders = [auth for path, auth in _VllmLike.seen if path.endswith("/render")]
-    assert renders and set(renders) == {f"Bearer {KEY}"}   # the router's own calls: its key
+    if router == "sglang-router":   # it turned the keyless and wrong-key clients away itself
+        assert chats == [f"Bearer {KEY}"] and not renders, _VllmLike.seen
+    else:                           # the worker turned them away; renders carry the router's key
+        assert len(chats) == 3 and renders and set(renders) == {f"Bearer {KEY}"}, _VllmLike.seen
     assert KEY not in log                                   # never in the router's log

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from observability.metrics import router_metric
 from tools.loopback import Conversation, FakeWorkerPool, arg_value, run_conversations
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +70,7 @@ def test_two_replicas_keep_each_conversation_on_one_worker(strategy, sessions, s
     assert not moved, f"conversations moved between workers across replicas: {moved}"
     per_worker = collections.Counter(w[0] for w in where.values())
     assert len(per_worker) >= 3, f"load not spread: {where}"
-    served = [r.metric("vllm_router_requests_total") for r in routers]
+    served = [r.served() for r in routers]
     assert served == [sessions * TURNS / 2] * 2, served  # both replicas carried half the turns
     hit, ideal = prefix_hit_rate(convs)
     assert hit == pytest.approx(ideal), (hit, ideal)
@@ -102,7 +103,7 @@ def test_two_prefixaware_replicas_bounce_conversations_measured(kv_worker_pool, 
         bounced += sum(len(set(c.workers)) > 1 for c in convs)
         moves += sum(a != b for c in convs for a, b in zip(c.workers, c.workers[1:]))
         rates.append(prefix_hit_rate(convs))
-    served = [r.metric("vllm_router_requests_total") for r in routers]
+    served = [r.served() for r in routers]
     assert served == [rounds * SESSIONS * TURNS / 2] * 2, served
     hit = sum(h for h, _ in rates) / rounds
     ideal = sum(i for _, i in rates) / rounds
@@ -217,8 +218,8 @@ def _kill_mid_run(strategy: str, pool: FakeWorkerPool, router, args: list[str]) 
         t_dead = time.monotonic()
         failures, last_failure = 0.0, 0.0  # the router's failed attempts on the dead worker
         while time.monotonic() < t_kill + TRAFFIC_AFTER_KILL_S:
-            now = router.metric("vllm_router_cb_outcomes_total", worker=victim.url,
-                                outcome="failure")
+            now = router.metric(router_metric("worker_outcomes", router.implementation),
+                                worker=victim.url, outcome="failure")
             if now != failures:
                 failures, last_failure = now, time.monotonic() - t_kill
             time.sleep(0.05)
@@ -233,7 +234,7 @@ def _kill_mid_run(strategy: str, pool: FakeWorkerPool, router, args: list[str]) 
     return {"traffic": traffic, "victim": victim.worker_id, "on_victim": on_victim,
             "t_kill": t_kill, "t_dead": t_dead, "window": window, "detected": detected,
             "attempts_on_dead": failures, "last_attempt_on_dead": last_failure, "final": final,
-            "retries": router.metric("vllm_router_retries_total"),
+            "retries": router.metric(router_metric("retries", router.implementation)),
             "allowed_errors": 0 if strategy == "kvaware" else math.floor(
                 setting(args, "--cb-failure-threshold") / setting(args, "--retry-max-retries"))}
 

@@ -1,4 +1,5 @@
-"""The real vllm-router, started from the rendered Deployment args, in front of 4 fake workers.
+"""The real routers, started from the rendered Deployment's command and args, in front of 4 fake
+workers: sglang-router for prefixaware (the chart's default), vllm-router for the others.
 
 Each HyperPod routing strategy must do what its name promises: ``prefixaware`` keeps a
 conversation where its prefix is cached and spreads distinct prefixes; ``roundrobin`` spreads
@@ -59,6 +60,42 @@ def test_prefixaware_keeps_conversations_on_one_worker_and_spreads_distinct_pref
     for s, results in enumerate(runs):
         for prev, cur in zip(results, results[1:]):
             assert cur.cached_tokens >= prev.usage["prompt_tokens"] - 16, (s, prev.usage, cur.usage)
+
+
+@pytest.mark.parametrize("strategy, implementation", [
+    ("prefixaware", "sglang-router"), ("roundrobin", "vllm-router"), ("session", "vllm-router"),
+    ("kvaware", "vllm-router")])
+def test_each_strategy_runs_the_router_the_chart_gives_it(strategy, implementation):
+    from tests.e2e.conftest import rendered_implementation
+
+    assert rendered_implementation(strategy) == implementation
+
+
+def test_sglang_router_exports_every_catalogued_smg_metric(router_for):
+    """Dashboards and alerts query sglang-router's own names (observability.metrics): each
+    one must be in the real binary's /metrics once it has served a request."""
+    from observability.metrics import CATALOGUE, SGLANG_ROUTER_SOURCE
+
+    router = router_for("prefixaware")
+    assert chat(router.url, [{"role": "user", "content": "metrics"}], stream=False,
+                max_tokens=2, timeout=10).ok
+    exported = {line.split("{")[0].split(" ")[0] for line in router.metrics_text().splitlines()
+                if line and not line.startswith("#")}
+    wanted = {s for m in CATALOGUE.values() if m.source == SGLANG_ROUTER_SOURCE for s in m.series
+              if s != "smg_worker_retries_total"}   # exported once a retry happened
+    assert wanted and not wanted - exported, sorted(wanted - exported)
+
+
+def test_sglang_router_needs_the_model_field_that_openai_clients_send(router_for):
+    """Known difference, documented in docs/serving.md: sglang-router 0.3.2 cannot read the
+    model from vLLM (it asks SGLang-only endpoints) and fills a missing `model` with
+    `unknown`, which vLLM refuses; vllm-router passes the body through and vLLM uses its
+    served model. If a new pin changes this, the docs must change too."""
+    ask = [{"role": "user", "content": "which model?"}]
+    assert chat(router_for("prefixaware").url, ask, stream=False, max_tokens=2).ok
+    bare = chat(router_for("prefixaware").url, ask, stream=False, max_tokens=2, model=None)
+    assert bare.status == 404 and "`unknown` does not exist" in bare.error, bare
+    assert chat(router_for("roundrobin").url, ask, stream=False, max_tokens=2, model=None).ok
 
 
 def test_roundrobin_spreads_requests_evenly(router_for, worker_pool):

@@ -27,16 +27,48 @@ def _silent(alert: str, at: str) -> dict:
     return {"eval_time": at, "alertname": alert, "exp_alerts": []}
 
 
-def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
+def _rules_without_annotations(dev, tmp_path) -> str:
+    """The shipped rules with annotations dropped, written beside the tests; the promtool path.
+    promtool compares annotations verbatim, and what is under test here is when each alert
+    fires (expr, for, labels)."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: install Debian's `prometheus` package (`make tools` does)"
-    # The shipped rules with annotations dropped: promtool compares annotations verbatim, and
-    # what is under test here is when each alert fires (expr, for, labels).
     rules = yaml.safe_load(render(dev.cfg))
     for group in rules["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations")
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    return promtool
+
+
+def _promtool_test(promtool: str, tmp_path, tests: dict) -> None:
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_router_alerts_fire_on_sglang_routers_series_too(dev, tmp_path):
+    """prefixaware endpoints run sglang-router: its worker health drives the same alerts."""
+    promtool = _rules_without_annotations(dev, tmp_path)
+    series = [  # w1 fails at minute 5, w0 at minute 15: no worker left
+        {"series": f'smg_worker_health{R},worker="http://w1:8000"}}', "values": "1x5 0x25"},
+        {"series": f'smg_worker_health{R},worker="http://w0:8000"}}', "values": "1x15 0x15"},
+    ]
+    _promtool_test(promtool, tmp_path, {
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m", "input_series": series, "alert_rule_test": [
+                _silent("KvcacheWorkerUnhealthy", "4m"),
+                _fires("KvcacheWorkerUnhealthy", "9m", {
+                    "severity": "warning", ENDPOINT_LABEL: EP, "worker": "http://w1:8000"}),
+                _silent("KvcacheEndpointNoWorkers", "20m"),
+                _fires("KvcacheEndpointNoWorkers", "27m", {
+                    "severity": "critical", ENDPOINT_LABEL: EP}),
+            ]}]})
+
+
+def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
+    promtool = _rules_without_annotations(dev, tmp_path)
     slow_ms = L2_GET_P90_SLOW_MS * 2
     series = [
         # L2 goes away at minute 10: LMCache's health monitor reports 0 from then on.
@@ -71,7 +103,4 @@ def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
                 "severity": "critical", "job": ROUTERS_JOB, ENDPOINT_LABEL: EP,
                 "pod": "llama-router-0"}),
         ]}]}
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
-    proc = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _promtool_test(promtool, tmp_path, tests)

@@ -24,6 +24,18 @@ def test_names_follow_each_exporters_conventions():
             assert m.source == "vllm-lmcache"
         if m.name.startswith("vllm_router_"):
             assert m.source == "vllm-router"
+        if m.name.startswith("smg_"):
+            assert m.source == "sglang-router"
+
+
+def test_every_router_meaning_is_catalogued_under_each_routers_own_name():
+    from observability.metrics import ROUTER_METRIC_PREFIX, ROUTER_METRICS
+
+    for meaning, names in ROUTER_METRICS.items():
+        assert len(names) == len(ROUTER_METRIC_PREFIX) == 2, meaning
+        for name, (source, prefix) in zip(names, ROUTER_METRIC_PREFIX.items()):
+            assert CATALOGUE[name].source == source and name.startswith(prefix), name
+        assert len({CATALOGUE[n].type for n in names}) == 1, names
 
 
 def test_no_deprecated_vllm_name_is_catalogued():

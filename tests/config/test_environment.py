@@ -54,6 +54,17 @@ def test_alert_subscriptions_become_typed_config():
     assert resolve_environment(context_for(env="china")).alert_subscriptions
 
 
+def test_each_strategy_gets_the_measured_router_unless_the_environment_says_otherwise():
+    dev = resolve_environment(context_for())
+    assert {s: dev.router_implementation(s) for s in (
+        "prefixaware", "kvaware", "session", "roundrobin")} == {
+        "prefixaware": "sglang-router", "kvaware": "vllm-router", "session": "vllm-router",
+        "roundrobin": "vllm-router"}
+    back = resolve_environment(_ctx("dev", routerImplementations={"prefixaware": "vllm-router"}))
+    assert back.router_implementation("prefixaware") == "vllm-router"
+    assert back.router_implementation("roundrobin") == "vllm-router"
+
+
 def test_china_flag_switches_dev_to_its_china_variant():
     cfg = resolve_environment(context_for(env="dev", china="true"))
     assert cfg.name == "dev-cn" and cfg.region == "cn-northwest-1"
@@ -121,6 +132,13 @@ def test_china_flag_switches_dev_to_its_china_variant():
      "listener.certificateArn", CN_CERT.replace("aws-cn", "aws"), "arn:aws-cn:acm:cn-northwest-1"),
     ("bad source range", _ctx("dev", listener={"sourceRanges": ["10.0.0.0/40"]}),
      "listener.sourceRanges[0]", "10.0.0.0/40", "an IPv4 CIDR"),
+    ("router for a strategy it lacks", _ctx("dev", routerImplementations={
+        "kvaware": "sglang-router"}), "routerImplementations.kvaware", "sglang-router",
+     "a router that offers it: vllm-router"),
+    ("unknown router", _ctx("dev", routerImplementations={"prefixaware": "envoy"}),
+     "routerImplementations.prefixaware", "envoy", "vllm-router, sglang-router"),
+    ("unknown strategy", _ctx("dev", routerImplementations={"prefix": "vllm-router"}),
+     "routerImplementations", "prefix", "prefixaware, kvaware, session, roundrobin"),
 ])
 def test_bad_input_is_one_clear_error(case, ctx, field, value, allowed):
     err = _error(ctx)

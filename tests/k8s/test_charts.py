@@ -240,6 +240,30 @@ def test_strategy_maps_to_router_policy(rendered, strategy, policy):
     assert args[args.index("--policy") + 1] == policy
 
 
+@pytest.mark.parametrize("env", ["dev", "china"])
+@pytest.mark.parametrize("strategy, binary", [("prefixaware", "sglang-router"),
+                                              ("roundrobin", "vllm-router"),
+                                              ("session", "vllm-router"),
+                                              ("kvaware", "vllm-router")])
+def test_each_strategy_runs_its_measured_router(rendered, env, strategy, binary):
+    """The one router image carries both binaries; the command picks one, the args are that
+    binary's (sglang-router's start with its `launch` subcommand)."""
+    _, docs = rendered[(env, strategy, "redis")]
+    router = next(d for d in _all(docs, "Deployment") if "router" in d["metadata"]["name"])
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == [binary]
+    assert (container["args"][0] == "launch") is (binary == "sglang-router")
+
+
+def test_an_environment_can_bring_vllm_routers_cache_aware_back():
+    cfg = replace(_env("dev"), router_implementations={"prefixaware": "vllm-router"})
+    docs = render(cfg, _spec(cfg, "prefixaware"))
+    container = next(d for d in _all(docs, "Deployment") if "router" in d["metadata"]["name"])[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["vllm-router"] and container["args"][0] == "--host"
+    assert container["args"][container["args"].index("--policy") + 1] == "cache_aware"
+
+
 def test_kvaware_workers_publish_events_the_router_subscribes_to(rendered):
     _, docs = rendered[("dev", "kvaware", "redis")]
     (sts,) = _all(docs, "StatefulSet")

@@ -26,7 +26,7 @@ from constructs import Construct
 from config import EnvironmentConfig
 from config.contracts import (
     GPU_TAINT_KEY, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, MONITORING_RELEASE,
-    NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, PROMETHEUS_PORT, SERVING_NAMESPACE,
+    NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, SERVING_NAMESPACE,
 )
 from config.images import IMAGES, ImageResolver
 from k8s.endpoint_spec import EndpointSpec

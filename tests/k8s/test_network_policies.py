@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 
 from config.contracts import (
-    LOAD_BALANCER_CIDR, MONITORING_NAMESPACE, SERVING_NAMESPACE, VPC_CIDR,
+    LOAD_BALANCER_CIDR, MONITORING_NAMESPACE, SERVING_NAMESPACE,
 )
 from k8s.endpoint_spec import parse_endpoint
 from k8s.flows import HELM_PODS, Peer, monitoring_stack_flows

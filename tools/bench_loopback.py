@@ -203,21 +203,36 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
                                     kv_worker_map=kv_map, kv_endpoint_map=ep_map)
         log = (log_dir / f"router-{strategy}.log") if log_dir else None
         binary, args = router_launch(implementation(strategy), args)
-        with RouterProcess(args, log_path=log, binary=binary) as router:
+        def subscribed() -> None:
             if kv and not processes:
                 pool.wait_kv_subscribers()
             elif kv:
                 time.sleep(1.0)  # the router's SUB sockets connect
+
+        with RouterProcess(args, log_path=log, binary=binary) as router:
+            subscribed()
+            pids = [router.pid]
             c = replace(config, url=router.url, model=MODEL, label=config.label or strategy,
                         session_header=config.session_header and header,
                         worker_metrics=tuple(f"{u}/metrics" for u in pool.urls),
                         direct_url=pool.urls[0] if config.direct_url == "auto"
                         else config.direct_url)
-            result = run_benchmark(c, progress=progress,
-                                   between_repeats=lambda r: r and pool.reset())
+
+            def fresh(r: int) -> None:
+                """Every repeat starts from nothing: empty worker caches and a new router
+                process (a router's learned placement is per process, so repeats then
+                sample it as invocations do)."""
+                if r:
+                    pool.reset()
+                    router.restart()
+                    subscribed()
+                    pids.append(router.pid)
+
+            result = run_benchmark(c, progress=progress, between_repeats=fresh)
         result["meta"]["loopback"] = {"workers": workers, "worker_opts": opts,
                                       "worker_processes": processes, "strategy": strategy,
-                                      "router_args": args, "rendered_args": rendered}
+                                      "router_args": args, "rendered_args": rendered,
+                                      "router_pids": pids}
     return result
 
 

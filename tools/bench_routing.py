@@ -306,7 +306,9 @@ def render_doc(doc: Path, out: Path) -> None:
         "documents x 4 questions per context (13 and 5 at 4 workers, 37 and 17 at 16); "
         "shuffled order; Poisson arrivals at "
         f"{LOAD:.0%} of what the workers prefill with no cache hit; 8 warm-up requests per "
-        "repeat left out; caches emptied between repeats; 16 output tokens per request.",
+        "repeat left out; every repeat on emptied worker caches and a new router process (a "
+        "router's learned placement lives in its process, so repeats sample it as separate "
+        "invocations do); 16 output tokens per request.",
         "- Every figure: the median of 3 repeats, min-max in brackets; a ratio's range is "
         "the widest the repeats allow (min B / max A .. max B / min A). 'at life size "
         "(est.)': both medians with the emulated part divided by the time scale and the "

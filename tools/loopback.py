@@ -532,6 +532,17 @@ class RouterProcess:
         self.proc = None
         _LIVE_ROUTERS.discard(self)
 
+    def restart(self, port_timeout: float = 30.0) -> "RouterProcess":
+        """Stop, then start again on the same ports with the same args: a router with no
+        learned state (cache_aware's prefix tree, kv_aware's index, load counts)."""
+        self.stop()
+        deadline = time.monotonic() + port_timeout
+        while not all(_port_is_free(p) for p in (self.port, self.prometheus_port) if p):
+            if time.monotonic() > deadline:
+                raise RouterStartError(f"ports of {self.url} still busy after {port_timeout}s")
+            time.sleep(0.2)
+        return self.start()
+
     def __enter__(self) -> "RouterProcess":
         return self.start()
 

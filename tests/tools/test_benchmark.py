@@ -277,6 +277,19 @@ def test_loopback_strategies_render_their_own_router_args():
     assert len(result["scenarios"]["multi-turn"]["workers"]) == 1
 
 
+@pytest.mark.parametrize("strategy", ["prefixaware", "kvaware"])
+def test_every_repeat_gets_a_new_router_on_the_same_url(strategy):
+    """A router's learned placement (prefix tree, KV index) lives in its process: each repeat
+    starts a new one, so repeats vary as separate invocations do."""
+    result = run_policy(strategy, BenchConfig(
+        "", scenarios=("multi-turn",), sessions=3, turns=2, prefix_words=16, user_words=4,
+        max_tokens=2, concurrency=2, repeats=3, warmup=0), workers=2, worker_opts=FAST,
+        progress=False, processes=strategy == "kvaware")
+    pids = result["meta"]["loopback"]["router_pids"]
+    assert len(set(pids)) == 3 and None not in pids, pids
+    assert result["scenarios"]["multi-turn"]["errors"] == 0
+
+
 def test_sglang_router_serves_with_the_args_router_args_renders():
     """The second implementation: the real sglang-router binary, started with
     `sglang_router_args` (localized), routes by its own prefix tree."""

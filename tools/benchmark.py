@@ -539,6 +539,10 @@ def warm_up(client: Client, c: BenchConfig, salt: str) -> None:
                       + words(f"{salt}-warm-{i}", 64)}], Sample("warmup", "warmup", i))
 
 
+# What sglang-router 0.3.2 lists from GET /v1/models in front of vLLM (docs/serving.md).
+UNKNOWN_MODEL = "unknown"
+
+
 def run_benchmark(c: BenchConfig, *, progress: bool = True,
                   between_repeats: Callable[[int], None] = lambda r: None) -> dict:
     """`c.repeats` runs of the same plan (fresh salts), aggregated: see `aggregate`."""
@@ -555,6 +559,11 @@ def run_benchmark(c: BenchConfig, *, progress: bool = True,
         if not model:
             raise ToolError.bad_input("--model", None, f"a model name (GET {c.url}/v1/models "
                                       f"did not answer: {exc})")
+    if model == UNKNOWN_MODEL and not c.model:
+        # sglang-router (prefixaware) cannot read vLLM's model name and lists `unknown`,
+        # which vLLM refuses: the served name must come from the user
+        raise ToolError.bad_input("--model", None, f"the served model name (GET {c.url}/v1/models "
+                                  f"lists `{UNKNOWN_MODEL}`: sglang-router does not know it)")
     client.model = model
     base = c.salt or uuid.uuid4().hex[:8]
     salts = [f"{base}r{r}" for r in range(c.repeats)]

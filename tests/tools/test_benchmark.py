@@ -1,5 +1,5 @@
-"""bench and bench-compare through the real vllm-router (rendered args, cache_aware) in front of
-fake workers on 127.0.0.1. Small and fast: structure, counts and files, never timings."""
+"""bench and bench-compare through the real routers (rendered args) in front of fake workers on
+127.0.0.1. Small and fast: structure, counts and files, never timings."""
 from __future__ import annotations
 
 import argparse
@@ -32,11 +32,32 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def router(tmp_path_factory) -> Iterator[tuple[RouterProcess, FakeWorkerPool]]:
     with FakeWorkerPool(2, model=MODEL, **FAST) as pool:
-        args = localize_router_args(rendered_router_args("prefixaware"), pool.urls,
+        args = localize_router_args(rendered_router_args("prefixaware@vllm"), pool.urls,
                                     free_port(), free_port())
         log = tmp_path_factory.mktemp("router") / "router.log"
         with RouterProcess(args, log_path=log) as proc:
             yield proc, pool
+
+
+def test_bench_through_sglang_router_asks_for_the_model_it_cannot_list(tmp_path, capsys):
+    """prefixaware's router lists `unknown` as the model: bench says to pass --model (one line,
+    exit 2, nothing written) and with it runs."""
+    from tools.loopback import router_launch
+
+    with FakeWorkerPool(2, model=MODEL, **FAST) as pool:
+        args = localize_router_args(rendered_router_args("prefixaware"), pool.urls,
+                                    free_port(), free_port())
+        binary, argv = router_launch("sglang-router", args)
+        with RouterProcess(argv, binary=binary) as proc:
+            out = tmp_path / "run"
+            assert main(["bench", "--url", proc.url, "--out", str(out), *SMALL]) == 2
+            err = capsys.readouterr().err
+            assert "--model" in err and "`unknown`" in err and len(err.strip().splitlines()) == 1
+            assert not out.exists()
+            assert main(["bench", "--url", proc.url, "--out", str(out), "--model", MODEL,
+                         "--scenarios", "multi-turn", *SMALL]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["scenarios"]["multi-turn"]["errors"] == 0
 
 
 def test_bench_then_compare_write_every_report(router, tmp_path, capsys):

@@ -144,7 +144,7 @@ def test_impossible_scaling_for_the_environment(tmp_path, strategy, scaling, fie
 
 
 def test_keda_queries_the_prometheus_service_the_monitoring_chart_creates():
-    from config.contracts import MONITORING_NAMESPACE
-    from k8s.monitoring import PROMETHEUS_PORT, RELEASE
+    from config.contracts import MONITORING_NAMESPACE, PROMETHEUS_PORT
+    from k8s.monitoring import RELEASE
     assert IN_CLUSTER_PROMETHEUS_URL == (
         f"http://{RELEASE}-prometheus.{MONITORING_NAMESPACE}.svc.cluster.local:{PROMETHEUS_PORT}")

@@ -13,11 +13,11 @@ import yaml
 
 from config.contracts import (
     GPU_TAINT_KEY, IN_CLUSTER_PROMETHEUS_URL, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE,
-    NODE_ROLE_GPU, NODE_ROLE_LABEL, ROUTER_METRICS_PORT, SERVING_NAMESPACE,
+    NODE_ROLE_GPU, NODE_ROLE_LABEL, PROMETHEUS_PORT, ROUTER_METRICS_PORT, SERVING_NAMESPACE,
 )
 from config.images import CHARTS, ImageResolver
 from k8s.monitoring import (
-    CHART_KEY, DCGM_COMPONENT, GRAFANA_ADMIN_FILE, PROMETHEUS_PORT, RELEASE, GrafanaProps,
+    CHART_KEY, DCGM_COMPONENT, GRAFANA_ADMIN_FILE, RELEASE, GrafanaProps,
     MonitoringValuesProps, RemoteWrite, build_monitoring_charts, chart_images,
     kube_prometheus_stack_values, scrape_configs, scraped_endpoints,
 )

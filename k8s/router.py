@@ -13,9 +13,10 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    ROUTER_STRATEGIES, KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
-    WORKER_PORT,
+    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
+    ROUTER_STRATEGIES, WORKER_PORT,
 )
+from k8s.endpoint_spec import ROUTING_POLICIES
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
@@ -73,8 +74,8 @@ class RouterProps:
 
 
 ROUTER_IMPLEMENTATIONS = tuple(ROUTER_STRATEGIES)
-# Policies sglang-router 0.3.2 offers that mean the same as vllm-router's (`--help`).
-SGLANG_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+# The router policies of the strategies sglang-router offers (contracts.ROUTER_STRATEGIES)
+SGLANG_POLICIES = tuple(ROUTING_POLICIES[s] for s in ROUTER_STRATEGIES["sglang-router"])
 
 
 def router_name(endpoint: str) -> str:

@@ -23,7 +23,9 @@ from grafana_foundation_sdk.models import dashboard as dm
 from config import EnvironmentConfig
 from config.instances import gpu_shape
 from k8s.endpoint_spec import EndpointSpec
-from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB
+from observability.metrics import (
+    DCGM_JOB, ENDPOINT_LABEL, ROUTER_METRICS, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
+)
 from observability.rules import ttft_objective
 
 SERVING_UID = "kvcache-serving"
@@ -216,8 +218,7 @@ def serving_dashboard(cfg: EnvironmentConfig,
              f"{ep} worker {{{{status_code}}}} (sglang-router)")],
             "Requests the router received and the errors it returned.", width=12),
         _ts("Router latency P50 / P90 / P99", "s",
-            _quantiles("vllm_router_generate_duration_seconds", R)
-            + _quantiles("smg_router_request_duration_seconds", R),
+            [q for name in ROUTER_METRICS["duration"] for q in _quantiles(name, R)],
             "Proxied request duration measured by the router (router hop included): "
             "vllm-router's or sglang-router's, whichever the endpoint runs.", width=12),
     ]

@@ -12,7 +12,9 @@ import yaml
 
 from config import EnvironmentConfig
 from config.contracts import SERVING_NAMESPACE
-from observability.metrics import DCGM_JOB, ENDPOINT_LABEL, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB
+from observability.metrics import (
+    DCGM_JOB, ENDPOINT_LABEL, ROUTER_METRICS, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
+)
 
 # TTFT P90 objective. 2.5 s rather than 2 s: vLLM 0.27.1's TTFT histogram has buckets at 1.0 and
 # 2.5 s and none at 2, so at 2.5 the quantile is exact instead of a straight-line guess between
@@ -157,8 +159,9 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   "10m", "critical", f"Router of {ep} has no worker",
                   "The router has no usable worker: every request fails."),
             Alert("KvcacheWorkerUnhealthy",
-                  f"min by ({ENDPOINT_LABEL}, worker) (vllm_router_worker_health{{{_R}}} or "
-                  f"smg_worker_health{{{_R}}}) == 0",
+                  f"min by ({ENDPOINT_LABEL}, worker) ("
+                  + " or ".join(f"{n}{{{_R}}}" for n in ROUTER_METRICS["worker_health"])
+                  + ") == 0",
                   "3m", "warning", f"Worker {{{{ $labels.worker }}}} of {ep} unhealthy",
                   "The router's health checks fail for this worker; it gets no traffic."),
             Alert("KvcacheWorkerNotReady",

@@ -1,6 +1,7 @@
 """Every routing strategy at 4 and 16 emulated workers and 2K/8K/64K-token prompts, through the
-real router each is deployed with (rendered args: sglang-router for prefixaware, vllm-router for the
-rest, `prefixaware@vllm` for vllm-router's cache_aware), and the router's added latency: `make bench-routing`.
+real router each is deployed with (rendered args: sglang-router for prefixaware, vllm-router for
+the rest, `prefixaware@vllm` for vllm-router's cache_aware), and the router's added latency:
+`make bench-routing`.
 
     python -m tools.bench_routing --out bench-results/routing --doc docs/benchmarks.md
     python -m tools.bench_routing --stability --out bench-results/stability   # Done-when check
@@ -24,9 +25,9 @@ from tools.bench_report import _fmt_span, _num, ratio_span, span, verdict
 from tools.benchmark import BenchConfig
 
 # Every HyperPod strategy on the router the chart gives it, and vllm-router's cache_aware.
-MATRIX = STRATEGIES + ("prefixaware@vllm",)
 VLLM_CACHE_AWARE = "prefixaware@vllm"
 SGLANG_CACHE_AWARE = "prefixaware"     # the chart's default for prefixaware
+MATRIX = STRATEGIES + (VLLM_CACHE_AWARE,)
 PROFILE = "g5.24xlarge"
 WORKERS = (4, 16)
 CONTEXTS = (2048, 8192, 65536)
@@ -436,12 +437,12 @@ def _matrix_findings(m: dict) -> list[str]:
                            f"TTFT P50 {_fmt_span(r, fmt='.2f')}: "
                            f"{verdict(va, sg, 'ttft_s.p50', 'vllm-router', 'sglang-router')}"
                            f"; router added latency {_hop_ms(cell)} vs {_hop_ms(vllm)} ms.")
-    pairs = [(k, n) for k, c in m.items() if k.startswith(f"{SGLANG_CACHE_AWARE}/")
-             and k.replace(SGLANG_CACHE_AWARE, VLLM_CACHE_AWARE, 1) in m
-             for n in c["scenarios"]]
+    twins = {k: m[v] for k in m if k.startswith(f"{SGLANG_CACHE_AWARE}/")
+             and (v := k.replace(SGLANG_CACHE_AWARE, VLLM_CACHE_AWARE, 1)) in m}
+    pairs = [(k, n) for k in twins for n in m[k]["scenarios"]]
     lower = [(k, n) for k, n in pairs if verdict(
-        m[k.replace(SGLANG_CACHE_AWARE, VLLM_CACHE_AWARE, 1)]["scenarios"].get(n) or {},
-        m[k]["scenarios"][n], "ttft_s.p50", "v", "s") == "s lower"]
+        twins[k]["scenarios"].get(n) or {}, m[k]["scenarios"][n],
+        "ttft_s.p50", "v", "s") == "s lower"]
     if pairs:
         out.append(
             f"- Default: sglang-router's cache_aware has the lower TTFT P50 than vllm-router's "

@@ -472,7 +472,7 @@ class RouterProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RouterStartError(
-                    f"{Path(self.binary).name} exited with {self.proc.returncode} during "
+                    f"{self.implementation} exited with {self.proc.returncode} during "
                     f"startup; log "
                     f"{self.log_path}:\n{self._log_tail()}"
                 )
@@ -492,7 +492,7 @@ class RouterProcess:
                 last = f"{type(exc).__name__}: {exc}"
             time.sleep(0.05)
         raise RouterStartError(
-            f"{Path(self.binary).name} not ready after {self.startup_timeout:.0f}s ({last}); log "
+            f"{self.implementation} not ready after {self.startup_timeout:.0f}s ({last}); log "
             f"{self.log_path}:\n{self._log_tail()}"
         )
 

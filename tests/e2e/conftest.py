@@ -68,8 +68,10 @@ def _rendered_docs(strategy: str, replicas: int | None = None,
     return json.loads(_rendered_docs_json(strategy, replicas, router))
 
 
-def _container(strategy: str, replicas: int | None, kind: str, suffix: str) -> dict:
-    for doc in _rendered_docs(strategy, replicas):
+def _container(strategy: str, replicas: int | None, kind: str, suffix: str,
+               router: str | None = None) -> dict:
+    """The first container of the rendered ``kind`` named ``*suffix`` (see _rendered_docs)."""
+    for doc in _rendered_docs(strategy, replicas, router):
         if doc["kind"] == kind and doc["metadata"]["name"].endswith(suffix):
             return doc["spec"]["template"]["spec"]["containers"][0]
     raise AssertionError(f"no {kind} *{suffix} rendered")

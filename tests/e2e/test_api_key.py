@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from k8s.secret_fetch import API_KEY_FILE
-from tests.e2e.conftest import _rendered_docs
+from tests.e2e.conftest import _container
 from tools.loopback import (
     RouterProcess, free_port, localize_router_args, router_binary, router_launch,
 )
@@ -80,9 +80,7 @@ def worker():
 @pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])
 def test_only_clients_with_the_key_get_answers(worker, tmp_path, router):
     """prefixaware on each implementation (sglang-router is the default)."""
-    deployment = next(d for d in _rendered_docs("prefixaware", router=router)
-                      if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router"))
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container = _container("prefixaware", None, "Deployment", "-router", router)
     key_file = tmp_path / "api-key"
     key_file.write_text(KEY)
     shell, flag, script, name = container["command"]

@@ -197,7 +197,6 @@ ROUTER_METRICS = {
     "worker_health": ("vllm_router_worker_health", "smg_worker_health"),
     "worker_outcomes": ("vllm_router_cb_outcomes_total", "smg_worker_cb_outcomes_total"),
     "retries": ("vllm_router_retries_total", "smg_worker_retries_total"),
-    "decisions": ("vllm_router_policy_decisions_total", "smg_worker_selection_total"),
 }
 ROUTER_METRIC_PREFIX = {ROUTER_SOURCE: "vllm_router_", SGLANG_ROUTER_SOURCE: "smg_"}
 

@@ -177,12 +177,21 @@ def test_alertmanager_inhibits_symptoms_of_the_same_endpoint_only(configs, tmp_p
         if rule.equal:
             posted += [alert(t, **other) for t in rule.targets]
         _api(port, "alerts", posted)
-        got = {(a["labels"]["alertname"], tuple(a["labels"].get(k) for k in rule.equal)): a
-               for a in _api(port, "alerts")}
+        same_key = tuple(same.values())
+        # Alertmanager marks inhibitions asynchronously after the POST: read until this
+        # source's own targets show it (bounded), then assert on that view.
+        settle = time.monotonic() + 10
+        while True:
+            got = {(a["labels"]["alertname"], tuple(a["labels"].get(k) for k in rule.equal)): a
+                   for a in _api(port, "alerts")}
+            if all(got.get((t, same_key), {}).get("status", {}).get("state") == "suppressed"
+                   for t in rule.targets) or time.monotonic() > settle:
+                break
+            time.sleep(0.1)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    same_key, other_key = tuple(same.values()), tuple(other.values())
+    other_key = tuple(other.values())
     source = got[(rule.source, same_key)]
     assert source["status"]["state"] == "active"
     for target in rule.targets:

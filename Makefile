@@ -47,15 +47,15 @@ test: tools deps
 
 ## Timings of full synths and of the test suite (figures, not assertions).
 bench: deps
-	$(PY) -m tools.bench_synth
+	$(PY) -m bench.synth
 
 ## Every routing strategy on emulated GPUs through the real router, 4/16 workers, 2K/8K/64K
 ## tokens, 3 repeats, then the stability check: writes docs/benchmarks.md (figures, not
 ## assertions; about an hour on 2 cores). Not part of `make test`.
 bench-routing: deps
-	$(PY) -m tools.bench_routing --out bench-results/routing --doc docs/benchmarks.md
-	$(PY) -m tools.bench_routing --stability --out bench-results/routing --doc docs/benchmarks.md
-	$(PY) -m tools.bench_routing --stability --candidate prefixaware@vllm \
+	$(PY) -m bench.routing --out bench-results/routing --doc docs/benchmarks.md
+	$(PY) -m bench.routing --stability --out bench-results/routing --doc docs/benchmarks.md
+	$(PY) -m bench.routing --stability --candidate prefixaware@vllm \
 		--out bench-results/routing --doc docs/benchmarks.md
 
 clean:

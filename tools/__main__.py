@@ -12,7 +12,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from tools import benchmark, mirror, preflight, upload_model
+from bench import benchmark
+from tools import mirror, preflight, upload_model
 from tools.cli import run_command
 
 

@@ -169,9 +169,9 @@ def describe_aws_error(err: Exception) -> str:
 
 
 def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Runs one command; every expected failure becomes one line on stderr and an exit code."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    """Runs one command; every expected failure becomes one line on stderr and an exit code.
 
+    The AWS SDK is only consulted for failures it raised: `bench` runs without it installed."""
     try:
         return int(func(args) or 0)
     except ConfigError as err:
@@ -180,9 +180,13 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
     except ToolError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    except (BotoCoreError, ClientError) as err:
-        print(f"error: {describe_aws_error(err)}", file=sys.stderr)
-        return 2 if isinstance(err, NoCredentialsError) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if type(err).__module__.split(".")[0] != "botocore":
+            raise
+        from botocore.exceptions import NoCredentialsError
+
+        print(f"error: {describe_aws_error(err)}", file=sys.stderr)
+        return 2 if isinstance(err, NoCredentialsError) else 1

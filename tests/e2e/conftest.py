@@ -17,7 +17,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:  # `tools` is importable however pytest is started
     sys.path.insert(0, str(_ROOT))
 
-from tools.loopback import (  # noqa: E402
+from bench.loopback import (  # noqa: E402
     FakeWorkerPool,
     RouterProcess,
     arg_value,

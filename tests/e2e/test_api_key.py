@@ -20,7 +20,7 @@ import requests
 
 from k8s.secret_fetch import API_KEY_FILE
 from tests.e2e.conftest import _container
-from tools.loopback import (
+from bench.loopback import (
     RouterProcess, free_port, localize_router_args, router_binary, router_launch,
 )
 

@@ -16,8 +16,8 @@ import pytest
 import requests
 import zmq
 
-from tools.fake_worker import FakeWorker, render_chat
-from tools.loopback import FakeWorkerPool, chat, filler, free_port, run_conversations
+from bench.fake_worker import FakeWorker, render_chat
+from bench.loopback import FakeWorkerPool, chat, filler, free_port, run_conversations
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from observability.metrics import router_metric
-from tools.loopback import Conversation, FakeWorkerPool, arg_value, run_conversations
+from bench.loopback import Conversation, FakeWorkerPool, arg_value, run_conversations
 
 pytestmark = pytest.mark.e2e
 

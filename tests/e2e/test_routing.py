@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tools.fake_worker import FakeWorker, expected_chat_text, tokenize_text
-from tools.loopback import chat, filler, http_json, localize_router_args
+from bench.fake_worker import FakeWorker, expected_chat_text, tokenize_text
+from bench.loopback import chat, filler, http_json, localize_router_args
 
 pytestmark = pytest.mark.e2e
 

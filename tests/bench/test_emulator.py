@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from tools.emulator import LLAMA_31_70B, LLAMA_31_8B, PROFILES, Engine, profile
-from tools.fake_worker import FakeWorker, PrefixCache
+from bench.emulator import LLAMA_31_70B, LLAMA_31_8B, PROFILES, Engine, profile
+from bench.fake_worker import FakeWorker, PrefixCache
 
 G5 = PROFILES["g5.24xlarge"]
 

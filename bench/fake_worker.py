@@ -5,7 +5,7 @@ health-checks it, renders/tokenizes prompts through it, routes completions to it
 nothing from it, while tests and benchmarks read which worker answered and how much of each
 prompt was already cached.
 
-Run one:   python -m tools.fake_worker --port 8001 --worker-id w0 [--kv-events-port 0]
+Run one:   python -m bench.fake_worker --port 8001 --worker-id w0 [--kv-events-port 0]
 Embed one: FakeWorker(port=0, worker_id="w0", kv_events_port=0).start() ... .stop()
 
 Model of a worker (deliberately simple, deterministic, standard library only but for the
@@ -21,7 +21,7 @@ optional KV events, which need pyzmq and msgpack):
 - Time: time to first token = ``overhead_ms`` + ``prefill_ms_per_token`` x uncached prompt
   tokens; then one token every ``decode_ms_per_token``. ``max_num_seqs`` > 0 bounds concurrent
   requests; the rest wait (``vllm:num_requests_waiting``).
-- Or, with ``profile`` (``tools.emulator.PROFILES``, e.g. ``g5.24xlarge``), a calibrated
+- Or, with ``profile`` (``bench.emulator.PROFILES``, e.g. ``g5.24xlarge``), a calibrated
   emulation instead: the prefix cache holds the replica's KV capacity, requests share one
   emulated GPU step by step (continuous batching, chunked prefill), render/tokenize cost what a
   real API server's tokenizer does (real time), GPU durations times ``time_scale``; the cache
@@ -629,7 +629,7 @@ class FakeWorker:
         self._kv_seq = 0
         self.gpu = self.engine = None
         if profile:
-            from tools.emulator import Engine, profile as gpu_profile
+            from bench.emulator import Engine, profile as gpu_profile
 
             self.gpu = gpu_profile(profile)
             self.engine = Engine(self.gpu, time_scale)
@@ -1112,7 +1112,7 @@ def _sleep_until(deadline: float) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tools.fake_worker",
+    p = argparse.ArgumentParser(prog="python -m bench.fake_worker",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0 = any free)")
     p.add_argument("--worker-id", required=True, help="name reported in X-Worker-Id/worker_id")
@@ -1131,7 +1131,7 @@ def _parser() -> argparse.ArgumentParser:
                         "tcp://127.0.0.1:PORT (0 = any free port); needs pyzmq and msgpack")
     p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
     p.add_argument("--profile", default=None, help="emulate this GPU profile "
-                   "(tools.emulator.PROFILES): KV capacity, batching, prefill/decode rates")
+                   "(bench.emulator.PROFILES): KV capacity, batching, prefill/decode rates")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="with --profile: wall seconds per emulated second")
     return p

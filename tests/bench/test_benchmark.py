@@ -5,20 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tools.__main__ import main
-from tools.bench_loopback import MODEL, rendered_router_args, router_strategy, run_policy
-from tools.benchmark import (
+from bench.benchmark import (
     BenchConfig, aggregate, build_phases, config_from_args, percentiles, register,
     run_benchmark,
 )
-from tools.bench_report import compare_markdown, verdict, write_run
-from tools.loopback import FakeWorkerPool, RouterProcess, free_port, localize_router_args
+from bench.loopback import FakeWorkerPool, RouterProcess, free_port, localize_router_args
+from bench.loopback_bench import MODEL, rendered_router_args, router_strategy, run_policy
+from bench.report import compare_markdown, verdict, write_run
+from tools.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FAST = {"prefill_ms_per_token": 0.01, "decode_ms_per_token": 0.2, "overhead_ms": 0.5}
 SMALL = ["--requests", "2", "--prefix-words", "48", "--sessions", "2", "--turns", "2",
@@ -42,7 +47,7 @@ def router(tmp_path_factory) -> Iterator[tuple[RouterProcess, FakeWorkerPool]]:
 def test_bench_through_sglang_router_asks_for_the_model_it_cannot_list(tmp_path, capsys):
     """prefixaware's router lists `unknown` as the model: bench says to pass --model (one line,
     exit 2, nothing written) and with it runs."""
-    from tools.loopback import router_launch
+    from bench.loopback import router_launch
 
     with FakeWorkerPool(2, model=MODEL, **FAST) as pool:
         args = localize_router_args(rendered_router_args("prefixaware"), pool.urls,
@@ -336,3 +341,21 @@ def test_sglang_router_refuses_what_it_cannot_do(policy):
     with pytest.raises(ValueError, match="router implementation 'x': one of vllm-router, "
                                          "sglang-router"):
         router_args(replace(props, implementation="x"))
+
+
+def test_bench_starts_without_the_aws_sdk(tmp_path):
+    """`python -m tools bench` on a client with no boto3/botocore: the SDK is only for prices."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class _NoAws:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('boto3', 'botocore'):\n"
+        "            raise ImportError(f'{name} is not installed')\n"
+        "sys.meta_path.insert(0, _NoAws())\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    run = subprocess.run([sys.executable, "-m", "tools", "bench", "--url", "http://127.0.0.1:9",
+                          "--scenarios", "nonsense"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert "boto" not in run.stderr, run.stderr
+    assert run.returncode == 2 and run.stderr.startswith("error: "), run.stderr

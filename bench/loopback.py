@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from k8s.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
-from tools.fake_worker import FakeWorker
+from bench.fake_worker import FakeWorker
 
 __all__ = [
     "LOOPBACK",

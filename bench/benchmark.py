@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tools.cli import ToolError, add_command, err_console, out_console
-from tools.loopback import metric_sum, sse_chunks
+from bench.loopback import metric_sum, sse_chunks
 
 SCENARIO_GROUPS = ("cold-warm", "prefix", "multi-turn", "document")
 PERCENTILES = (50, 90, 95, 99)
@@ -794,7 +794,7 @@ def _env_price(a: argparse.Namespace, hourly: float | None,
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools import bench_report
+    from bench import report as bench_report
 
     c = config_from_args(args)
     result = run_benchmark(c)
@@ -805,7 +805,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    from tools import bench_report
+    from bench import report as bench_report
 
     runs = []
     for path in (args.baseline, args.candidate):

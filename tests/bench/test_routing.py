@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tools.bench_routing import CONTEXTS, MATRIX, VLLM_CACHE_AWARE, render_doc
-from tools.emulator import PROFILES, SOURCES
+from bench.routing import CONTEXTS, MATRIX, VLLM_CACHE_AWARE, render_doc
+from bench.emulator import PROFILES, SOURCES
 
 
 def _cell(strategy, w, ctx, p50, hop):

@@ -1,10 +1,10 @@
 """The benchmark on 127.0.0.1: the real pinned `vllm-router`, started with the args its
-Kubernetes Deployment renders, in front of emulated workers (`tools/fake_worker.py` with a GPU
-profile from `tools/emulator.py`: bounded KV cache, continuous batching, prefill and decode at
+Kubernetes Deployment renders, in front of emulated workers (`bench/fake_worker.py` with a GPU
+profile from `bench/emulator.py`: bounded KV cache, continuous batching, prefill and decode at
 the GPU's rates, render/tokenize at a tokenizer's cost). One run per strategy, then compares.
 
-    python -m tools.bench_loopback --out /tmp/bench-results            # 4 workers, both policies
-    python -m tools.bench_loopback --out /tmp/b --policies roundrobin prefixaware \\
+    python -m bench.loopback_bench --out /tmp/bench-results            # 4 workers, both policies
+    python -m bench.loopback_bench --out /tmp/b --policies roundrobin prefixaware \\
         --scenarios multi-turn document --contexts 8192 --repeats 3
 
 Strategies: the HyperPod names, plus `session-noheader` (the session strategy while the client
@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tools.benchmark import BenchConfig, run_benchmark
+from bench.benchmark import BenchConfig, run_benchmark
 
 # Without a profile: the fake's flat time model (~20K prompt tokens/s, 5 ms per output token).
 WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 5.0, "overhead_ms": 1.0,
@@ -97,7 +97,7 @@ def rendered_router_args(strategy: str, workers: int = 4) -> list[str]:
 
 
 class WorkerProcesses:
-    """`n` fake workers, each in its own process (`python -m tools.fake_worker`), so that
+    """`n` fake workers, each in its own process (`python -m bench.fake_worker`), so that
     neither they nor the benchmark client wait on one another's interpreter lock: in one
     process, the router's /tokenize calls and the client's stream parsing queue behind each
     other and add milliseconds that are the harness's, not the router's."""
@@ -117,7 +117,7 @@ class WorkerProcesses:
         return [f"tcp://127.0.0.1:{p}" for p in self.kv_ports]
 
     def __enter__(self) -> "WorkerProcesses":
-        from tools.loopback import http_json
+        from bench.loopback import http_json
 
         flags = [x for k, v in self.opts.items() if v is not None
                  for x in (f"--{k.replace('_', '-')}", str(v))]
@@ -125,7 +125,7 @@ class WorkerProcesses:
             for i, port in enumerate(self.ports):
                 kv = ["--kv-events-port", str(self.kv_ports[i])] if self.kv_ports else []
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "tools.fake_worker", "--port", str(port),
+                    [sys.executable, "-m", "bench.fake_worker", "--port", str(port),
                      "--worker-id", f"w{i}", *flags, *kv], stdout=subprocess.DEVNULL,
                     cwd=Path(__file__).resolve().parent.parent))
             deadline = time.monotonic() + 60
@@ -146,7 +146,7 @@ class WorkerProcesses:
 
     def reset(self) -> None:
         """Empty every worker's prefix cache (between repeats: each starts cold)."""
-        from tools.loopback import http_json
+        from bench.loopback import http_json
 
         for url in self.urls:
             http_json("POST", url + "/reset_prefix_cache", {}, timeout=10)
@@ -163,7 +163,7 @@ class WorkerProcesses:
 
 def distinct_ports(n: int, taken: set[int] = frozenset()) -> list[int]:
     """`n` ports free a moment ago and distinct (free_port may hand the same one out twice)."""
-    from tools.loopback import free_port
+    from bench.loopback import free_port
 
     out: list[int] = []
     while len(out) < n:
@@ -178,7 +178,7 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
                progress: bool = True, processes: bool = False) -> dict:
     """One benchmark (all its repeats) through the router for `strategy`, on fresh fake
     workers (threads of this process, or one process each); caches emptied between repeats."""
-    from tools.loopback import (
+    from bench.loopback import (
         FakeWorkerPool, RouterProcess, localize_router_args, router_launch,
     )
 
@@ -238,16 +238,16 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools import bench_report
+    from bench import report as bench_report
 
-    p = argparse.ArgumentParser(prog="python -m tools.bench_loopback", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.loopback_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--policies", nargs="+", default=["roundrobin", "prefixaware"],
                    choices=strategy_choices())
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--profile", default="g5.24xlarge",
-                   help="GPU profile to emulate (tools.emulator.PROFILES), or 'none' for the "
+                   help="GPU profile to emulate (bench.emulator.PROFILES), or 'none' for the "
                         "fake's flat time model")
     p.add_argument("--time-scale", type=float, default=0.25,
                    help="wall seconds per emulated second")
@@ -306,8 +306,8 @@ def open_loop(config: BenchConfig, profile: str, time_scale: float, workers: int
     """Poisson arrivals per scenario at `load` x the requests/s `workers` replicas of
     `profile` serve when nothing is cached (the round-robin worst case), in wall time; think
     time between turns: 5 emulated seconds (exponential)."""
-    from tools.benchmark import build_phases
-    from tools.emulator import profile as gpu_profile
+    from bench.benchmark import build_phases
+    from bench.emulator import profile as gpu_profile
 
     gpu = gpu_profile(profile)
     rates = []
@@ -327,7 +327,7 @@ def run_strategies(strategies: list[str], config: BenchConfig, *, workers: int,
                    profile: str | None, time_scale: float, out: Path,
                    processes: bool = True) -> dict[str, dict]:
     """Every strategy with the same seed (the same request plan), fresh salts each."""
-    from tools import bench_report
+    from bench import report as bench_report
 
     results = {}
     out.mkdir(parents=True, exist_ok=True)

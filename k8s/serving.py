@@ -86,8 +86,9 @@ def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     if s.l1_enabled:
         budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
         if budget.l1_per_rank_gib < 1 or not budget.fits:
+            need = replace(budget, l1_per_rank_gib=max(budget.l1_per_rank_gib, 1)).total_gib
             raise ConfigError(cfg.name, f"{where}.worker.resources.requests.memory", s.memory,
-                              f"at least {budget.ranks * max(budget.l1_per_rank_gib, 1) + budget.vllm_host_gib + budget.shm_gib}Gi: "
+                              f"at least {need:g}Gi: "
                               f"{budget.ranks} GPU processes each pin their own L1 "
                               f"({max(budget.l1_per_rank_gib, 1)} GiB), beside vLLM "
                               f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB)"

@@ -94,7 +94,7 @@ class WorkerProps:
     family: ImageFamily | None = None  # where the image keeps vLLM (config/images.py)
     lmcache: tuple[int, int, int] | None = None   # the LMCache release the image carries
     ranks: int = 1                    # GPU processes: one LMCache engine (and L1) each
-    shm_gib: int = 2
+    shm_gib: int = 1
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
     api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
@@ -188,11 +188,13 @@ def tier_settings(lmcache: LMCacheVersion | None, l2: bool) -> dict[str, Any]:
 # pipeline parallel ranks) and each pins its whole `max_local_cpu_size` at start
 # (LocalCPUBackend's allocator), so the pod needs ranks x L1 beside vLLM's own host memory and
 # /dev/shm (a memory-backed emptyDir, charged to the pod). vLLM's host memory is an allowance,
-# not a measurement: the API server and engine core (~6 GiB with tokenizer and detokenizer),
-# and per rank the worker process (torch, CUDA context, NCCL and pinned staging, ~4 GiB).
-VLLM_HOST_GIB_BASE = 6
-VLLM_HOST_GIB_PER_RANK = 4
-SHM_GIB_PER_RANK = 2    # vLLM's shared-memory broadcast and NCCL's intra-node buffers
+# not a measurement (no RSS was recorded on the H100): the API server and engine core with
+# tokenizer and detokenizer (4 GiB), and per rank the worker process (torch, CUDA context, NCCL,
+# 2 GiB). AWS's own TP-4 sample asks 30Gi in all, which these allowances still fit (3 GiB of L1
+# per rank).
+VLLM_HOST_GIB_BASE = 4
+VLLM_HOST_GIB_PER_RANK = 2
+SHM_GIB_PER_RANK = 1    # vLLM's shared-memory broadcast and NCCL's intra-node buffers
 
 
 @dataclass(frozen=True)

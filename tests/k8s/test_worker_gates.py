@@ -109,3 +109,42 @@ def test_tier_policy_is_data_for_each_lmcache():
     assert tier_settings(None, l2=True) == old         # unknown: what the oldest reads
     assert "lookup_timeout_ms" not in tier_settings((0, 5, 4), l2=False)
     assert all(t.why for t in TIER_POLICY)
+
+
+@pytest.mark.parametrize("env", sorted(SHIPPED))
+def test_workers_call_no_outside_host(synths, env):
+    for _, container in worker_containers(_docs(synths[env])):
+        values = {e["name"]: e.get("value") for e in container["env"]}
+        assert values["VLLM_NO_USAGE_STATS"] == "1" and values["DO_NOT_TRACK"] == "1"
+        assert values["LMCACHE_TRACK_USAGE"] == "false"
+
+
+# What the system node types hold (EC2 pages) less EKS's kube-reserved and eviction threshold
+# on AL2023 (~0.9 GiB and 80m at 58 pods); half of that is left to the cluster's own pods.
+SYSTEM_ALLOCATABLE = {"m6i.xlarge": (3.92, 14.5)}
+
+
+@pytest.mark.parametrize("backend", ["valkey", "tieredstorage", "lmcache-server"])
+def test_the_in_cluster_l2_fits_a_system_node_and_evicts(backend):
+    from k8s.endpoint_spec import _gib
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["kvcache.io/node-role"] == "system"
+    cpu, mem = SYSTEM_ALLOCATABLE[cfg.system_nodes.instance_types[0]]
+    requests = {"cpu": 0.0, "memory": 0.0}
+    for c in pod["containers"]:
+        r = c["resources"]["requests"]
+        requests["cpu"] += float(r["cpu"].removesuffix("m")) / (1000 if r["cpu"].endswith("m")
+                                                                 else 1)
+        requests["memory"] += _gib(r["memory"])
+    assert requests["cpu"] <= cpu / 2 and requests["memory"] <= mem / 2, requests
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
+    maxmemory = int(args[args.index("--maxmemory") + 1].removesuffix("mb")) / 1024
+    assert 0 < maxmemory < _gib(pod["containers"][0]["resources"]["limits"]["memory"])

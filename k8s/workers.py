@@ -414,8 +414,10 @@ class WorkersChart(Chart):
                {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
                {"name": "PROMETHEUS_MULTIPROC_DIR", "value": PROMETHEUS_DIR}, *SCRATCH_ENV]
         # The file's variables as written; one it shares with ours replaces ours, except the
-        # config file and the telemetry switches.
-        ours_only = {"LMCACHE_CONFIG_FILE", *(k for k, _ in NO_TELEMETRY)}
+        # config file, the telemetry switches and the metrics directory (the start-up shell
+        # empties it: a file's `/tmp` would lose vLLM's compile caches).
+        ours_only = {"LMCACHE_CONFIG_FILE", "PROMETHEUS_MULTIPROC_DIR",
+                     *(k for k, _ in NO_TELEMETRY)}
         theirs = {e["name"] for e in p.extra_env}
         env = [e for e in env if e["name"] not in theirs or e["name"] in ours_only]
         env += [dict(e) for e in p.extra_env if e["name"] not in ours_only]

@@ -398,7 +398,7 @@ def test_every_files_workers_reach_vllm_in_their_images_layout(corpus, variant, 
                               if w["args"] and spec.name in p["serviceAccountName"])
         api_key = any(i["name"] == "fetch-api-key" for i in pod["initContainers"])
         for family in families_for(spec.worker_image):
-            root = fake_root(tmp_path / spec.name, family)
+            root = fake_root(tmp_path / Path(spec.source_file).stem, family)
             assert_reaches_vllm(run_container(root, family, container, tmp_path), root,
                                 family, container, api_key)
 
@@ -424,7 +424,7 @@ def test_every_files_lmcache_config_is_read_by_its_images_lmcache(corpus, tmp_pa
     files: dict[str, list[tuple[str, str, dict]]] = {}
     for spec in c.specs:
         text = lmcache_configs(c.docs_by_file[spec.source_file])[f"{spec.name}-workers"]
-        path = tmp_path / f"{spec.name}.yaml"
+        path = tmp_path / f"{Path(spec.source_file).stem}.yaml"   # names repeat across files
         path.write_text(text)
         for version in parsers_for(spec.worker_image):
             files.setdefault(version, []).append((str(path), spec.worker_image,

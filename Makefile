@@ -24,13 +24,24 @@ node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	.venv-lmcache/bin/python -m pip install -q --no-deps lmcache==0.5.6
 	touch $@
 
+# The LMCache each worker image carries, one folder per release, each imported on its own
+# with .venv-lmcache's python and dependencies (a config parser needs no GPU code).
+.lmcache-parsers/.installed: requirements-lmcache-parsers.txt .venv-lmcache/.installed
+	rm -rf .lmcache-parsers
+	for req in $$(grep '^lmcache==' $<); do \
+		.venv-lmcache/bin/python -m pip install -q --no-deps \
+			--target .lmcache-parsers/$${req#lmcache==} $$req || exit 1; \
+	done
+	touch $@
+
 # checkov pins boto3 1.35 and packaging 23: its own venv, so it never moves the main pins.
 .venv-checkov/.installed: requirements-checkov.txt
 	python3 -m venv .venv-checkov
 	.venv-checkov/bin/python -m pip install -q -r requirements-checkov.txt
 	touch $@
 
-deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed .venv-checkov/.installed
+deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed \
+	.lmcache-parsers/.installed .venv-checkov/.installed
 
 ## Debian tools the suite runs (promtool, amtool, skopeo, docker-registry, redis-server,
 ## redis_exporter): installed with apt-get when missing and root, otherwise stop with the command.

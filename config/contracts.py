@@ -38,7 +38,6 @@ ROUTER_METRICS_PORT = 29000   # vllm-router --prometheus-port
 KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
 KV_EVENTS_REPLAY_PORT = 5558
 CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
-LMCACHE_SERVER_PORT = 65432   # LMCache's own `lm://` cache server
 REDIS_EXPORTER_PORT = 9121    # redis_exporter beside the self-hosted Valkey (its metrics port)
 
 # The in-cluster Prometheus (China, self-hosted observability) that KEDA queries

@@ -257,3 +257,90 @@ def catalogue_key_for(reference: str) -> str | None:
         if tag == image.tag and repo in (image.source, path, f"docker.io/{path}"):
             return image.key
     return None
+
+
+# --- Worker image families: where each image keeps vLLM, as its published Dockerfile lays it out.
+# The workers chart replaces the image's ENTRYPOINT (it wraps vLLM in a shell that clears the
+# metrics directory and reads the API key), so it must name a binary the image really has; the
+# entrypoint gate (tests/k8s/test_worker_entrypoint.py) runs the rendered command in a fake root
+# laid out from these facts. `lmcache` is the LMCache release the image carries, which decides
+# what the LMCache config may say (k8s/workers.py TIER_POLICY); None where no public record
+# pins it (the config then holds only what every LMCache release we know reads).
+
+# PATH of an nvidia/cuda base image (ENV in its Dockerfile), which none of the families changes
+# except where noted.
+CUDA_BASE_PATH = ("/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/usr/local/sbin",
+                  "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+@dataclass(frozen=True)
+class ImageFamily:
+    key: str
+    path: tuple[str, ...]        # PATH in the image
+    vllm: str                    # the `vllm` console script (absolute)
+    python: str                  # the python that imports vllm (absolute)
+    entrypoint: tuple[str, ...]  # the image's ENTRYPOINT, as published
+    other_pythons: tuple[str, ...]   # pythons on PATH WITHOUT vllm (a trap for `python3 -m`)
+    on_path: frozenset[str]      # bare names that reach vLLM through PATH
+    source: str                  # where the facts come from
+
+
+LMCACHE_VENV = ImageFamily(
+    "lmcache-venv", CUDA_BASE_PATH, "/opt/venv/bin/vllm", "/opt/venv/bin/python",
+    ("/opt/venv/bin/vllm", "serve"), ("/usr/bin/python3",), frozenset(),
+    "LMCache docker/Dockerfile, lmcache/vllm-openai v0.3.0 to v0.3.9post1: uv venv /opt/venv "
+    "holds vLLM and LMCache, PATH not extended, ENTRYPOINT /opt/venv/bin/vllm serve (LMCache "
+    "issue #1645, PR #1962; production-stack issue #676 and deployment-vllm-multi.yaml call "
+    "/opt/venv/bin/vllm); the system python3 has no vllm")
+LMCACHE_PATH = ImageFamily(
+    "lmcache-path", ("/opt/venv/bin", *CUDA_BASE_PATH), "/opt/venv/bin/vllm",
+    "/opt/venv/bin/python", ("/opt/venv/bin/vllm", "serve"), (),
+    frozenset({"vllm", "python", "python3"}),
+    "LMCache docker/Dockerfile from PR #1962 (tags after v0.3.9post1, latest): the same "
+    "/opt/venv, with ENV PATH=/opt/venv/bin:$PATH and VIRTUAL_ENV=/opt/venv")
+VLLM_OPENAI = ImageFamily(
+    "vllm-openai", CUDA_BASE_PATH, "/usr/local/bin/vllm", "/usr/bin/python3",
+    ("vllm", "serve"), (), frozenset({"vllm", "python3"}),
+    "vllm docker/Dockerfile, target vllm-openai: `uv pip install --system` into the deadsnakes "
+    "python3 (/usr/bin/python3, dist-packages under /usr/local/lib), console scripts in "
+    "/usr/local/bin; ENTRYPOINT [\"vllm\", \"serve\"] (older tags: python3 -m "
+    "vllm.entrypoints.openai.api_server, the same vLLM); LMCache from "
+    "requirements/kv_connectors.txt (`lmcache >= ...`, unpinned) when INSTALL_KV_CONNECTORS")
+DLC_VLLM = ImageFamily(
+    "dlc-vllm", ("/opt/amazon/openmpi/bin", "/opt/amazon/efa/bin", "/usr/local/cuda/bin",
+                 *CUDA_BASE_PATH), "/usr/local/bin/vllm", "/usr/bin/python3",
+    ("/usr/local/bin/dockerd_entrypoint.sh",), (), frozenset({"vllm", "python3", "python"}),
+    "aws/deep-learning-containers vllm/x86_64/gpu/Dockerfile: FROM vllm/vllm-openai:<ver> "
+    "(so vLLM as there), PATH prefixed with /opt/amazon/openmpi/bin:/opt/amazon/efa/bin:"
+    "/usr/local/cuda/bin, ENTRYPOINT /usr/local/bin/dockerd_entrypoint.sh, which runs "
+    "`python3 -m vllm.entrypoints.openai.api_server \"$@\"` (vllm/x86_64/build_artifacts)")
+IMAGE_FAMILIES = (LMCACHE_VENV, LMCACHE_PATH, VLLM_OPENAI, DLC_VLLM)
+
+_LMCACHE_TAG = re.compile(r"v(\d+)\.(\d+)\.(\d+)(?:\.?post(\d+))?$")
+
+
+def image_family(image: Image) -> ImageFamily | None:
+    """The family an image belongs to, by repository (and for lmcache/vllm-openai, by tag);
+    None for an image we know nothing about (the chart then probes for vLLM)."""
+    path = image.source.split("/", 1)[1]
+    if path == "lmcache/vllm-openai":
+        m = _LMCACHE_TAG.match(image.tag)
+        if m and (int(m[1]), int(m[2]), int(m[3])) <= (0, 3, 9):
+            return LMCACHE_VENV       # v0.3.0 ... v0.3.9post1
+        return LMCACHE_PATH           # later releases, latest, nightly
+    if path == "vllm/vllm-openai":
+        return VLLM_OPENAI
+    if path.endswith("deep-learning-containers/vllm") or image.source.endswith(
+            ".amazonaws.com/vllm"):
+        return DLC_VLLM
+    return None
+
+
+def lmcache_version(image: Image) -> tuple[int, int, int] | None:
+    """The LMCache release an image carries, where a public record says: lmcache/vllm-openai
+    release tags are the LMCache release they were built at (LMCache's release workflow).
+    vllm/vllm-openai and the DLC images install an unpinned `lmcache` at build time: None."""
+    if image.source.split("/", 1)[1] != "lmcache/vllm-openai":
+        return None
+    m = _LMCACHE_TAG.match(image.tag)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None

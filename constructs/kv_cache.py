@@ -54,11 +54,17 @@ class KvCache(Construct):
             subnet_ids=props.vpc.select_subnets(
                 subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnet_ids)
         major = props.engine_version.split(".")[0]
+        # The default group's maxmemory-policy is volatile-lru, which evicts only keys with a
+        # TTL; LMCache sets none, so a full cache would refuse every write. Evict any key, LRU.
+        parameters = elasticache.CfnParameterGroup(
+            self, "Parameters", cache_parameter_group_family=f"{props.engine}{major}",
+            description="LMCache L2: evict any key, least recently used first",
+            properties={"maxmemory-policy": "allkeys-lru"})
         self.replication_group = elasticache.CfnReplicationGroup(
             self, "ReplicationGroup",
             replication_group_description="LMCache L2 KV cache shared by workers",
             engine=props.engine, engine_version=props.engine_version,
-            cache_parameter_group_name=f"default.{props.engine}{major}",
+            cache_parameter_group_name=parameters.ref,
             cache_node_type=props.node_type,
             num_cache_clusters=1 + props.replicas,
             automatic_failover_enabled=props.multi_az, multi_az_enabled=props.multi_az,

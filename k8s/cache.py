@@ -1,8 +1,16 @@
-"""Self-hosted L2 caches in the cluster, shared by an environment's workers.
+"""The self-hosted L2 cache in the cluster, shared by an environment's workers: Valkey.
 
-Valkey runs as a pure cache (no persistence, LRU eviction); LMCache's own server backs the
-`tieredstorage` -> `lmcache-server` mapping. Only worker pods may connect (the flows below
-become NetworkPolicies in k8s/network_policies.py).
+Valkey runs as a pure cache: no persistence, a `maxmemory` bound and `allkeys-lru` eviction
+(LMCache sets no TTL, so only an all-keys policy ever evicts). LMCache's own `lm://` server is
+not run: it has no eviction and serializes lookups behind writes (k8s/workers.py TIER_POLICY).
+Only worker pods may connect (the flows below become NetworkPolicies in
+k8s/network_policies.py).
+
+Where it lands: the system node group, beside CoreDNS, KEDA, the autoscaler and (China) the
+monitoring stack, on instances as small as m6i.xlarge (4 vCPU, 16 GiB, ~14.5 GiB allocatable).
+It is sized to fit there (1 CPU: Valkey runs commands on one thread; 6 GiB, of which 4.5 GiB
+data) rather than given a node group of its own: an environment that wants a large L2 has the
+managed one (`cache.kind: elasticache`, sized by its node type, evicting by the same policy).
 """
 from __future__ import annotations
 
@@ -12,102 +20,82 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    CACHE_PORT, LABEL_NAME, LMCACHE_SERVER_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
-    REDIS_EXPORTER_PORT,
+    CACHE_PORT, LABEL_NAME, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, REDIS_EXPORTER_PORT,
 )
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels,
 )
-from k8s.workers import COMPONENT as WORKER_COMPONENT, SCRATCH_ENV, WORKER_HOME, WORKER_UID
+from k8s.workers import COMPONENT as WORKER_COMPONENT
 
 VALKEY = "valkey"
-LMCACHE_SERVER = "lmcache-server"
 VALKEY_UID = 999   # the valkey image's own user
+EVICTION_POLICY = "allkeys-lru"
+DATA_SHARE = 3 / 4  # of the container's memory; the rest: Valkey's buffers and fragmentation
 
 
 @dataclass(frozen=True)
 class CacheProps:
     namespace: str
-    kind: str                 # VALKEY or LMCACHE_SERVER
     image: str
-    memory: str = "24Gi"
-    cpu: str = "4"
-    exporter_image: str | None = None   # redis_exporter sidecar (Valkey only)
+    kind: str = VALKEY
+    memory_gib: int = 6
+    cpu: str = "1"
+    exporter_image: str | None = None   # redis_exporter sidecar
 
     @property
     def url(self) -> str:
-        host = f"kvcache-{self.kind}.{self.namespace}.svc.cluster.local"
-        return (f"redis://{host}:{CACHE_PORT}" if self.kind == VALKEY
-                else f"lm://{host}:{LMCACHE_SERVER_PORT}")
+        return f"redis://kvcache-{self.kind}.{self.namespace}.svc.cluster.local:{CACHE_PORT}"
+
+    @property
+    def maxmemory_mib(self) -> int:
+        return int(self.memory_gib * 1024 * DATA_SHARE)
 
 
 class SharedCacheChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: CacheProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
         p, name = props, f"kvcache-{props.kind}"
+        if p.kind != VALKEY:
+            raise ValueError(f"the in-cluster L2 is Valkey, not {p.kind}")
         sel = selector_labels(p.kind, "shared")
         labels = standard_labels(p.kind, "shared")
-        port = CACHE_PORT if p.kind == VALKEY else LMCACHE_SERVER_PORT
-        maxmem_mib = int(p.memory.removesuffix("Gi")) * 1024 * 3 // 4  # headroom for overhead
-        if p.kind == VALKEY:
-            container = {
-                "name": "valkey", "image": p.image, "imagePullPolicy": "IfNotPresent",
-                "args": ["valkey-server", "--port", str(port), "--save", "",
-                         "--appendonly", "no", "--maxmemory", f"{maxmem_mib}mb",
-                         "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"],
-                "securityContext": hardened(read_only_root=True, run_as_user=VALKEY_UID),
-            }
-            uid, volumes = VALKEY_UID, []
-            probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
-        else:
-            container = {
-                "name": "lmcache-server", "image": p.image, "imagePullPolicy": "IfNotPresent",
-                "command": ["lmcache_server"], "args": ["0.0.0.0", str(port), "cpu"],
-                # the worker image, run as the workers run it: non-root, read-only root
-                "env": SCRATCH_ENV,
-                "volumeMounts": [{"name": "home", "mountPath": WORKER_HOME},
-                                 {"name": "tmp", "mountPath": "/tmp"}],
-                "securityContext": hardened(run_as_user=WORKER_UID),
-            }
-            uid = WORKER_UID
-            volumes = [{"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
-                       {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
-            probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
-        container.update({
-            "ports": [{"name": "cache", "containerPort": port}],
-            "resources": {"requests": {"cpu": p.cpu, "memory": p.memory},
-                          "limits": {"memory": p.memory}},
+        probe = {"tcpSocket": {"port": "cache"}, "periodSeconds": 10}
+        memory = f"{p.memory_gib}Gi"
+        container = {
+            "name": "valkey", "image": p.image, "imagePullPolicy": "IfNotPresent",
+            "args": ["valkey-server", "--port", str(CACHE_PORT), "--save", "",
+                     "--appendonly", "no", "--maxmemory", f"{p.maxmemory_mib}mb",
+                     "--maxmemory-policy", EVICTION_POLICY, "--protected-mode", "no"],
+            "securityContext": hardened(read_only_root=True, run_as_user=VALKEY_UID),
+            "ports": [{"name": "cache", "containerPort": CACHE_PORT}],
+            "resources": {"requests": {"cpu": p.cpu, "memory": memory},
+                          "limits": {"memory": memory}},
             "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
-        })
+        }
         containers = [container]
-        ports = [{"name": "cache", "port": port, "targetPort": "cache"}]
+        ports = [{"name": "cache", "port": CACHE_PORT, "targetPort": "cache"}]
         if p.exporter_image:
-            if p.kind != VALKEY:
-                raise ValueError("the redis_exporter sidecar reads Valkey only")
-            containers.append(_exporter(p.exporter_image, port))
+            containers.append(_exporter(p.exporter_image, CACHE_PORT))
             ports.append({"name": "metrics", "port": REDIS_EXPORTER_PORT,
                           "targetPort": "metrics"})
-        workload = k8s_object(
-                   self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
+        k8s_object(self, "StatefulSet", api_version="apps/v1", kind="StatefulSet", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "replicas": 1, "serviceName": name,
                        "selector": {"matchLabels": sel},
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "automountServiceAccountToken": False,
-                           "securityContext": pod_security(uid),
+                           "securityContext": pod_security(VALKEY_UID),
                            "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
-                           "containers": containers, "volumes": volumes}}}})
+                           "containers": containers}}}})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "selector": sel, "ports": ports}})
         cache = Peer(name, p.namespace, sel)
         workers = Peer("all-workers", p.namespace, {LABEL_NAME: WORKER_COMPONENT})
-        self.flows = (Flow(workers, cache, port, "KV chunks from every endpoint's workers"),)
-        pod = workload.to_json()["spec"]["template"]["spec"]
-        exposed = {pt["containerPort"] for c in pod["containers"] for pt in c.get("ports", [])}
-        if REDIS_EXPORTER_PORT in exposed:  # the redis_exporter sidecar, where it runs
+        self.flows = (Flow(workers, cache, CACHE_PORT, "KV chunks from every endpoint's workers"),)
+        if p.exporter_image:  # the redis_exporter sidecar, where it runs
             self.flows += (Flow(PROMETHEUS, cache, REDIS_EXPORTER_PORT, "cache metrics"),)
 
 

@@ -223,9 +223,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         l2spec.done(warnings)
         if backend == "tieredstorage" and l2_url is None:
             warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec.l2CacheBackend: "
-                            "tieredstorage is HyperPod-only; using LMCache's own cache server "
-                            "(lmcache-server), the closest self-hosted equivalent")
-            backend = "lmcache-server"
+                            "tieredstorage is HyperPod-only; using the in-cluster Valkey "
+                            "(bounded, LRU), the self-hosted equivalent")
+            backend = "valkey"
     elif "l2CacheSpec" in kv.data:
         kv.used.add("l2CacheSpec")
         warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec: ignored: enableL2Cache is "
@@ -337,11 +337,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         if not _QUANTITY.match(value):
             raise worker._err(f"spec.worker.resources.requests.{key}", value,
                               "a Kubernetes quantity, e.g. 16 or 96Gi")
-    # L1 lives in the worker's own memory: it must fit beside vLLM (8 GiB headroom).
+    # L1 lives in the worker's own memory: it must fit beside vLLM (8 GiB headroom). 0: sized
+    # from the container's memory per GPU process (k8s/workers.py l1_budget).
     mem_gib = _gib(memory)
-    if not l1_size:
-        l1_size = max(1, int(mem_gib // 2))
-    if l1 and not 1 <= l1_size <= mem_gib - 8:
+    if l1 and l1_size and not 1 <= l1_size <= mem_gib - 8:
         raise kv._err("spec.kvCacheSpec.l1CacheSizeGiB", l1_size,
                       f"1 to {int(mem_gib - 8)} (the worker's memory {memory} less 8 GiB)")
     mount = worker.child("modelVolumeMount", {})

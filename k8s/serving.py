@@ -12,14 +12,18 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
-from config.images import IMAGES, KV_EVENTS_SINCE, vllm_version
-from k8s.cache import LMCACHE_SERVER, VALKEY, CacheProps, SharedCacheChart
+from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
+from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import RouterChart, RouterProps
-from k8s.workers import KV_BLOCK_SIZE, LMCACHE_QUIET, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
+from k8s.endpoint_spec import _gib
+from k8s.workers import (
+    KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection, MetricsSource, WorkerScaling,
+    WorkerProps, WorkersChart, kv_event_endpoints, l1_budget, parallel_ranks, worker_urls,
+)
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
@@ -75,6 +79,28 @@ def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                             f"{cfg.account} in {cfg.region}: the environment's "
                             "listener.certificateArn does")
             certificate = None
+    if image_family(s.image) is None and not s.worker_command:
+        warnings.append(f"{where}.worker.image: {s.worker_image} is not an image family we "
+                        "know (lmcache/vllm-openai, vllm/vllm-openai, AWS DLC vllm): the "
+                        "worker starts the first `vllm` on its PATH or in /opt/venv/bin")
+    if s.l1_enabled:
+        budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
+        if budget.l1_per_rank_gib < 1 or not budget.fits:
+            need = replace(budget, l1_per_rank_gib=max(budget.l1_per_rank_gib, 1)).total_gib
+            raise ConfigError(cfg.name, f"{where}.worker.resources.requests.memory", s.memory,
+                              f"at least {need:g}Gi: "
+                              f"{budget.ranks} GPU processes each pin their own L1 "
+                              f"({max(budget.l1_per_rank_gib, 1)} GiB), beside vLLM "
+                              f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB)"
+                              " (or a smaller kvCacheSpec.l1CacheSizeGiB)")
+    if s.l2_enabled and s.l2_backend == "lmcache-server" and s.l2_url is None:
+        warnings.append(f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: lmcache-server is "
+                        "served by the in-cluster Valkey: LMCache's own server has no "
+                        "eviction and makes lookups wait behind writes (docs/serving.md)")
+    if s.l2_url and not s.l2_url.startswith(L2_SCHEMES):
+        warnings.append(f"{where}.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl: an lm:// LMCache "
+                        "server has no eviction and serializes lookups behind writes on one "
+                        "socket; a Redis or Valkey URL does neither (docs/serving.md)")
     if s.image.digest is None and s.image.key not in IMAGES:
         warnings.append(f"{where}.worker.image: {s.worker_image} has no digest: pin it "
                         "(image@sha256:...; `python -m tools mirror --resolve` prints it)")
@@ -175,8 +201,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     shared: dict[str, CacheProps] = {}
     for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
         props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
-                           image=images.uri(VALKEY if kind == VALKEY else "vllm-lmcache"),
-                           exporter_image=images.uri("redis-exporter") if kind == VALKEY else None)
+                           image=images.uri(VALKEY), exporter_image=images.uri("redis-exporter"))
         shared[kind] = props
         chart = SharedCacheChart(app, f"cache-{kind}", props=props)
         chart.add_dependency(ns)
@@ -189,6 +214,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             kind = _shared_kind(cfg, s)
             l2 = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
         kvaware = s.routing_strategy == "kvaware"
+        budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
         wp = WorkerProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE,
             service_account=facts.service_account[s.name],
@@ -198,7 +224,9 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             model_bucket=facts.model_bucket, model_location=s.model_location,
             model_name=s.model_name, replicas=s.replicas, gpus=s.gpus, cpu=s.cpu,
             memory=s.memory, node_group=cfg.gpu_group_for(s.instance_type).name,
-            l1_enabled=s.l1_enabled, l1_size_gib=s.l1_size_gib, l2=l2,
+            l1_enabled=s.l1_enabled, l1_size_gib=budget.l1_per_rank_gib, l2=l2,
+            family=image_family(s.image), lmcache=lmcache_version(s.image),
+            ranks=budget.ranks, shm_gib=budget.shm_gib,
             publish_kv_events=kvaware, health_check_path=s.health_check_path,
             model_mount_path=s.model_mount_path, extra_args=s.worker_args,
             extra_env=s.worker_env, stateful=kvaware,
@@ -232,8 +260,8 @@ def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:
     """None: the managed ElastiCache (or no L2); otherwise the in-cluster cache to deploy."""
     if not s.l2_enabled or s.l2_url:
         return None
-    if s.l2_backend == "lmcache-server":
-        return LMCACHE_SERVER
-    if s.l2_backend == "valkey" or (s.l2_backend == "redis" and cfg.cache.kind == "self-hosted"):
+    # tieredstorage and lmcache-server: the in-cluster Valkey too (k8s/workers.py TIER_POLICY).
+    if s.l2_backend in ("valkey", "lmcache-server") or (
+            s.l2_backend == "redis" and cfg.cache.kind == "self-hosted"):
         return VALKEY
     return None

@@ -15,11 +15,12 @@ import yaml
 from cdk8s import Chart
 from constructs import Construct
 
+from config.images import ImageFamily
 from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
 )
-from k8s.endpoint_spec import AutoScaling, named_model
+from k8s.endpoint_spec import AutoScaling, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
@@ -80,7 +81,7 @@ class WorkerProps:
     memory: str
     node_group: str
     l1_enabled: bool
-    l1_size_gib: int
+    l1_size_gib: int                  # per rank: LMCache's max_local_cpu_size (see l1_budget)
     l2: L2Connection | None
     publish_kv_events: bool
     health_check_path: str
@@ -90,54 +91,196 @@ class WorkerProps:
     port: int = WORKER_PORT           # where vLLM listens (modelInvocationPort.containerPort)
     command: tuple[str, ...] = ()     # the file's command; empty: chosen by `vllm_command`
     working_dir: str | None = None
-    shm_size: str = "16Gi"
+    family: ImageFamily | None = None  # where the image keeps vLLM (config/images.py)
+    lmcache: tuple[int, int, int] | None = None   # the LMCache release the image carries
+    ranks: int = 1                    # GPU processes: one LMCache engine (and L1) each
+    shm_gib: int = 1
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
     api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
 
 
-# A slow or dead L2 must cost a miss, not a stall: LMCache 0.5.6 bounds blocking remote reads
-# with `blocking_timeout_secs`, lookups with `lookup_timeout_ms`, and its health monitor
-# (extra_config) takes the remote out after repeated failures. `fallback_policy: local_cpu`
-# keeps L1 serving meanwhile (the default `recompute` would switch L1 off too). The redis
-# client's own socket timeouts bound the existence checks LMCache does not time out itself.
-L2_TIMEOUTS = {"blocking_timeout_secs": 2, "lookup_timeout_ms": 1000}
-L2_HEALTH = {"fallback_policy": "local_cpu", "ping_interval": 10.0, "ping_timeout": 2.0,
-             "get_blocking_failed_threshold": 5, "waiting_time_for_recovery": 60.0}
+# ---------------------------------------------------------------------------------------------
+# The tier configuration (issue 17, item 0), in one place, as data the emulator can import.
+# Read from LMCache's own code for the releases our images carry (0.3.7 in lmcache/vllm-openai
+# v0.3.7, 0.5.4 in v0.5.4; `lmcache/v1/config.py` `_CONFIG_DEFINITIONS` of each, and the files
+# named below). What went wrong when LMCache ran as we used to configure it (real vLLM 0.24 +
+# LMCache 0.5.0 on an H100, ../shared/gpu/lmcache-2x-vllm-0.24-one-h100/): every prefill queued
+# its whole KV to an `lm://` LMCache server over one socket per worker (~0.5 GB/s), lookups
+# waited behind those writes until `lookup_timeout_ms` (each timeout stalled the engine
+# ~1.2 s), the server grew to 55.6 GiB (it has no eviction), and L1 filled.
+LMCacheVersion = tuple[int, int, int]
+OLDEST_KNOWN_LMCACHE: LMCacheVersion = (0, 3, 7)
+
+
+@dataclass(frozen=True)
+class TierSetting:
+    key: str
+    value: Any
+    since: LMCacheVersion      # first LMCache release (of those we read) that acts on it
+    why: str
+    l2_only: bool = False      # rendered only where an L2 is configured
+
+
+TIER_POLICY: tuple[TierSetting, ...] = (
+    TierSetting("chunk_size", 256, OLDEST_KNOWN_LMCACHE,
+                "LMCache's default and the unit of every lookup; the router's prefix keys "
+                "and the emulator's tiers use the same 256 tokens"),
+    TierSetting("local_cpu", True, OLDEST_KNOWN_LMCACHE,
+                "L1 in pinned CPU memory: lookups are local dict checks that never wait on the "
+                "network; a 32K request with 61% of its KV loaded from CPU took 129-134 ms "
+                "against 1,242 ms cold on the H100 (../shared/gpu/README.md)"),
+    TierSetting("save_unfull_chunk", False, OLDEST_KNOWN_LMCACHE,
+                "only whole 256-token chunks are stored: a partial tail is never looked up "
+                "again by a longer prompt, so writing it is pure cost"),
+    TierSetting("save_decode_cache", False, OLDEST_KNOWN_LMCACHE,
+                "decode tokens are not stored (LMCache's default, written down): they double "
+                "the write traffic for a reuse only the next turn of the same chat has, "
+                "and that turn's prefix is in the GPU cache of the worker the router keeps"),
+    TierSetting("remote_serde", "naive", OLDEST_KNOWN_LMCACHE,
+                "no compression pass on the engine's critical path (cachegen costs GPU time)",
+                l2_only=True),
+    TierSetting("lookup_timeout_ms", 200, OLDEST_KNOWN_LMCACHE,
+                "bounds what a lookup may cost the scheduler: a Valkey EXISTS per chunk is "
+                "well under 1 ms on the node's network, so 200 ms is only reached when L2 is "
+                "sick; 1,000 ms (as we had) stalled the engine ~1.2 s per timeout "
+                "(lmcache/v1/lookup_client/lmcache_lookup_client.py; the async client in 0.5.x)",
+                l2_only=True),
+    TierSetting("blocking_timeout_secs", 2, OLDEST_KNOWN_LMCACHE,
+                "a remote read that has not arrived in 2 s is dropped and recomputed "
+                "(remote_backend.py get_blocking: future.result(blocking_timeout_secs))",
+                l2_only=True),
+    # LMCache 0.5.x's health monitor (lmcache/v1/health_monitor/, absent in 0.3.x): after
+    # repeated failures the remote backend is taken out and L1 keeps serving; the default
+    # fallback `recompute` would switch L1 off too.
+    TierSetting("extra_config", {"fallback_policy": "local_cpu", "ping_interval": 10.0,
+                                 "ping_timeout": 2.0, "get_blocking_failed_threshold": 5,
+                                 "waiting_time_for_recovery": 60.0}, (0, 5, 0),
+                "a dead L2 costs misses, never L1", l2_only=True),
+)
+
+# The L2 we run or connect to speaks Redis (Valkey in the cluster, ElastiCache managed), never
+# LMCache's own `lm://` server. LMCache's lm connector (storage_backend/connector/lm_connector.py,
+# 0.3.7 and 0.5.4) sends every put and every EXISTS over one socket under one asyncio lock, so a
+# lookup waits behind all queued writes; its server (v1/server/storage_backend/local_backend.py,
+# "TODO: please add evictor") grows without bound. The redis connector (redis_connector.py, both
+# releases) uses a pool of up to 150 connections and an AsyncPQExecutor of 4 workers in which an
+# EXISTS (PEEK) goes ahead of every queued PUT: a lookup waits for at most the chunks already on
+# the wire. Writes stay asynchronous (RemoteBackend.batched_submit_put_task never waits); what
+# bounds them is L1: a chunk being written to L2 is held in L1 until its write completes, so a
+# slow L2 costs L1 allocations (stores skipped), not engine time. Every L2 evicts and has a size:
+# Valkey `maxmemory` + `allkeys-lru` (k8s/cache.py), ElastiCache the same through its parameter
+# group (constructs/kv_cache.py); LMCache sets no TTL on its keys, so a `volatile-*` policy (the
+# ElastiCache default) would evict nothing and refuse writes once full.
+L2_SCHEMES = ("redis://", "rediss://")
 REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
+
+
+def tier_settings(lmcache: LMCacheVersion | None, l2: bool) -> dict[str, Any]:
+    """The policy's settings the image's LMCache reads; an unknown release gets what the oldest
+    release we know reads (LMCache ignores unknown keys with a warning, so less is safer)."""
+    version = lmcache or OLDEST_KNOWN_LMCACHE
+    return {t.key: t.value for t in TIER_POLICY
+            if version >= t.since and (l2 or not t.l2_only)}
+
+
+# L1 against the container's memory. LMCache runs one engine per GPU process (tensor x
+# pipeline parallel ranks) and each pins its whole `max_local_cpu_size` at start
+# (LocalCPUBackend's allocator), so the pod needs ranks x L1 beside vLLM's own host memory and
+# /dev/shm (a memory-backed emptyDir, charged to the pod). vLLM's host memory is an allowance,
+# not a measurement (no RSS was recorded on the H100): the API server and engine core with
+# tokenizer and detokenizer (4 GiB), and per rank the worker process (torch, CUDA context, NCCL,
+# 2 GiB). AWS's own TP-4 sample asks 30Gi in all, which these allowances still fit (3 GiB of L1
+# per rank).
+VLLM_HOST_GIB_BASE = 4
+VLLM_HOST_GIB_PER_RANK = 2
+SHM_GIB_PER_RANK = 1    # vLLM's shared-memory broadcast and NCCL's intra-node buffers
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    limit_gib: float
+    ranks: int
+    l1_per_rank_gib: int
+    vllm_host_gib: int
+    shm_gib: int
+
+    @property
+    def total_gib(self) -> float:
+        return self.ranks * self.l1_per_rank_gib + self.vllm_host_gib + self.shm_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.limit_gib
+
+
+def parallel_ranks(args: tuple[str, ...] | list[str]) -> int:
+    """GPU processes vLLM starts: tensor x pipeline parallel size, as the args give them."""
+    def size(*flags: str) -> int:
+        for flag in flags:
+            value = arg_value(args, flag)
+            if value is not None and value.isdigit():
+                return int(value)
+        return 1
+    return (size("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
+            * size("--pipeline-parallel-size", "--pipeline_parallel_size", "-pp"))
+
+
+def l1_budget(limit_gib: float, ranks: int, l1_total_gib: int = 0) -> MemoryBudget:
+    """What each rank's L1 may be: the file's `l1CacheSizeGiB` split over the ranks, or (0)
+    all the container's memory that vLLM and /dev/shm leave, split over the ranks."""
+    host = VLLM_HOST_GIB_BASE + VLLM_HOST_GIB_PER_RANK * ranks
+    shm = SHM_GIB_PER_RANK * ranks
+    free = int(limit_gib - host - shm)
+    per_rank = l1_total_gib // ranks if l1_total_gib else max(free, 0) // ranks
+    return MemoryBudget(limit_gib, ranks, per_rank, host, shm)
+
+
 # LMCache 0.5.x takes a redis:// or rediss:// password only inside `remote_url` (its `resp://`
 # client reads LMCACHE_RESP_PASSWORD but has no TLS, which ElastiCache AUTH requires), and it
 # logs that URL at INFO in five places (config dump, connector creation, connection). With a
 # secret in the URL, LMCache logs at WARNING: none of its warnings carry the URL
 # (tests/k8s/test_lmcache_config.py runs its code with a fake token to prove it).
 LMCACHE_QUIET = ("LMCACHE_LOG_LEVEL", "WARNING")
-# vLLM reads its key from the environment (an --api-key argument would be in its args log):
-# a shell reads the fetched key into VLLM_API_KEY, then execs the command as chosen.
-API_KEY_WRAPPER = ["/bin/sh", "-c", f'export VLLM_API_KEY="$(cat {API_KEY_FILE})"; exec "$@"',
-                   "vllm"]
+# Workers call no outside host: vLLM's and LMCache's usage reports off (both send them unless
+# told; in China the hosts are out of reach anyway). Not overridable by a file.
+NO_TELEMETRY = (("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"),
+                ("LMCACHE_TRACK_USAGE", "false"))
+# vLLM's multiprocess metrics live in files; a restarted container must not read the last
+# run's (vLLM warns about stale files): their own emptyDir, emptied by the start-up shell.
+PROMETHEUS_DIR = "/run/prometheus"
+# The container starts in a shell that empties the metrics directory and, where the endpoints
+# have an API key, reads it into VLLM_API_KEY (an --api-key argument would be in vLLM's args
+# log), then execs vLLM as chosen below.
+CLEAR_METRICS = ('[ -n "$PROMETHEUS_MULTIPROC_DIR" ] && '
+                 'rm -rf "$PROMETHEUS_MULTIPROC_DIR"/* 2>/dev/null; ')
+READ_API_KEY = f'export VLLM_API_KEY="$(cat {API_KEY_FILE})"; '
 
 
 def with_socket_timeouts(url: str) -> str:
-    if not url.startswith(("redis://", "rediss://")):
+    if not url.startswith(L2_SCHEMES):
         return url
     return f"{url}{'&' if '?' in url else '?'}{REDIS_SOCKET_TIMEOUTS}"
 
 
 def lmcache_config(p: WorkerProps) -> dict:
-    """LMCache engine settings (keys of LMCacheEngineConfig, see ../shared/FACTS.md)."""
-    cfg: dict = {"chunk_size": 256, "local_cpu": p.l1_enabled,
-                 "max_local_cpu_size": float(p.l1_size_gib if p.l1_enabled else 0),
-                 "save_unfull_chunk": False}
-    if p.l2:
-        cfg.update(remote_serde="naive", **L2_TIMEOUTS, extra_config=dict(L2_HEALTH))
-        if not p.l2.secret_arn:  # with a secret, the URL is appended at pod start
-            cfg["remote_url"] = with_socket_timeouts(p.l2.url)
+    """LMCache engine settings for the LMCache the worker image carries: TIER_POLICY, L1 per
+    rank, and the L2 URL (appended at pod start where it carries a secret)."""
+    cfg = tier_settings(p.lmcache, p.l2 is not None)
+    cfg.update(local_cpu=p.l1_enabled,
+               max_local_cpu_size=float(p.l1_size_gib if p.l1_enabled else 0))
+    if p.l2 and not p.l2.secret_arn:  # with a secret, the URL is appended at pod start
+        cfg["remote_url"] = with_socket_timeouts(p.l2.url)
     return cfg
 
 
 # vLLM's OpenAI server module: accepts `--model` in every vLLM version, where `vllm serve`
 # takes the model as a positional argument and warns about (later refuses) `--model`.
-API_SERVER = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# An image we know nothing about: the first vLLM found on PATH or in LMCache's /opt/venv.
+PROBE = ('for v in "$(command -v vllm)" /opt/venv/bin/vllm; do '
+         'if [ -x "$v" ]; then exec "$v" serve "$@"; fi; done; '
+         'echo "no vllm executable on PATH or in /opt/venv/bin" >&2; exit 127')
 
 
 def _flags(args: tuple[str, ...] | list[str]) -> set[str]:
@@ -146,13 +289,30 @@ def _flags(args: tuple[str, ...] | list[str]) -> set[str]:
 
 
 def vllm_command(p: WorkerProps) -> list[str]:
-    """The file's command as written; else `vllm serve`, or the API server module for args
-    written with `--model` (HyperPod's published `--model /opt/ml/model` files)."""
+    """How the image's vLLM starts: the file's command (a bare `vllm`/`python3` that the image's
+    PATH does not lead to vLLM replaced by the family's own binary), else the family's `vllm
+    serve`, or its python with the API server module for args written with `--model`
+    (HyperPod's published `--model /opt/ml/model` files). Empty for an unknown image: the
+    start-up shell probes for vLLM."""
+    f = p.family
     if p.command:
-        return list(p.command)
+        head, *rest = p.command
+        if f and head in ("vllm", "python", "python3") and head not in f.on_path:
+            head = f.vllm if head == "vllm" else f.python
+        return [head, *rest]
+    if f is None:
+        return []
     if "--model" in _flags(p.extra_args):
-        return list(API_SERVER)
-    return ["vllm", "serve"]
+        return [f.python, "-m", API_SERVER_MODULE]
+    return [f.vllm, "serve"]
+
+
+def container_command(p: WorkerProps) -> list[str]:
+    """The worker container's command: the start-up shell, then vLLM (see vllm_command)."""
+    script = CLEAR_METRICS + (READ_API_KEY if p.api_key else "")
+    command = vllm_command(p)
+    script += 'exec "$@"' if command else PROBE
+    return ["/bin/sh", "-c", script, "vllm", *command]
 
 
 def vllm_args(p: WorkerProps) -> list[str]:
@@ -252,11 +412,16 @@ class WorkersChart(Chart):
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
                {"name": "LMCACHE_CONFIG_FILE", "value": config_file},
-               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp"}, *SCRATCH_ENV]
-        # The file's variables as written; one it shares with ours replaces ours.
+               {"name": "PROMETHEUS_MULTIPROC_DIR", "value": PROMETHEUS_DIR}, *SCRATCH_ENV]
+        # The file's variables as written; one it shares with ours replaces ours, except the
+        # config file, the telemetry switches and the metrics directory (the start-up shell
+        # empties it: a file's `/tmp` would lose vLLM's compile caches).
+        ours_only = {"LMCACHE_CONFIG_FILE", "PROMETHEUS_MULTIPROC_DIR",
+                     *(k for k, _ in NO_TELEMETRY)}
         theirs = {e["name"] for e in p.extra_env}
-        env = [e for e in env if e["name"] not in theirs or e["name"] == "LMCACHE_CONFIG_FILE"]
-        env += [dict(e) for e in p.extra_env if e["name"] != "LMCACHE_CONFIG_FILE"]
+        env = [e for e in env if e["name"] not in theirs or e["name"] in ours_only]
+        env += [dict(e) for e in p.extra_env if e["name"] not in ours_only]
+        env += [{"name": k, "value": v} for k, v in NO_TELEMETRY]
         if p.l2 and p.l2.secret_arn:
             env.append({"name": LMCACHE_QUIET[0], "value": LMCACHE_QUIET[1]})
         if "PYTHONHASHSEED" not in theirs:
@@ -266,7 +431,7 @@ class WorkersChart(Chart):
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         worker = {
             "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
-            "command": [*API_KEY_WRAPPER, *vllm_command(p)] if p.api_key else vllm_command(p),
+            "command": container_command(p),
             "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
                 "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
@@ -281,6 +446,7 @@ class WorkersChart(Chart):
                 {"name": "dshm", "mountPath": "/dev/shm"},
                 {"name": "home", "mountPath": WORKER_HOME},
                 {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "prometheus", "mountPath": PROMETHEUS_DIR},
                 {"name": "lmcache-base", "mountPath": LMCACHE_DIR, "readOnly": True},
                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True},
                 *([{"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]
@@ -303,9 +469,11 @@ class WorkersChart(Chart):
                 "initContainers": init, "containers": [worker],
                 "volumes": [
                     {"name": "model-weights", "emptyDir": {}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": p.shm_size}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                  "sizeLimit": f"{p.shm_gib}Gi"}},
                     {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},   # compile caches
                     {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
+                    {"name": "prometheus", "emptyDir": {"sizeLimit": "1Gi"}},
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
                                                              "sizeLimit": "1Mi"}},

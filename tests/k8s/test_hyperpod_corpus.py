@@ -270,7 +270,7 @@ def test_router_and_workers_keep_the_files_strategy_gpus_image_args_and_env(
         assert container["command"][-len(w["command"]):] == w["command"]
     env = {e["name"]: e for e in container["env"]}
     for var in w.get("environmentVariables", []):
-        if var["name"] != "LMCACHE_CONFIG_FILE":
+        if var["name"] not in ("LMCACHE_CONFIG_FILE", "PROMETHEUS_MULTIPROC_DIR"):  # ours
             assert env[var["name"]].get("value") == (str(var["value"]) if "value" in var
                                                      else None), var["name"]
     # The model is where the file mounts it, once: no second positional model argument.
@@ -383,3 +383,53 @@ def test_a_bad_value_through_the_app_is_one_line_without_the_secret(tmp_path):
     assert "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl" in line and "Secrets Manager" in line
     assert "hunter2" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+# --- First-deploy gates on the workers of every served file (tests/k8s/worker_gates.py) ---
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_files_workers_reach_vllm_in_their_images_layout(corpus, variant, tmp_path):
+    from tests.k8s.worker_gates import (
+        assert_reaches_vllm, families_for, fake_root, run_container, worker_containers)
+    c = corpus[variant]
+    for spec in c.specs:
+        docs = c.docs_by_file[spec.source_file]
+        pod, container = next((p, w) for p, w in worker_containers(docs)
+                              if w["args"] and spec.name in p["serviceAccountName"])
+        api_key = any(i["name"] == "fetch-api-key" for i in pod["initContainers"])
+        for family in families_for(spec.worker_image):
+            root = fake_root(tmp_path / Path(spec.source_file).stem, family)
+            assert_reaches_vllm(run_container(root, family, container, tmp_path), root,
+                                family, container, api_key)
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_files_workers_fit_their_memory(corpus, variant):
+    from tests.k8s.worker_gates import memory_budget, worker_containers
+    c = corpus[variant]
+    budgets = [memory_budget(c.docs, pod, w) for pod, w in worker_containers(c.docs)]
+    assert len(budgets) == len(SERVED)
+    for b in budgets:
+        assert b["used"] <= b["limit"] and b["l1_per_rank"] >= 1 and b["ranks"] <= b["gpus"], b
+    assert any(b["ranks"] > 1 for b in budgets)   # the TP files are in the corpus
+
+
+def test_every_files_lmcache_config_is_read_by_its_images_lmcache(corpus, tmp_path):
+    """With the parser of the LMCache each file's image carries (all we have where no record
+    pins it): every key read as written, none unknown."""
+    from tests.k8s.lmcache_parse import parse
+    from tests.k8s.test_lmcache_config import check_parsed, parsers_for
+    from tests.k8s.worker_gates import lmcache_configs
+    c = corpus["dev"]
+    files: dict[str, list[tuple[str, str, dict]]] = {}
+    for spec in c.specs:
+        text = lmcache_configs(c.docs_by_file[spec.source_file])[f"{spec.name}-workers"]
+        path = tmp_path / f"{Path(spec.source_file).stem}.yaml"   # names repeat across files
+        path.write_text(text)
+        for version in parsers_for(spec.worker_image):
+            files.setdefault(version, []).append((str(path), spec.worker_image,
+                                                  yaml.safe_load(text)))
+    assert len(files) >= 3
+    for version, items in files.items():
+        for (_, image, ours), got in zip(items, parse(version, [p for p, _, _ in items])):
+            check_parsed(got, ours, image)

@@ -1,12 +1,15 @@
-"""The worker's LMCache config, read by LMCache 0.5.6's own parser (it ignores unknown keys and
-turns bad values into None, so the test asserts the parsed values, not just that it parsed).
+"""The worker's LMCache config, read by the LMCache release the worker image carries, with that
+release's own parser (tests/k8s/lmcache_parse.py): 0.3.7 for lmcache/vllm-openai v0.3.7, 0.5.4
+for v0.5.4, and for an image whose LMCache no record pins, the oldest and the newest we have.
+LMCache ignores unknown keys (with a warning) and turns bad values into None, so the test
+asserts the values it read and that it warned about no key.
 
 For the managed L2, the real init-container script runs here with a stub `aws` that prints a
 token, exactly as it would write the file in the pod.
 """
 from __future__ import annotations
 
-import json
+import copy
 import os
 import stat
 import subprocess
@@ -15,21 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from tests.k8s.test_charts import _env, _spec, render
-
-LMCACHE_PY = ROOT / ".venv-lmcache" / "bin" / "python"
-_PARSE = """
-import json, sys
-from lmcache.v1.config import LMCacheEngineConfig
-out = []
-for path in sys.argv[1:]:
-    c = LMCacheEngineConfig.from_file(path)
-    out.append({k: getattr(c, k) for k in ("chunk_size", "local_cpu", "max_local_cpu_size",
-            "remote_url", "remote_serde", "blocking_timeout_secs", "lookup_timeout_ms",
-            "extra_config", "save_unfull_chunk")})
-print(json.dumps(out))
-"""
+from config.images import image_for, lmcache_version
+from k8s.workers import tier_settings
+from tests.k8s.lmcache_parse import LMCACHE_PY, NEWEST, PARSERS, parse, parser_versions
+from tests.k8s.test_charts import SEED, _env, _spec, render
+from k8s.endpoint_spec import parse_endpoint
 
 
 def _worker_pod(docs):
@@ -57,42 +50,89 @@ def _config_file(docs, tmp: Path) -> Path:
     return tmp / "runtime.yaml"
 
 
-BACKENDS = ["redis", "valkey", "lmcache-server", None]
+def parsers_for(image_ref: str) -> list[str]:
+    """The parser(s) of the LMCache an image carries: its release, or (not known) all."""
+    version = lmcache_version(image_for(image_ref))
+    if version is None:
+        return [*parser_versions(), NEWEST]
+    return [".".join(map(str, version))]
+
+
+def check_parsed(parsed: dict, rendered: dict, image_ref: str) -> None:
+    """LMCache read every key we wrote, each as we wrote it, and nothing it does not know."""
+    assert parsed["unknown"] == [], (image_ref, parsed["unknown"])
+    for key, value in rendered.items():
+        assert parsed["values"][key] == value, (image_ref, key, parsed["values"][key])
+    version = lmcache_version(image_for(image_ref))
+    policy = tier_settings(version, "remote_url" in rendered or "remote_serde" in rendered)
+    assert set(policy) <= set(rendered), (image_ref, set(policy) - set(rendered))
+
+
+def test_a_parser_for_every_lmcache_an_image_carries():
+    """requirements-lmcache-parsers.txt (what make installs) names the LMCache of each image
+    with a known release: the catalogue's and the published files' lmcache/vllm-openai tags."""
+    from config.images import IMAGES
+    from tests.k8s.test_hyperpod_corpus import SERVED, _yaml
+    refs = [i.source_ref for i in IMAGES.values()] + [
+        _yaml(f)["spec"]["worker"]["image"] for f in SERVED]
+    known = {".".join(map(str, v)) for r in refs if (v := lmcache_version(image_for(r)))}
+    assert known == set(parser_versions())
+    assert all((PARSERS / v).is_dir() for v in known), "run make (.lmcache-parsers)"
+
+
+BACKENDS = ["redis", "valkey", None]
+IMAGES = ["lmcache/vllm-openai:v0.5.4", "lmcache/vllm-openai:v0.3.7", "vllm/vllm-openai:v0.19.1"]
+CASES = [(i, b) for i in IMAGES for b in BACKENDS]
 
 
 @pytest.fixture(scope="module")
 def parsed(tmp_path_factory) -> dict:
-    """Render each backend, write its config as the pod would, parse all in one LMCache run."""
+    """Render each image x backend, write its config as the pod would, and parse them with
+    one run per LMCache release."""
     assert LMCACHE_PY.exists(), "run `make test` (it creates .venv-lmcache)"
     cfg = _env("dev")
-    rendered, paths = {}, []
-    for backend in BACKENDS:
-        docs = render(cfg, _spec(cfg, backend=backend))
-        rendered[backend] = docs
-        paths.append(str(_config_file(docs, tmp_path_factory.mktemp(str(backend)))))
-    proc = subprocess.run([str(LMCACHE_PY), "-c", _PARSE, *paths], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    values = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {b: (v, rendered[b]) for b, v in zip(BACKENDS, values)}
+    files, rendered = {}, {}
+    for i, (image, backend) in enumerate(CASES):
+        raw = copy.deepcopy(SEED)
+        raw["spec"]["worker"]["image"] = image
+        if backend is None:
+            raw["spec"]["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": False}
+        else:
+            raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend
+        docs = render(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", raw))
+        path = _config_file(docs, tmp_path_factory.mktemp(f"case{i}"))
+        files[(image, backend)] = str(path)
+        rendered[(image, backend)] = (yaml.safe_load(path.read_text()), docs)
+    out = {}
+    for version in {v for image, _ in CASES for v in parsers_for(image)}:
+        cases = [c for c in CASES if version in parsers_for(c[0])]
+        for case, result in zip(cases, parse(version, [files[c] for c in cases])):
+            out[(case, version)] = result
+    return {"parsed": out, "rendered": rendered}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_lmcache_reads_the_values_we_render(parsed, backend):
-    parsed, docs = parsed[backend]
-    assert parsed["local_cpu"] is True and parsed["max_local_cpu_size"] == 48.0
-    assert parsed["chunk_size"] == 256
-    if backend is None:
-        assert parsed["remote_url"] is None
-        return
-    assert parsed["blocking_timeout_secs"] == 2 and parsed["lookup_timeout_ms"] == 1000
-    assert parsed["extra_config"]["fallback_policy"] == "local_cpu"
-    url = parsed["remote_url"]
-    expected = {"redis": "rediss://:s3cretT0ken@l2.example.internal:6379?socket_timeout=1",
-                "valkey": "redis://kvcache-valkey.", "lmcache-server": "lm://kvcache-lmcache"}
-    assert url.startswith(expected[backend]), url
-    # the token exists only in the pod's memory volume, never in what we render
-    assert "s3cretT0ken" not in yaml.safe_dump_all(docs)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_the_images_lmcache_reads_the_values_we_render(parsed, case):
+    image, backend = case
+    ours, docs = parsed["rendered"][case]
+    for version in parsers_for(image):
+        got = parsed["parsed"][(case, version)]
+        check_parsed(got, ours, image)
+        values = got["values"]
+        assert values["local_cpu"] is True and values["max_local_cpu_size"] == 20.0  # (96-12-4)/4
+        assert values["chunk_size"] == 256 and values["save_unfull_chunk"] is False
+        if backend is None:
+            assert values["remote_url"] is None
+            continue
+        assert values["blocking_timeout_secs"] == 2 and values["lookup_timeout_ms"] == 200
+        expected = {"redis": "rediss://:s3cretT0ken@l2.example.internal:6379?socket_timeout=1",
+                    "valkey": "redis://kvcache-valkey."}
+        assert values["remote_url"].startswith(expected[backend]), values["remote_url"]
+        # only 0.5.x has the health monitor that reads fallback_policy
+        health = (values.get("extra_config") or {}).get("fallback_policy")
+        assert health == ("local_cpu" if image.endswith("v0.5.4") else None), version
+        # the token exists only in the pod's memory volume, never in what we render
+        assert "s3cretT0ken" not in yaml.safe_dump_all(docs)
 
 
 # LMCache's own remote backend, built as a worker builds it: config file + env, then the
@@ -124,8 +164,11 @@ print("AUTH-IN-POOL" if pool.get("password") == sys.argv[1] else "NO-AUTH", flus
 
 
 def _run_lmcache_remote(tmp_path, env: dict) -> str:
+    """The seed image's own LMCache (lmcache/vllm-openai v0.5.4 carries 0.5.4)."""
+    own = PARSERS / ".".join(map(str, lmcache_version(image_for(SEED["spec"]["worker"]["image"]))))
     proc = subprocess.run([str(LMCACHE_PY), "-c", _CONNECT, TOKEN], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **env})
+                          text=True, timeout=120,
+                          env={**os.environ, **env, "PYTHONPATH": str(own)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "AUTH-IN-POOL" in proc.stdout  # the token did reach the redis client
     return proc.stdout + proc.stderr

@@ -1,0 +1,150 @@
+"""First-deploy gates on the workers of dev, china and dev's China variant (tests/k8s/
+worker_gates.py says what each gate runs); the corpus runs them in test_hyperpod_corpus.py."""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import cdk8s
+import pytest
+
+from config.images import IMAGE_FAMILIES
+from k8s.serving import build_charts
+from k8s.workers import TIER_POLICY, tier_settings
+from tests.conftest import SHIPPED
+from tests.k8s.test_charts import SEED, _env, _facts
+from tests.k8s.worker_gates import (
+    assert_reaches_vllm, families_for, fake_root, memory_budget, run_container,
+    worker_containers,
+)
+from k8s.endpoint_spec import parse_endpoint
+
+
+def _docs(synth) -> list[dict]:
+    return [d for chart in synth.stacks.serving.charts for d in chart.to_json()]
+
+
+@pytest.mark.parametrize("env", sorted(SHIPPED))
+def test_shipped_workers_reach_vllm_in_their_images_layout(synths, env, tmp_path):
+    docs = _docs(synths[env])
+    pods = worker_containers(docs)
+    assert pods
+    for pod, container in pods:
+        api_key = any(c["name"] == "fetch-api-key" for c in pod["initContainers"])
+        assert api_key   # every shipped environment has an endpoint API key
+        for family in families_for(_upstream(container["image"])):
+            root = fake_root(tmp_path, family)
+            assert_reaches_vllm(run_container(root, family, container, tmp_path), root,
+                                family, container, api_key)
+
+
+def _upstream(image: str) -> str:
+    """An ECR mirror reference back to its upstream path (kvcache/<path>:<tag>)."""
+    return image.split("/kvcache/", 1)[1] if "/kvcache/" in image else image
+
+
+@pytest.mark.parametrize("env", sorted(SHIPPED))
+def test_shipped_workers_fit_their_memory(synths, env):
+    docs = _docs(synths[env])
+    for pod, container in worker_containers(docs):
+        b = memory_budget(docs, pod, container)
+        assert b["used"] <= b["limit"], b
+        assert b["l1_per_rank"] >= 1 and b["ranks"] <= b["gpus"], b
+
+
+IMAGES = ["lmcache/vllm-openai:v0.3.7", "lmcache/vllm-openai:v0.5.4",
+          "lmcache/vllm-openai:latest", "vllm/vllm-openai:v0.19.1",
+          "public.ecr.aws/deep-learning-containers/vllm:0.11.1-gpu-py312-cu129-ubuntu22.04-ec2-v1.0",
+          "registry.example.com/team/my-inference-image:1.0"]
+
+
+@pytest.mark.parametrize("image", IMAGES)
+@pytest.mark.parametrize("model_flag", [False, True])
+@pytest.mark.parametrize("api_key", [False, True])
+def test_each_image_family_starts_vllm(tmp_path, image, model_flag, api_key):
+    """Both ways the files write args (`--model X` or vLLM's positional), with and without the
+    API key shell, in every family (an unknown image: in all of them)."""
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["image"] = image
+    if model_flag:
+        raw["spec"]["worker"]["args"] = ["--model", "/opt/ml/model",
+                                         *raw["spec"]["worker"]["args"]]
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    facts = _facts(cfg, spec)
+    if api_key:
+        facts = replace(facts, api_key_secret_arn="arn:aws:secretsmanager:us-west-2:"
+                        "111111111111:secret:api-key")
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), facts) for d in c.to_json()]
+    ((_, container),) = worker_containers(docs)
+    for family in families_for(image):
+        root = fake_root(tmp_path, family)
+        assert_reaches_vllm(run_container(root, family, container, tmp_path), root, family,
+                            container, api_key)
+
+
+def test_the_gate_fails_a_command_the_image_cannot_run(tmp_path):
+    """What we shipped before: `vllm serve` by name in lmcache/vllm-openai v0.3.7 (vLLM in
+    /opt/venv, off PATH), and python3 -m (the system python, without vllm)."""
+    from config.images import LMCACHE_VENV
+    root = fake_root(tmp_path, LMCACHE_VENV)
+    for command in (["vllm", "serve"], ["python3", "-m", "vllm.entrypoints.openai.api_server"]):
+        container = {"command": ["/bin/sh", "-c", 'exec "$@"', "vllm", *command],
+                     "args": ["/opt/ml/model"], "env": []}
+        seen = run_container(root, LMCACHE_VENV, container, tmp_path)
+        with pytest.raises(AssertionError):
+            assert_reaches_vllm(seen, root, LMCACHE_VENV, container, False)
+
+
+def test_families_cover_every_family_the_corpus_names():
+    assert {f.key for f in IMAGE_FAMILIES} == {"lmcache-venv", "lmcache-path", "vllm-openai",
+                                              "dlc-vllm"}
+    assert all(f.source and f.vllm.startswith("/") and f.python.startswith("/")
+               for f in IMAGE_FAMILIES)
+
+
+def test_tier_policy_is_data_for_each_lmcache():
+    old, new = tier_settings((0, 3, 7), l2=True), tier_settings((0, 5, 4), l2=True)
+    assert "extra_config" not in old and new["extra_config"]["fallback_policy"] == "local_cpu"
+    assert tier_settings(None, l2=True) == old         # unknown: what the oldest reads
+    assert "lookup_timeout_ms" not in tier_settings((0, 5, 4), l2=False)
+    assert all(t.why for t in TIER_POLICY)
+
+
+@pytest.mark.parametrize("env", sorted(SHIPPED))
+def test_workers_call_no_outside_host(synths, env):
+    for _, container in worker_containers(_docs(synths[env])):
+        values = {e["name"]: e.get("value") for e in container["env"]}
+        assert values["VLLM_NO_USAGE_STATS"] == "1" and values["DO_NOT_TRACK"] == "1"
+        assert values["LMCACHE_TRACK_USAGE"] == "false"
+
+
+# What the system node types hold (EC2 pages) less EKS's kube-reserved and eviction threshold
+# on AL2023 (~0.9 GiB and 80m at 58 pods); half of that is left to the cluster's own pods.
+SYSTEM_ALLOCATABLE = {"m6i.xlarge": (3.92, 14.5)}
+
+
+@pytest.mark.parametrize("backend", ["valkey", "tieredstorage", "lmcache-server"])
+def test_the_in_cluster_l2_fits_a_system_node_and_evicts(backend):
+    from k8s.endpoint_spec import _gib
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["kvcache.io/node-role"] == "system"
+    cpu, mem = SYSTEM_ALLOCATABLE[cfg.system_nodes.instance_types[0]]
+    requests = {"cpu": 0.0, "memory": 0.0}
+    for c in pod["containers"]:
+        r = c["resources"]["requests"]
+        requests["cpu"] += float(r["cpu"].removesuffix("m")) / (1000 if r["cpu"].endswith("m")
+                                                                 else 1)
+        requests["memory"] += _gib(r["memory"])
+    assert requests["cpu"] <= cpu / 2 and requests["memory"] <= mem / 2, requests
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
+    maxmemory = int(args[args.index("--maxmemory") + 1].removesuffix("mb")) / 1024
+    assert 0 < maxmemory < _gib(pod["containers"][0]["resources"]["limits"]["memory"])

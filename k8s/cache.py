@@ -21,6 +21,7 @@ from constructs import Construct
 
 from config.contracts import (
     CACHE_PORT, LABEL_NAME, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, REDIS_EXPORTER_PORT,
+    SHARED_CACHE_NAME,
 )
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
@@ -45,7 +46,7 @@ class CacheProps:
 
     @property
     def url(self) -> str:
-        return f"redis://kvcache-{self.kind}.{self.namespace}.svc.cluster.local:{CACHE_PORT}"
+        return f"redis://{SHARED_CACHE_NAME}.{self.namespace}.svc.cluster.local:{CACHE_PORT}"
 
     @property
     def maxmemory_mib(self) -> int:
@@ -55,7 +56,7 @@ class CacheProps:
 class SharedCacheChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: CacheProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
-        p, name = props, f"kvcache-{props.kind}"
+        p, name = props, SHARED_CACHE_NAME
         if p.kind != VALKEY:
             raise ValueError(f"the in-cluster L2 is Valkey, not {p.kind}")
         sel = selector_labels(p.kind, "shared")

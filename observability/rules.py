@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import yaml
 
 from config import EnvironmentConfig
-from config.contracts import SERVING_NAMESPACE
+from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
 from observability.metrics import (
     DCGM_JOB, ENDPOINT_LABEL, ROUTER_METRICS, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
 )
@@ -121,7 +121,7 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   "misses."),
             Alert("KvcacheSharedCacheDown",
                   f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
-                  'statefulset=~"kvcache-(valkey|lmcache-server)"} < 1',
+                  f'statefulset="{SHARED_CACHE_NAME}"}} < 1',
                   "5m", "critical", "Self-hosted L2 cache {{ $labels.statefulset }} not ready",
                   "The in-cluster L2 cache has no ready replica: every L2 read misses."),
         ),

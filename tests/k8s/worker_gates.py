@@ -85,6 +85,12 @@ def run_container(root: Path, family: ImageFamily, container: dict, tmp: Path) -
     env.update(PATH=":".join(f"{root}{d}" for d in family.path), RECORD=str(record),
                PROMETHEUS_MULTIPROC_DIR=_in_root(root, env.get("PROMETHEUS_MULTIPROC_DIR", "")))
     env.pop("VLLM_API_KEY", None)
+    # The start-up shell empties the metrics directory with the real rm: anywhere outside the
+    # fake root (a /tmp, say) it would empty this machine's directory. The gate fails instead.
+    metrics_dir = env["PROMETHEUS_MULTIPROC_DIR"]
+    assert metrics_dir.startswith(f"{root}/"), (
+        f"{family.key}: PROMETHEUS_MULTIPROC_DIR {metrics_dir!r} is not the workers' own "
+        f"emptyDir ({PROMETHEUS_DIR}): the start-up shell would empty it")
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
     seen = {"rc": proc.returncode, "stderr": proc.stderr}
     if record.exists():

@@ -10,6 +10,7 @@ import subprocess
 
 import yaml
 
+from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
 from observability.metrics import ENDPOINT_LABEL, ROUTERS_JOB, WORKERS_JOB
 from observability.rules import L2_GET_P90_SLOW_MS, render
 
@@ -87,6 +88,9 @@ def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
          "values": "1x30"},
         # the router's scrape fails from minute 20
         {"series": f"up{R}}}", "values": "1x20 0x10"},
+        # the in-cluster L2 (the StatefulSet k8s/cache.py renders) loses its replica at minute 10
+        {"series": f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
+                   f'statefulset="{SHARED_CACHE_NAME}"}}', "values": "1x10 0x20"},
     ]
     tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
@@ -98,6 +102,10 @@ def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
             _silent("KvcacheWorkerUnhealthy", "4m"),
             _fires("KvcacheWorkerUnhealthy", "9m", {"severity": "warning", ENDPOINT_LABEL: EP,
                                                     "worker": "http://w1:8000"}),
+            _silent("KvcacheSharedCacheDown", "9m"),
+            _fires("KvcacheSharedCacheDown", "16m", {
+                "severity": "critical", "namespace": SERVING_NAMESPACE,
+                "statefulset": SHARED_CACHE_NAME}),
             _silent("KvcacheRouterDown", "19m"),
             _fires("KvcacheRouterDown", "26m", {
                 "severity": "critical", "job": ROUTERS_JOB, ENDPOINT_LABEL: EP,

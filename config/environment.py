@@ -24,6 +24,13 @@ SYSTEM_AMI_TYPES = ("AL2023_X86_64_STANDARD", "AL2023_ARM_64_STANDARD", "BOTTLER
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT")
 CACHE_KINDS = ("elasticache", "self-hosted", "none")
 CACHE_ENGINES = ("valkey", "redis")
+# ElastiCache engine versions -> their parameter group family (the cache's own group sets
+# allkeys-lru, so the family must match the version exactly: `aws elasticache
+# describe-cache-engine-versions`).
+CACHE_ENGINE_FAMILIES = {
+    "valkey": {"7.2": "valkey7", "8.0": "valkey8", "8.1": "valkey8"},
+    "redis": {"6.0": "redis6.x", "6.2": "redis6.x", "7.0": "redis7", "7.1": "redis7"},
+}
 OBSERVABILITY_KINDS = ("managed", "self-hosted")
 BUCKET_ENCRYPTION = ("kms", "s3-managed")
 REMOVAL = ("retain", "destroy")
@@ -62,6 +69,10 @@ class CacheConfig:
     replicas: int = 1
     multi_az: bool = True
     snapshot_retention_days: int = 1
+
+    @property
+    def parameter_group_family(self) -> str:
+        return CACHE_ENGINE_FAMILIES[self.engine][self.engine_version]
 
 
 @dataclass(frozen=True)
@@ -284,8 +295,10 @@ def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
     )
     if cfg.multi_az and cfg.replicas < 1:
         raise r.fail("replicas", cfg.replicas, "at least 1 when multiAz is true")
-    if not re.fullmatch(r"\d+\.\d+", cfg.engine_version):
-        raise r.fail("engineVersion", cfg.engine_version, "MAJOR.MINOR, e.g. 8.0")
+    versions = CACHE_ENGINE_FAMILIES[cfg.engine]
+    if cfg.engine_version not in versions:
+        raise r.fail("engineVersion", cfg.engine_version,
+                     f"{', '.join(versions)} (ElastiCache {cfg.engine})")
     r.done()
     return cfg
 

@@ -23,6 +23,7 @@ class KvCacheProps:
     client_security_group: ec2.ISecurityGroup
     engine: str
     engine_version: str
+    parameter_group_family: str   # e.g. valkey8, redis6.x (config.environment)
     node_type: str
     replicas: int
     multi_az: bool
@@ -53,11 +54,10 @@ class KvCache(Construct):
             self, "Subnets", description="L2 KV cache private subnets",
             subnet_ids=props.vpc.select_subnets(
                 subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnet_ids)
-        major = props.engine_version.split(".")[0]
         # The default group's maxmemory-policy is volatile-lru, which evicts only keys with a
         # TTL; LMCache sets none, so a full cache would refuse every write. Evict any key, LRU.
         parameters = elasticache.CfnParameterGroup(
-            self, "Parameters", cache_parameter_group_family=f"{props.engine}{major}",
+            self, "Parameters", cache_parameter_group_family=props.parameter_group_family,
             description="LMCache L2: evict any key, least recently used first",
             properties={"maxmemory-policy": "allkeys-lru"})
         self.replication_group = elasticache.CfnReplicationGroup(

@@ -74,14 +74,16 @@ _ROWS = (
     Field("spec.kvCacheSpec.enableL1Cache", USED, "LMCache local_cpu (L1 in the worker's CPU "
           "memory)"),
     Field("spec.kvCacheSpec.l1CacheSizeGiB", USED, "this project's extension: "
-          "max_local_cpu_size (default half the worker's memory request)"),
+          "the worker's whole L1, split over its GPU processes into max_local_cpu_size "
+          "(default: the memory vLLM and /dev/shm leave)"),
     Field("spec.kvCacheSpec.enableL2Cache", USED, "LMCache remote_url (L2 shared by workers)"),
     Field("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", USED, "redis: the environment's "
-          "cache (ElastiCache over TLS, or the in-cluster Valkey); tieredstorage: LMCache's "
-          "own server in the cluster; also valkey and lmcache-server (this project's names)"),
+          "cache (ElastiCache over TLS, or the in-cluster Valkey); tieredstorage: the "
+          "in-cluster Valkey; also valkey and lmcache-server (this project's names; "
+          "lmcache-server is served by Valkey too)"),
     Field("spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl", USED, "the endpoint's own L2 "
           "(redis://, rediss:// or lm://, no credentials), in place of the environment's "
-          "cache, with the same socket timeouts and fallback to L1"),
+          "cache, with the same socket timeouts and bounded lookups"),
     Field("spec.kvCacheSpec.cacheConfigFile", IGNORED, "LMCache's settings are rendered into "
           "a ConfigMap (docs/serving.md)"),
     # Routing and scaling

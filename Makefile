@@ -49,7 +49,8 @@ tools:
 	@scripts/debian-tools
 
 ## Synthesize an environment into cdk.out/ (default: the `defaultEnvironment` in cdk.json).
-synth: deps
+## Only what synthesis needs: the test-only LMCache and checkov venvs are left to `make test`.
+synth: $(VENV)/.installed node_modules/.installed
 	cdk synth -q $(if $(ENV),-c env=$(ENV)) $(if $(CHINA),-c china=$(CHINA))
 
 ## The whole test suite: config, stacks, charts, loopback router tests, tools.

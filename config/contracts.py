@@ -74,3 +74,11 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+# How long a pod may wait for a node: the cluster autoscaler notices it (10 s scan), EC2
+# launches, the node joins and pulls images. Helm releases that wait for their pods get
+# HELM_TIMEOUT_MINUTES, above this and inside the kubectl handler Lambda's 15 minutes (chart
+# pull and an atomic rollback included); the kvaware router waits this long for a worker on
+# top of the worker's own startup window.
+NODE_START_MINUTES = 10
+HELM_TIMEOUT_MINUTES = 12

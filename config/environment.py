@@ -32,6 +32,7 @@ CACHE_ENGINE_FAMILIES = {
     "redis": {"6.0": "redis6.x", "6.2": "redis6.x", "7.0": "redis7", "7.1": "redis7"},
 }
 OBSERVABILITY_KINDS = ("managed", "self-hosted")
+GRAFANA_KINDS = ("managed", "none")   # with managed observability: AMG needs IAM Identity Center
 BUCKET_ENCRYPTION = ("kms", "s3-managed")
 REMOVAL = ("retain", "destroy")
 ALERT_SEVERITIES = ("critical", "warning")   # the `severity` label every shipped alert carries
@@ -129,6 +130,7 @@ class EnvironmentConfig:
     router_implementations: Mapping[str, str] = field(default_factory=dict)
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
     alert_subscriptions: tuple[AlertSubscription, ...] = ()
+    managed_grafana: bool = True      # `grafana: managed|none`; only with managed observability
 
     @property
     def images(self) -> ImageResolver:
@@ -384,6 +386,13 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     if observability == "managed" and not facts.managed_observability:
         raise r.fail("observability", observability,
                      f"self-hosted (AMP and Amazon Managed Grafana do not exist in {region})")
+    if observability == "managed":
+        managed_grafana = r.choice("grafana", GRAFANA_KINDS, "managed") == "managed"
+    else:
+        managed_grafana = False
+        if "grafana" in raw:
+            raise r.fail("grafana", raw["grafana"], "no value with observability self-hosted "
+                         "(Grafana runs in the cluster); managed or none with managed")
     use_ecr = r.get("useEcrImages", bool, facts.china)
     if facts.china and not use_ecr:
         raise r.fail("useEcrImages", use_ecr,
@@ -440,6 +449,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
+        managed_grafana=managed_grafana,
     )
     r.done()
     return cfg

@@ -19,7 +19,7 @@ from aws_cdk import (
 )
 from constructs import Construct
 
-from config.contracts import MONITORING_NAMESPACE
+from config.contracts import HELM_TIMEOUT_MINUTES, MONITORING_NAMESPACE
 from config.images import CHARTS, ImageResolver
 from constructs.alert_topic import AlertTopic
 from constructs.nag import acknowledge
@@ -103,7 +103,7 @@ class ClusterMonitoring(Construct):
             self, "KubePrometheusStack", cluster=p.cluster, chart=name, repository=repository,
             version=chart.version, namespace=p.namespace, create_namespace=False,
             release=RELEASE, values=self.values, wait=True, atomic=True,
-            timeout=Duration.minutes(12))
+            timeout=Duration.minutes(HELM_TIMEOUT_MINUTES))
         self.stack.node.add_dependency(base)
         for identity in identities:  # credentials exist before the pods that use them
             self.stack.node.add_dependency(identity)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import CfnJson, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import CfnJson, Duration, Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from config.contracts import KEDA_NAMESPACE, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM
+from config.contracts import (
+    HELM_TIMEOUT_MINUTES, KEDA_NAMESPACE, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+)
 from config.images import CHARTS, IMAGES, ImageResolver
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
@@ -24,6 +26,7 @@ AUTOSCALER_SA = "cluster-autoscaler"
 @dataclass(frozen=True)
 class ClusterScalingProps:
     cluster: eks.Cluster
+    system_nodes: eks.Nodegroup       # where both run: their releases wait for its nodes
     images: ImageResolver
     region: str
     amp_workspace_arn: str | None     # KEDA queries AMP with SigV4 where there is one
@@ -35,8 +38,9 @@ class ClusterScaling(Construct):
         p = props
         system = {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM}
 
-        keda_role = PodIdentityRole(self, "KedaIdentity", props=PodIdentityRoleProps(
-            cluster=p.cluster, namespace=KEDA_NAMESPACE, service_account=KEDA_OPERATOR_SA)).role
+        keda_identity = PodIdentityRole(self, "KedaIdentity", props=PodIdentityRoleProps(
+            cluster=p.cluster, namespace=KEDA_NAMESPACE, service_account=KEDA_OPERATOR_SA))
+        keda_role = keda_identity.role
         if p.amp_workspace_arn:
             keda_role.add_to_policy(iam.PolicyStatement(
                 actions=["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels",
@@ -51,7 +55,7 @@ class ClusterScaling(Construct):
         self.keda = eks.HelmChart(
             self, "Keda", cluster=p.cluster, chart=name, repository=repo,
             version=keda_chart.version, namespace=KEDA_NAMESPACE, create_namespace=True,
-            release="keda", wait=True, atomic=True,
+            release="keda", wait=True, atomic=True, timeout=Duration.minutes(HELM_TIMEOUT_MINUTES),
             values={
                 "image": {"keda": keda_image("keda"),
                           "metricsApiServer": keda_image("keda-metrics-apiserver"),
@@ -61,8 +65,9 @@ class ClusterScaling(Construct):
                 "nodeSelector": system,
             })
 
-        ca_role = PodIdentityRole(self, "AutoscalerIdentity", props=PodIdentityRoleProps(
-            cluster=p.cluster, namespace="kube-system", service_account=AUTOSCALER_SA)).role
+        ca_identity = PodIdentityRole(self, "AutoscalerIdentity", props=PodIdentityRoleProps(
+            cluster=p.cluster, namespace="kube-system", service_account=AUTOSCALER_SA))
+        ca_role = ca_identity.role
         ca_role.add_to_policy(iam.PolicyStatement(
             actions=["autoscaling:DescribeAutoScalingGroups",
                      "autoscaling:DescribeAutoScalingInstances",
@@ -95,7 +100,7 @@ class ClusterScaling(Construct):
         self.autoscaler = eks.HelmChart(
             self, "ClusterAutoscaler", cluster=p.cluster, chart=name, repository=repo,
             version=ca_chart.version, namespace="kube-system", release="cluster-autoscaler",
-            wait=True, atomic=True,
+            wait=True, atomic=True, timeout=Duration.minutes(HELM_TIMEOUT_MINUTES),
             values={
                 "image": {"repository": p.images.repository_of("cluster-autoscaler"),
                           "tag": IMAGES["cluster-autoscaler"].pin,
@@ -109,3 +114,8 @@ class ClusterScaling(Construct):
                               "expander": "least-waste",
                               "scale-down-unneeded-time": "10m"},
             })
+        # The kubectl barrier does not wait for nodes: without these the releases' pods stay
+        # Pending, Helm's wait runs out and the stack rolls back; and a pod started before its
+        # Pod Identity association exists never gets credentials.
+        self.keda.node.add_dependency(p.system_nodes, keda_identity)
+        self.autoscaler.node.add_dependency(p.system_nodes, ca_identity)

@@ -121,14 +121,15 @@ class GpuCluster(Construct):
                 eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY,
                               value=GPU_TAINT_VALUE)])
             self.gpu_nodegroups[group.name].node.add_dependency(*node_prereqs)
-        ebs_role = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
+        ebs_identity = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
             cluster=self.cluster, namespace="kube-system",
-            service_account="ebs-csi-controller-sa")).role
+            service_account="ebs-csi-controller-sa"))
+        ebs_role = ebs_identity.role
         ebs_role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(
             "service-role/AmazonEBSCSIDriverPolicy"))
         ebs = eks.Addon(self, "AwsEbsCsiDriver", cluster=self.cluster,
                         addon_name="aws-ebs-csi-driver", preserve_on_delete=False)
-        ebs.node.add_dependency(self.system_nodegroup)
+        ebs.node.add_dependency(self.system_nodegroup, ebs_identity)  # credentials first
 
         # The controller image comes from the region's EKS add-on registry, which China can pull.
         self.alb_controller = eks.AlbController(
@@ -148,8 +149,9 @@ class GpuCluster(Construct):
             if (isinstance(child, CfnResource)
                     and child.cfn_resource_type == "Custom::AWSCDK-EKS-HelmChart"):
                 child.add_property_override("Repository", props.alb_chart_repository)
-        self.cluster.add_cdk8s_chart("NvidiaDevicePlugin", DevicePluginChart(
+        device_plugin = self.cluster.add_cdk8s_chart("NvidiaDevicePlugin", DevicePluginChart(
             cdk8s.App(), "nvidia-device-plugin", image=props.device_plugin_image))
+        device_plugin.node.add_dependency(*self.gpu_nodegroups.values())
         _acknowledge_cluster_findings(self)
 
     def _nodegroup(self, group: NodeGroupConfig, subnets: ec2.SubnetSelection,

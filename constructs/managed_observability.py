@@ -14,6 +14,7 @@ class ManagedObservabilityProps:
     removal_policy: RemovalPolicy
     alert_rules: str | None = None   # a Prometheus rule file (YAML) AMP evaluates
     alert_manager_definition: str | None = None   # AMP's alert manager (routes to SNS)
+    grafana: bool = True             # Amazon Managed Grafana (needs IAM Identity Center)
 
 
 class ManagedObservability(Construct):
@@ -25,6 +26,11 @@ class ManagedObservability(Construct):
         self.rules = (aps.CfnRuleGroupsNamespace(
             self, "AlertRules", workspace=self.workspace.attr_arn, name="kvcache",
             data=props.alert_rules) if props.alert_rules else None)
+        self.grafana: grafana.CfnWorkspace | None = None
+        if props.grafana:
+            self._grafana(props)
+
+    def _grafana(self, props: ManagedObservabilityProps) -> None:
         self.grafana_role = iam.Role(
             self, "GrafanaRole", assumed_by=iam.ServicePrincipal("grafana.amazonaws.com"),
             description="Amazon Managed Grafana reads the AMP workspace")

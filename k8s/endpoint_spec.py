@@ -17,7 +17,7 @@ import yaml
 
 from config.errors import ConfigError
 from config.images import Image, image_for
-from config.instances import ec2_type, gpu_shape
+from config.instances import ec2_type, gpu_shape, pod_share
 from k8s.hyperpod_fields import FIELDS, ignored
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
@@ -331,12 +331,21 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         raise worker._err("spec.worker.resources.limits.nvidia.com/gpu", gpus,
                           f"a divisor of {shape.gpus} (GPUs on {itype})")
     pods_per_node = shape.gpus // gpus
-    cpu = str(requests.get("cpu", max(1, shape.vcpus // pods_per_node - 2)))
-    memory = str(requests.get("memory", f"{shape.memory_gib // pods_per_node - 8}Gi"))
+    # Defaults, and the most a file may ask for: this pod's share of what the node allocates
+    # (config/instances.py); a file written for a larger instance (instanceTypeMap) is capped.
+    share_cpu, share_gib = pod_share(itype, pods_per_node)
+    cpu = str(requests.get("cpu", share_cpu))
+    memory = str(requests.get("memory", f"{share_gib}Gi"))
     for key, value in (("cpu", cpu), ("memory", memory)):
         if not _QUANTITY.match(value):
             raise worker._err(f"spec.worker.resources.requests.{key}", value,
                               "a Kubernetes quantity, e.g. 16 or 96Gi")
+    if _cores(cpu) > share_cpu or _gib(memory) > share_gib:
+        warnings.append(f"{file}: spec.worker.resources.requests: cpu {cpu}, memory {memory} "
+                        f"exceed a {itype} worker's share of the node ({share_cpu} CPU, "
+                        f"{share_gib}Gi with {pods_per_node} per node): capped to it")
+        cpu = cpu if _cores(cpu) <= share_cpu else str(share_cpu)
+        memory = memory if _gib(memory) <= share_gib else f"{share_gib}Gi"
     # L1 lives in the worker's own memory: it must fit beside vLLM (8 GiB headroom). 0: sized
     # from the container's memory per GPU process (k8s/workers.py l1_budget).
     mem_gib = _gib(memory)
@@ -522,6 +531,10 @@ def _gib(quantity: str) -> float:
              "M": 1e6 / 2**30, "G": 1e9 / 2**30, "T": 1e12 / 2**30, "m": 1e-3 / 2**30, "": 1 / 2**30}
     number, unit = re.match(r"^(\d+(?:\.\d+)?)(\D*)$", quantity).groups()
     return float(number) * units[unit]
+
+
+def _cores(quantity: str) -> float:
+    return _gib(quantity) * 2**30
 
 
 def load_endpoint(env: str, path: Path, root: Path, **served: Any) -> EndpointSpec:

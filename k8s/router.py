@@ -13,19 +13,40 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, ROUTER_METRICS_PORT, ROUTER_PORT,
-    ROUTER_STRATEGIES, WORKER_PORT,
+    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, NODE_START_MINUTES, ROUTER_METRICS_PORT,
+    ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
 from k8s.endpoint_spec import ROUTING_POLICIES
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
+from k8s.workers import MetricsSource
 from k8s.secret_fetch import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
 )
 
 COMPONENT = "vllm-router"
+# vllm-router 0.1.17 with static --worker-urls (kvaware) listens only once one listed worker
+# answers its health check, probing every --worker-startup-check-interval (default 30 s), and
+# exits 1 when none has after --worker-startup-timeout-secs (default 600 s); measured with the
+# pinned binary on loopback (tests/e2e/test_router_startup.py, docs/runbook.md). It waits as
+# long as a worker may take to start: a node (NODE_START_MINUTES) and the workers' own
+# startupProbe window (k8s/workers.py: 180 x 10 s), checking every 5 s.
+WORKER_STARTUP_WINDOW_S = 1800
+WORKER_STARTUP_TIMEOUT_S = NODE_START_MINUTES * 60 + WORKER_STARTUP_WINDOW_S
+WORKER_STARTUP_CHECK_S = 5
+# The startupProbe outlasts that wait, so the router's own exit says why, not a kill by the
+# kubelet; routers with service discovery listen at once and pass it on the first probe.
+PROBE_PERIOD_S = 10
+STARTUP_PROBE_FAILURES = -(-(WORKER_STARTUP_TIMEOUT_S + WORKER_STARTUP_CHECK_S) // PROBE_PERIOD_S) + 1
+# Rollouts drop nothing behind the NLB: the load balancer controller's readiness gate keeps an
+# old pod until its successor is a healthy target (namespace label, k8s/serving.py); on
+# termination the pod keeps serving while the NLB stops sending it new connections, then gets
+# SIGTERM and finishes what it has.
+POD_READINESS_GATE_LABEL = "elbv2.k8s.aws/pod-readiness-gate-inject"
+PRE_STOP_SLEEP_S = 30
+TERMINATION_GRACE_S = PRE_STOP_SLEEP_S + 90
 # TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
@@ -53,8 +74,9 @@ class RouterProps:
     worker_port: int = WORKER_PORT               # where the workers' vLLM listens
     health_check_path: str = "/health"
     replicas: int = 2
-    max_replicas: int = 6             # HPA on CPU: the router scales on its own load
+    max_replicas: int = 6             # KEDA on the router's own CPU (RouterScaling)
     cpu_target_percent: int = 70
+    metrics: MetricsSource | None = None   # where KEDA reads it; None: a fixed replica count
     public_listener: bool = False
     # kv_aware: static worker URLs and their ZMQ event endpoints (discovery cannot carry them)
     static_workers: tuple[str, ...] = ()
@@ -119,7 +141,9 @@ def _common_args(p: RouterProps) -> list[str]:
             "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "15",
             "--log-level", "info"]
     if p.static_workers:
-        args += ["--worker-urls", *p.static_workers]
+        args += ["--worker-startup-timeout-secs", str(WORKER_STARTUP_TIMEOUT_S),
+                 "--worker-startup-check-interval", str(WORKER_STARTUP_CHECK_S),
+                 "--worker-urls", *p.static_workers]
     else:
         args += ["--service-discovery", "--selector",
                  *[f"{k}={v}" for k, v in sorted(p.worker_selector.items())],
@@ -162,7 +186,7 @@ class RouterChart(Chart):
                        "volumes": API_KEY_VOLUMES}
             key_container = {"volumeMounts": [
                 {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
-        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
                  "timeoutSeconds": 3}
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
                    namespace=ns, labels=labels, body={"spec": {
@@ -178,7 +202,7 @@ class RouterChart(Chart):
                                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
                                "topologySpreadConstraints": zone_spread(sel),
                                "securityContext": pod_security(),
-                               "terminationGracePeriodSeconds": 30,
+                               "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
                                **key_pod,
                                "containers": [{
                                    "name": "router", "image": props.image,
@@ -190,6 +214,9 @@ class RouterChart(Chart):
                                    "ports": [{"name": "http", "containerPort": ROUTER_PORT},
                                              {"name": "metrics",
                                               "containerPort": ROUTER_METRICS_PORT}],
+                                   "startupProbe": {**probe, "httpGet": {
+                                       "path": "/liveness", "port": "http"},
+                                       "failureThreshold": STARTUP_PROBE_FAILURES},
                                    "readinessProbe": {**probe, "httpGet": {
                                        "path": "/readiness", "port": "http"}},
                                    "livenessProbe": {**probe, "httpGet": {
@@ -198,20 +225,14 @@ class RouterChart(Chart):
                                    "resources": {
                                        "requests": {"cpu": props.cpu, "memory": props.memory},
                                        "limits": {"cpu": props.cpu, "memory": props.memory}},
+                                   "lifecycle": {"preStop": {
+                                       "sleep": {"seconds": PRE_STOP_SLEEP_S}}},
                                    "securityContext": hardened(),
                                }],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
-        k8s_object(self, "Hpa", api_version="autoscaling/v2", kind="HorizontalPodAutoscaler",
-                   name=name, namespace=ns, labels=labels, body={"spec": {
-                       "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
-                                          "name": name},
-                       "minReplicas": props.replicas, "maxReplicas": props.max_replicas,
-                       "metrics": [{"type": "Resource", "resource": {
-                           "name": "cpu", "target": {"type": "Utilization",
-                                                     "averageUtilization":
-                                                         props.cpu_target_percent}}}],
-                       "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}})
+        if props.metrics is not None:
+            self._scaled_object(name, labels, props)
         scheme = "internet-facing" if props.public_listener else "internal"
         annotations = {}
         if props.policy in ("cache_aware", "kv_aware"):
@@ -251,3 +272,36 @@ class RouterChart(Chart):
                        "type": "ClusterIP", "selector": sel,
                        "ports": [{"name": "metrics", "port": ROUTER_METRICS_PORT,
                                   "targetPort": "metrics"}]}})
+
+    def _scaled_object(self, name: str, labels: dict, p: RouterProps) -> None:
+        """KEDA scales the router on its own CPU, read from the kubelet's cAdvisor metrics in
+        the Prometheus/AMP the workers' scaling already queries: EKS installs no
+        metrics-server, so a CPU HorizontalPodAutoscaler would read <unknown> and never act."""
+        src, ns = p.metrics, p.namespace
+        cores = quantity_cores(p.cpu) * p.cpu_target_percent / 100
+        meta = {"serverAddress": src.server_address, "threshold": f"{cores:g}",
+                "query": (f'sum(rate(container_cpu_usage_seconds_total{{namespace="{ns}",'
+                          f'container="router",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}}[2m]))'),
+                "ignoreNullValues": "true"}
+        trigger = {"type": "prometheus", "name": "router-cpu", "metricType": "AverageValue",
+                   "metadata": meta}
+        if src.aws_region:   # AMP: SigV4 as the KEDA operator's Pod Identity
+            auth = f"{name}-aws"
+            k8s_object(self, "TriggerAuthentication", api_version="keda.sh/v1alpha1",
+                       kind="TriggerAuthentication", name=auth, namespace=ns, labels=labels,
+                       body={"spec": {"podIdentity": {"provider": "aws",
+                                                      "identityOwner": "keda"}}})
+            meta["awsRegion"] = src.aws_region
+            trigger["authenticationRef"] = {"name": auth}
+        k8s_object(self, "ScaledObject", api_version="keda.sh/v1alpha1", kind="ScaledObject",
+                   name=name, namespace=ns, labels=labels, body={"spec": {
+                       "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": name},
+                       "minReplicaCount": p.replicas, "maxReplicaCount": p.max_replicas,
+                       "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                           "scaleDown": {"stabilizationWindowSeconds": 300}}}},
+                       "triggers": [trigger]}})
+
+
+def quantity_cores(cpu: str) -> float:
+    return float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)

@@ -18,7 +18,7 @@ from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_e
 from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
-from k8s.router import RouterChart, RouterProps
+from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps
 from k8s.endpoint_spec import _gib
 from k8s.workers import (
     KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection, MetricsSource, WorkerScaling,
@@ -194,7 +194,9 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         "name": SERVING_NAMESPACE, "labels": {
             **standard_labels("serving", cfg.name),
             # every serving pod runs non-root, read-only, seccomp'd, without capabilities
-            **pod_security_labels("restricted", cfg.kubernetes_version)}})
+            **pod_security_labels("restricted", cfg.kubernetes_version),
+            # the load balancer controller gates router pods on their NLB target health
+            POD_READINESS_GATE_LABEL: "enabled"}})
     charts: list[Chart] = [ns]
     api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
                if facts.api_key_secret_arn else None)
@@ -243,6 +245,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
             if kvaware else (),
             kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
+            metrics=facts.metrics,
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets))

@@ -22,6 +22,7 @@ class ObservabilityStack(Stack):
         self.alerts.allow_amp()
         self.managed = ManagedObservability(self, "Managed", props=ManagedObservabilityProps(
             removal_policy=removal_policy(cfg), alert_rules=render_rules(cfg),
+            grafana=cfg.managed_grafana,
             alert_manager_definition=amp_alert_manager_definition(
                 topic_arn=self.alerts.topic.topic_arn, region=cfg.region)))
         # AMP checks it may publish when the definition is set: policies first.

@@ -49,11 +49,14 @@ class ServingStack(Stack):
         # The router NLBs' subnets: the public ones, where no pod has an address.
         lb_subnets = Fn.join(",", [s.subnet_id for s in cluster.vpc.public_subnets])
         accounts = {}
+        identities: dict[str, PodIdentityRole] = {}   # service account -> its Pod Identity
         for spec in endpoints:
             sa = worker_service_account(spec.name)
             accounts[spec.name] = sa
-            role = PodIdentityRole(self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(
-                cluster=cluster, namespace=SERVING_NAMESPACE, service_account=sa)).role
+            identities[sa] = PodIdentityRole(
+                self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(
+                    cluster=cluster, namespace=SERVING_NAMESPACE, service_account=sa))
+            role = identities[sa].role
             # `aws s3 sync` of the endpoint's own prefix: GetObject under it, and ListBucket
             # only for keys under it (CDK's grant_read would add s3:List* on the whole bucket).
             prefix = f"{spec.model_location}/*"
@@ -65,10 +68,11 @@ class ServingStack(Stack):
             if model_key:
                 model_key.grant_decrypt(role)
             api_key.grant_read(role)
-            router_role = PodIdentityRole(
+            identities[router_name(spec.name)] = PodIdentityRole(
                 self, f"{logical_id(spec.name)}RouterIdentity", props=PodIdentityRoleProps(
                     cluster=cluster, namespace=SERVING_NAMESPACE,
-                    service_account=router_name(spec.name))).role
+                    service_account=router_name(spec.name)))
+            router_role = identities[router_name(spec.name)].role
             api_key.grant_read(router_role)
             if l2_secret_arn and spec.l2_enabled:
                 role.add_to_policy(iam.PolicyStatement(
@@ -93,4 +97,14 @@ class ServingStack(Stack):
                                               manifest=chart.to_json(), overwrite=True)
             if previous is not None:
                 manifest.node.add_dependency(previous)
+            # The Pod Identity webhook gives a pod credentials only if its association exists
+            # when the pod is created (as constructs/cluster_monitoring.py orders them).
+            for account in sorted(_service_accounts(chart) & set(identities)):
+                manifest.node.add_dependency(identities[account])
             previous = manifest
+
+
+def _service_accounts(chart: cdk8s.Chart) -> set[str]:
+    """The service accounts the chart's pod templates run as."""
+    return {doc["spec"]["template"]["spec"].get("serviceAccountName", "default")
+            for doc in chart.to_json() if "template" in doc.get("spec", {})}

@@ -6,8 +6,9 @@ Checks, with the caller's credentials (read-only calls): the credentials are the
 account; the services the variant needs exist in the region; the zones exist; every node
 group's instance types are offered in every chosen zone; the EC2 vCPU quotas cover the node
 groups (desired sizes must fit, max sizes should); the Kubernetes version is offered by EKS;
-the mirrored images are in ECR with their pinned digests; each endpoint's model is in the
-bucket. One table, and exit 1 when any row is a blocker (FAIL).
+the mirrored images and charts are in ECR (images with their pinned digests), one row each;
+Amazon Managed Grafana's IAM Identity Center is there where the environment asks for it; each
+endpoint's model is in the bucket. One table, and exit 1 when any row is a blocker (FAIL).
 """
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ class Preflight:
 
     def run(self) -> list[Row]:
         rows: list[Row] = []
-        for check in (self.credentials, self.services, self.zones, self.offerings,
-                      self.quotas, self.kubernetes, self.images_in_ecr, self.models):
+        for check in (self.credentials, self.services, self.identity_center, self.zones,
+                      self.offerings, self.quotas, self.kubernetes, self.images_in_ecr,
+                      self.charts_in_ecr, self.models):
             try:
                 rows += check()
             except ToolError:
@@ -109,6 +111,18 @@ class Preflight:
         if missing:
             return [Row("services", FAIL, f"not in {self.cfg.region}: {', '.join(missing)}")]
         return [Row("services", PASS, f"{wanted} (botocore endpoint data)")]
+
+    def identity_center(self) -> list[Row]:
+        """Amazon Managed Grafana signs users in through IAM Identity Center; without an
+        instance its workspace fails ("SSO is not enabled"), and every stack after it."""
+        if not self.cfg.managed_grafana:
+            return []
+        instances = self.aws.client("sso-admin").list_instances()["Instances"]
+        if not instances:
+            return [Row("IAM Identity Center", FAIL, f"no instance in {self.cfg.region}: "
+                        "Amazon Managed Grafana needs one; enable IAM Identity Center, or set "
+                        f'"grafana": "none" for {self.cfg.name} in cdk.json')]
+        return [Row("IAM Identity Center", PASS, instances[0]["InstanceArn"])]
 
     def zones(self) -> list[Row]:
         zones = self.aws.client("ec2").describe_availability_zones(
@@ -206,25 +220,12 @@ class Preflight:
     def images_in_ecr(self) -> list[Row]:
         if not self.cfg.use_ecr_images:
             return [Row("images", SKIP, "the environment pulls from the upstream registries")]
-        ecr = self.aws.client("ecr")
         rows = []
         for image in self.images:
             check = f"image: {image.key}"
-            try:
-                found = ecr.describe_images(repositoryName=image.mirror_repository,
-                                            imageIds=[{"imageTag": image.tag}])["imageDetails"]
-            except Exception as err:
-                code = error_code(err)
-                if code == "RepositoryNotFoundException":
-                    rows.append(Row(check, FAIL, f"no repository {image.mirror_repository}: "
-                                    f"deploy {self.cfg.stack_prefix}-Storage"))
-                    continue
-                if code == "ImageNotFoundException":
-                    rows.append(Row(check, FAIL, f"{image.mirror_repository}:{image.tag} "
-                                    "missing: run python -m tools mirror"))
-                    continue
-                raise
-            digest = found[0]["imageDigest"]
+            digest = self._in_ecr(rows, check, image.mirror_repository, image.tag)
+            if digest is None:
+                continue
             if image.digest is None:
                 rows.append(Row(check, WARN, f"{image.tag} present as {digest}; the catalogue "
                                 "pins no digest yet"))
@@ -234,6 +235,40 @@ class Preflight:
             else:
                 rows.append(Row(check, PASS, f"{image.mirror_repository}:{image.tag}"))
         return rows
+
+    def charts_in_ecr(self) -> list[Row]:
+        """The Cluster and Monitoring stacks install these charts from the mirror: before
+        `python -m tools mirror` has pushed them, `cdk deploy` fails there."""
+        from config.images import CHARTS
+
+        if not self.cfg.use_ecr_images:
+            return [Row("charts", SKIP, "the environment installs charts from their upstream "
+                        "repositories")]
+        rows: list[Row] = []
+        for chart in CHARTS.values():
+            check = f"chart: {chart.key} {chart.version}"
+            if self._in_ecr(rows, check, chart.mirror_repository, chart.version):
+                rows.append(Row(check, PASS, f"{chart.mirror_repository}:{chart.version}"))
+        return rows
+
+    def _in_ecr(self, rows: list[Row], check: str, repository: str, tag: str) -> str | None:
+        """The digest of repository:tag in the account's ECR; None after a FAIL row saying
+        what to run."""
+        try:
+            found = self.aws.client("ecr").describe_images(
+                repositoryName=repository, imageIds=[{"imageTag": tag}])["imageDetails"]
+        except Exception as err:
+            code = error_code(err)
+            if code == "RepositoryNotFoundException":
+                rows.append(Row(check, FAIL, f"no repository {repository}: deploy "
+                                f"{self.cfg.stack_prefix}-Storage"))
+                return None
+            if code == "ImageNotFoundException":
+                rows.append(Row(check, FAIL, f"{repository}:{tag} missing: run python -m "
+                                "tools mirror"))
+                return None
+            raise
+        return found[0]["imageDigest"]
 
     def models(self) -> list[Row]:
         if not self.endpoints:

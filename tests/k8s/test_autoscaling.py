@@ -18,6 +18,11 @@ def _kind(docs, kind):
     return [d for d in docs if d["kind"] == kind]
 
 
+def _workers(docs, kind):
+    """The workers' objects of `kind` (the router has its own ScaledObject)."""
+    return [d for d in _kind(docs, kind) if "-router" not in d["metadata"]["name"]]
+
+
 def _with_scaling(**scaling):
     raw = copy.deepcopy(SEED)
     raw["spec"]["autoScalingSpec"] = scaling
@@ -27,7 +32,7 @@ def _with_scaling(**scaling):
 def test_default_trigger_scales_on_waiting_requests_per_worker():
     cfg = _env("dev")
     docs = render(cfg, _spec(cfg))
-    (so,) = _kind(docs, "ScaledObject")
+    (so,) = _workers(docs, "ScaledObject")
     spec = so["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                       "name": "llama-3-1-8b-instruct-workers"}
@@ -42,18 +47,18 @@ def test_default_trigger_scales_on_waiting_requests_per_worker():
 
 def test_global_queries_amp_with_sigv4_and_china_the_in_cluster_prometheus():
     dev, china = _env("dev"), _env("china")
-    (so,) = _kind(render(dev, _spec(dev)), "ScaledObject")
+    (so,) = _workers(render(dev, _spec(dev)), "ScaledObject")
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["serverAddress"].startswith("https://aps-workspaces.")
     assert meta["awsRegion"] == "us-west-2"
     assert so["spec"]["triggers"][0]["authenticationRef"]["name"]
-    (ta,) = _kind(render(dev, _spec(dev)), "TriggerAuthentication")
+    (ta,) = _workers(render(dev, _spec(dev)), "TriggerAuthentication")
     assert ta["spec"]["podIdentity"]["provider"] == "aws"
     docs = render(china, _spec(china))
-    (so,) = _kind(docs, "ScaledObject")
+    (so,) = _workers(docs, "ScaledObject")
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["serverAddress"] == IN_CLUSTER_PROMETHEUS_URL and "awsRegion" not in meta
-    assert not _kind(docs, "TriggerAuthentication")
+    assert not _workers(docs, "TriggerAuthentication")
 
 
 def test_hyperpod_autoscaling_spec_maps_field_by_field():
@@ -67,7 +72,7 @@ def test_hyperpod_autoscaling_spec_maps_field_by_field():
                                            "serverAddress": "http://ignored"})
     spec = parse_endpoint(cfg.name, "e.yaml", raw)
     assert any("serverAddress" in w for w in spec.warnings)
-    (so,) = _kind(render(cfg, spec), "ScaledObject")
+    (so,) = _workers(render(cfg, spec), "ScaledObject")
     s = so["spec"]
     assert (s["minReplicaCount"], s["maxReplicaCount"], s["pollingInterval"],
             s["cooldownPeriod"], s["initialCooldownPeriod"]) == (1, 3, 15, 120, 600)
@@ -90,16 +95,36 @@ def test_routing_spec_nested_autoscaling_is_accepted_too():
 def test_kvaware_keeps_a_fixed_worker_set():
     cfg = _env("dev")
     docs = render(cfg, _spec(cfg, strategy="kvaware"))
-    assert not _kind(docs, "ScaledObject")
+    assert not _workers(docs, "ScaledObject")
 
 
-def test_router_scales_on_its_own_cpu():
-    cfg = _env("china")
-    (hpa,) = _kind(render(cfg, _spec(cfg)), "HorizontalPodAutoscaler")
-    assert hpa["spec"]["scaleTargetRef"]["name"].endswith("-router")
-    assert hpa["spec"]["minReplicas"] >= 2 and hpa["spec"]["maxReplicas"] > hpa["spec"][
-        "minReplicas"]
-    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+@pytest.mark.parametrize("env", ["dev", "china"])
+def test_router_scales_with_keda_on_its_own_cpu(env):
+    """No HorizontalPodAutoscaler on CPU: EKS installs no metrics-server, so it would read
+    <unknown>. KEDA reads the router containers' CPU from cAdvisor in Prometheus/AMP."""
+    from k8s.router import quantity_cores
+    cfg = _env(env)
+    docs = render(cfg, _spec(cfg))
+    assert not _kind(docs, "HorizontalPodAutoscaler")
+    (router,) = [d for d in _kind(docs, "Deployment") if d["metadata"]["name"].endswith("-router")]
+    (so,) = [d for d in _kind(docs, "ScaledObject") if d["metadata"]["name"].endswith("-router")]
+    spec = so["spec"]
+    assert spec["scaleTargetRef"]["name"] == router["metadata"]["name"]
+    assert 2 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
+    (trigger,) = spec["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    assert f'container="{container["name"]}"' in meta["query"]
+    assert f'pod=~"{router["metadata"]["name"]}-' in meta["query"]
+    assert "container_cpu_usage_seconds_total" in meta["query"]
+    cpu = quantity_cores(container["resources"]["requests"]["cpu"])
+    assert float(meta["threshold"]) == pytest.approx(0.7 * cpu)
+    if cfg.observability == "managed":
+        assert meta["awsRegion"] == cfg.region and trigger["authenticationRef"]["name"] in {
+            t["metadata"]["name"] for t in _kind(docs, "TriggerAuthentication")}
+    else:
+        assert meta["serverAddress"] == IN_CLUSTER_PROMETHEUS_URL
 
 
 @pytest.mark.parametrize("scaling, field, allowed", [

@@ -435,3 +435,21 @@ def test_every_files_lmcache_config_is_read_by_its_images_lmcache(corpus, tmp_pa
     for version, items in files.items():
         for (_, image, ours), got in zip(items, parse(version, [p for p, _, _ in items])):
             check_parsed(got, ours, image)
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_pod_fits_a_node_group(corpus, variant):
+    """First-deploy gate (a) on every served file (tests/stacks/test_scheduling.py): each
+    worker and router, beside the environment's Helm release pods, fits a node group it may
+    land on."""
+    from tests.stacks.cluster_model import config_node_groups, pods_of_objects, unschedulable
+    from tests.stacks.helm_pods import helm_release_pods
+
+    c = corpus[variant]
+    templates = {p.name: json.loads(p.read_text()) for _, outdir in c.synths[:1]
+                 for p in outdir.glob("*.template.json")}
+    pods = pods_of_objects(c.docs) + helm_release_pods(templates, variant)
+    assert {p.owner.rsplit("/", 1)[1] for p in pods if p.owner.endswith("-workers")} == {
+        f"{s.name}-workers" for s in c.specs}
+    problems = unschedulable(pods, config_node_groups(c.cfg))
+    assert problems == []

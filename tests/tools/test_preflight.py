@@ -8,7 +8,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from config.images import deployed_images
+from config.images import CHARTS, deployed_images
 from tools.cli import Aws, ToolError, load_endpoints, load_environment
 from tools.preflight import FAIL, PASS, WARN, Preflight, print_rows
 
@@ -76,7 +76,10 @@ def happy(**override) -> dict[str, list[tuple]]:
         "ecr": [("describe_images", {"imageDetails": [{"imageDigest": i.digest or "sha256:" +
                                                        "0" * 64}]},
                  {"repositoryName": i.mirror_repository, "imageIds": [{"imageTag": i.tag}]})
-                for i in deployed_images(e.image for e in load_endpoints(CHINA))],
+                for i in deployed_images(e.image for e in load_endpoints(CHINA))]
+        + [("describe_images", {"imageDetails": [{"imageDigest": "sha256:" + "1" * 64}]},
+            {"repositoryName": c.mirror_repository, "imageIds": [{"imageTag": c.version}]})
+           for c in CHARTS.values()],
         "cloudformation": [("describe_stacks", {"Stacks": [{
             "StackName": "KvCache-china-Storage", "CreationTime": datetime.datetime(2026, 1, 1),
             "StackStatus": "CREATE_COMPLETE",
@@ -180,3 +183,44 @@ def test_the_command_line_reports_one_line_and_exit_1(monkeypatch, capsys):
     assert cli.main(["preflight", "--env", "china"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"error: 1 blocker(s): EKS {K8S}: not offered in cn-northwest-1"
+
+
+def test_each_chart_missing_from_the_mirror_is_one_line_naming_it():
+    """China's Cluster stack installs its charts from the account's ECR: before the mirror
+    runs, `cdk deploy` fails there; preflight names each missing chart (issue 16, finding 4)."""
+    calls = happy()
+    images = len(deployed_images(e.image for e in load_endpoints(CHINA)))
+    calls["ecr"][images] = ("describe_images", "ImageNotFoundException", None)
+    calls["ecr"][images + 1] = ("describe_images", "RepositoryNotFoundException", None)
+    aws, _ = stubbed(calls)
+    rows = {r.check: r for r in Preflight(aws, load_endpoints(CHINA)).run()}
+    first, second, *rest = CHARTS.values()
+    missing = rows[f"chart: {first.key} {first.version}"]
+    assert missing.status == FAIL and missing.detail == (
+        f"{first.mirror_repository}:{first.version} missing: run python -m tools mirror")
+    assert rows[f"chart: {second.key} {second.version}"].detail.startswith(
+        f"no repository {second.mirror_repository}: deploy KvCache-china-Storage")
+    assert all(rows[f"chart: {c.key} {c.version}"].status == PASS for c in rest)
+
+
+@pytest.mark.parametrize("instances, status", [([], FAIL), (
+    [{"InstanceArn": "arn:aws:sso:::instance/ssoins-1", "IdentityStoreId": "d-1"}], PASS)])
+def test_managed_grafana_needs_iam_identity_center(instances, status):
+    dev = load_environment(argparse.Namespace(env="dev", china=False))
+    assert dev.managed_grafana
+
+    def factory(service):
+        client = boto3.client(service, region_name=dev.region, aws_access_key_id="x",
+                              aws_secret_access_key="y")
+        stub = Stubber(client)
+        stub.add_response("list_instances", {"Instances": instances}, {})
+        stub.activate()
+        return client
+
+    (row,) = Preflight(Aws(dev, factory=factory), ()).identity_center()
+    assert row.status == status
+    if status == FAIL:
+        assert '"grafana": "none"' in row.detail and "\n" not in row.detail
+    import dataclasses
+    assert Preflight(Aws(dataclasses.replace(dev, managed_grafana=False), factory=factory),
+                     ()).identity_center() == []

@@ -1,0 +1,16 @@
+"""`make synth` installs what synthesis needs and nothing the tests alone need (issue 16)."""
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def test_make_synth_builds_only_the_synthesis_toolchain():
+    # -n: print, run nothing; -B: as on a fresh clone, every target out of date
+    out = subprocess.run(["make", "-n", "-B", "synth"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert "pip install -q -r requirements.txt" in out and "npm ci" in out
+    assert "cdk synth" in out
+    for test_only in (".venv-lmcache", ".venv-checkov", "scripts/debian-tools"):
+        assert test_only not in out, test_only

@@ -1,0 +1,85 @@
+"""First-deploy gate (a): every pod we render, and every pod our Helm releases create, fits a
+node group it may land on (nodeSelector, required affinity, taints), on that instance type's
+allocatable CPU, memory and GPUs after the DaemonSets every node runs (tests/stacks/
+cluster_model.py: EKS's reserved-resource formula). Shipped environments from their
+synthesized templates; every served corpus file rendered into each variant."""
+from __future__ import annotations
+
+import copy
+
+import cdk8s
+import pytest
+
+from config import resolve_environment
+from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
+from k8s.serving import build_charts, load_endpoints, placeholder_facts
+from tests.k8s.test_hyperpod_corpus import _corpus_env, _groups
+from tests.stacks.cluster_model import (
+    allocatable, config_node_groups, manifest_pods, node_groups, pods_of_objects,
+    unschedulable,
+)
+from tests.stacks.helm_pods import helm_release_pods
+
+ENVS = ["dev", "china", "dev-cn"]
+
+
+def test_allocatable_follows_the_eks_formula():
+    """Hand-worked from nodeadm's formula (module docstring of cluster_model)."""
+    m6i = allocatable("m6i.xlarge")       # 4 vCPU, 16 GiB, 4 ENIs x 15 IPs: 58 pods
+    assert m6i.cpu_m == 4000 - (60 + 10 + 10)
+    assert m6i.memory_mib == pytest.approx(16 * 1024 * 0.925 - (11 * 58 + 255) - 100)
+    g5 = allocatable("g5.24xlarge")       # 96 vCPU, 384 GiB, 4 GPUs, 15 x 50: 737 pods
+    assert g5.cpu_m == pytest.approx(96000 - (60 + 10 + 10 + 92000 * 0.0025))
+    assert g5.gpus == 4 and g5.memory_mib < 384 * 1024 * 0.925 - 8000
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_config_groups_match_the_templates(synths, name):
+    s = synths[name]
+    key = lambda g: g.name   # noqa: E731
+    from_templates = sorted(node_groups(s.templates), key=key)
+    from_config = sorted(config_node_groups(s.cfg), key=key)
+    assert [(g.name, g.instance_types, dict(g.labels), g.taints, g.max_size)
+            for g in from_templates] == [(g.name, g.instance_types, dict(g.labels), g.taints,
+                                          g.max_size) for g in from_config]
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_every_pod_of_the_shipped_environments_fits_a_node_group(synths, name):
+    s = synths[name]
+    pods = manifest_pods(s.templates) + helm_release_pods(s.templates, name)
+    owners = {p.owner for p in pods}
+    # the gate really sees the workloads: workers, routers, KEDA, the monitoring stack
+    assert any(o.endswith("-workers") for o in owners) and any(o.endswith("-router")
+                                                               for o in owners)
+    assert "Deployment/keda/keda-operator" in owners
+    assert unschedulable(pods, node_groups(s.templates)) == []
+
+
+@pytest.fixture(scope="module")
+def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
+    """Every served corpus file in dev with `cache.kind: self-hosted` (the in-cluster Valkey
+    serves every file's L2); the corpus in each variant's own cache is checked in
+    tests/k8s/test_hyperpod_corpus.py on its synthesized charts."""
+    pods, cfg = [], None
+    for i, files in enumerate(_groups()):
+        tmp = tmp_path_factory.mktemp(f"sched-{i}")
+        ctx = copy.deepcopy(_corpus_env(tmp, "dev", files))
+        ctx["environments"]["dev"]["cache"] = {"kind": "self-hosted"}
+        cfg = resolve_environment(ctx)
+        specs = load_endpoints(cfg, tmp)
+        pods += pods_of_objects(d for c in build_charts(
+            cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs)) for d in c.to_json())
+    pods += helm_release_pods(dev.templates, "dev")
+    return pods, unschedulable(pods, config_node_groups(cfg))
+
+
+def test_every_corpus_pod_beside_a_self_hosted_cache_fits_a_node_group(self_hosted):
+    """Finding 7 included: the in-cluster Valkey (also serving tieredstorage files) fits the
+    system nodes beside everything else there."""
+    pods, problems = self_hosted
+    assert len({p.owner for p in pods if p.owner.endswith("-workers")}) >= 10
+    assert {p.owner for p in pods if p.owner.startswith("StatefulSet/")
+            and SHARED_CACHE_NAME in p.owner} == {
+        f"StatefulSet/{SERVING_NAMESPACE}/{SHARED_CACHE_NAME}"}
+    assert problems == []

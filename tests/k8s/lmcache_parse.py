@@ -8,9 +8,12 @@ callers assert the values it read and that it warned about no key.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -18,7 +21,10 @@ LMCACHE_PY = ROOT / ".venv-lmcache" / "bin" / "python"
 PARSERS = ROOT / ".lmcache-parsers"
 NEWEST = "venv"   # the release in .venv-lmcache itself
 
-_PARSE = """
+# One process per release serves every parse of the session: importing LMCache (and the torch
+# it imports) costs seconds, parsing a file milliseconds. Requests are JSON lists of paths on
+# stdin; each answer is one PARSED line on stdout (LMCache's own log lines go to a file).
+_SERVE = """
 import json, logging, sys
 import lmcache
 from lmcache.v1.config import LMCacheEngineConfig, _CONFIG_DEFINITIONS
@@ -31,16 +37,18 @@ logging.getLogger("lmcache").addHandler(Catch())
 for lg in list(logging.root.manager.loggerDict):
     if lg.startswith("lmcache"):
         logging.getLogger(lg).addHandler(Catch())
-out = []
-for path in sys.argv[1:]:
-    del unknown[:]
-    c = LMCacheEngineConfig.from_file(path)
-    out.append({"file": lmcache.__file__, "unknown": list(unknown),
-                "values": {k: getattr(c, k) for k in _CONFIG_DEFINITIONS
-                           if isinstance(getattr(c, k), (str, int, float, bool, dict,
-                                                         type(None)))}})
-print("PARSED" + json.dumps(out))
+for request in sys.stdin:
+    out = []
+    for path in json.loads(request):
+        del unknown[:]
+        c = LMCacheEngineConfig.from_file(path)
+        out.append({"file": lmcache.__file__, "unknown": list(unknown),
+                    "values": {k: getattr(c, k) for k in _CONFIG_DEFINITIONS
+                               if isinstance(getattr(c, k), (str, int, float, bool, dict,
+                                                             type(None)))}})
+    print("PARSED" + json.dumps(out), flush=True)
 """
+_SERVERS: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
 def parser_versions() -> list[str]:
@@ -48,16 +56,39 @@ def parser_versions() -> list[str]:
     return [line.split("==", 1)[1] for line in lines if line.startswith("lmcache==")]
 
 
-def parse(version: str, paths: list[str], env: dict | None = None) -> list[dict]:
+def parse(version: str, paths: list[str]) -> list[dict]:
     """Parse config files with one LMCache release ("0.3.7", ... or NEWEST)."""
+    proc, log = _server(version)
+    proc.stdin.write(json.dumps([str(p) for p in paths]) + "\n")
+    proc.stdin.flush()
+    for line in proc.stdout:
+        if line.startswith("PARSED"):
+            return json.loads(line.removeprefix("PARSED"))
+    raise AssertionError(f"LMCache {version} parser exited: {log.read_text()[-2000:]}")
+
+
+def _server(version: str) -> tuple[subprocess.Popen, Path]:
+    if version in _SERVERS and _SERVERS[version][0].poll() is None:
+        return _SERVERS[version]
     assert LMCACHE_PY.exists(), "run `make test` (it creates .venv-lmcache)"
     extra = {}
     if version != NEWEST:
         where = PARSERS / version
         assert where.is_dir(), "run `make test` (it creates .lmcache-parsers)"
         extra["PYTHONPATH"] = str(where)
-    proc = subprocess.run([str(LMCACHE_PY), "-c", _PARSE, *paths], capture_output=True,
-                          text=True, timeout=180, env={**os.environ, **(env or {}), **extra})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("PARSED"))
-    return json.loads(line.removeprefix("PARSED"))
+    log = Path(tempfile.mkstemp(prefix=f"lmcache-{version}-", suffix=".log")[1])
+    proc = subprocess.Popen([str(LMCACHE_PY), "-c", _SERVE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+                            env={**os.environ, **extra})
+    atexit.register(_stop, proc, log)
+    _SERVERS[version] = (proc, log)
+    return proc, log
+
+
+def _stop(proc: subprocess.Popen, log: Path) -> None:
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.unlink(missing_ok=True)

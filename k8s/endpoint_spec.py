@@ -178,6 +178,10 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}", re.A)
 # Kubernetes 1.35 env var names (RelaxedEnvironmentVariableValidation, GA): printable ASCII but
 # '=', at least one character.
 _ENV_NAME = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
+# Variables that hold a credential (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...): written
+# as a literal, it would be in the CloudFormation template and the GitOps YAML.
+_CREDENTIAL_VAR = re.compile(r"(?:.*_)?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
+                             r"PRIVATE_KEY)", re.I | re.A)
 
 
 def parse_endpoint(env: str, file: str, raw: Any, *,
@@ -291,7 +295,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
 
     lb = spec.child("loadBalancer", {})
     health = lb.get("healthCheckPath", str, "/health")
-    if not health.startswith("/"):
+    if not re.fullmatch(r"/[!-~]*", health):
         raise lb.fail("healthCheckPath", health, "an absolute path such as /health")
     lb.done(warnings)
 
@@ -328,6 +332,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         if not _ENV_NAME.fullmatch(item["name"]):
             raise worker._err(f"{where}.name", item["name"], "printable ASCII but '=', at "
                               "least one character (Kubernetes' rule for variable names)")
+        if item.get("value") not in (None, "") and _CREDENTIAL_VAR.fullmatch(item["name"]):
+            raise worker._err(f"{where}.value", "<a literal credential>", "valueFrom."
+                              "secretKeyRef (a Secret in kvcache-serving): a literal would be "
+                              "in the CloudFormation template and the GitOps YAML")
         if any(e["name"] == item["name"] for e in env_vars):
             raise worker._err(f"{where}.name", item["name"], "each name once (Kubernetes "
                               "would keep the last silently)")
@@ -496,6 +504,10 @@ def _same_as_ours(doc: _Doc, key: str, ours: str) -> None:
 
 def _check_args(worker: _Doc, args: tuple[str, ...], port: int, mount_path: str,
                 warnings: list[str]) -> None:
+    if arg_value(args, "--api-key") is not None:
+        raise worker.fail("args", "--api-key <redacted>", "no --api-key: the endpoint's key is "
+                          "the environment's, read from Secrets Manager at pod start (a literal "
+                          "would be in the template and the GitOps YAML; docs/security.md)")
     given = arg_value(args, "--port")
     if given is not None and given != str(port):
         raise worker.fail("args", f"--port {given}", f"--port {port} (the "

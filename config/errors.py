@@ -27,7 +27,9 @@ _REDACTIONS = (
     (re.compile(r"(?P<name>[?&;]" + _SECRET_NAME + r"=)[^&#\s]*", re.I | re.A),
      r"\g<name>" + REDACTED),
     # PASSWORD=..., api_key: ... (a .env or config file)
-    (re.compile(r"(?P<name>\b" + _SECRET_NAME + r"\s*[=:]\s*)[^\s,;'\"&<]+", re.I | re.A),
+    # (not a host's name: `http://auth-gw:8000` keeps its port)
+    (re.compile(r"(?<![/@.:\w-])(?P<name>" + _SECRET_NAME + r"\s*[=:]\s*)[^\s,;'\"&<]+",
+                re.I | re.A),
      r"\g<name>" + REDACTED),
     (re.compile(r"(?P<name>\bbearer\s+)\S+", re.I), r"\g<name>" + REDACTED),
 )

@@ -10,14 +10,17 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from config import resolve_environment
 from config.context import cdk_json_context, cli_context
+from config.errors import excerpt
 from tests.catalogue import assert_one_clear_line, refused
 from tests.conftest import ROOT, context_for
 
@@ -147,13 +150,38 @@ def test_the_app_exits_2_before_writing_anything(tmp_path, kind):
     path resolving to a key file outside the repository."""
     if kind == "environment":
         ctx, field = _env(account="１１１１１１１１１１１１"), "account"
-    else:
-        key = tmp_path / "id_ed25519"
+    else:   # outside the repository even when pytest's --basetemp is inside it
+        outside = Path(tempfile.mkdtemp())
+        key = outside / "id_ed25519"
         key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
                        "-----END OPENSSH PRIVATE KEY-----\n")
-        (tmp_path / "endpoint.yaml").symlink_to(key)
-        ctx, field = _env(endpoints=[str(tmp_path / "endpoint.yaml")]), "endpoints[0]"
-    proc, (before, after) = _app(tmp_path, ctx)
+        (outside / "endpoint.yaml").symlink_to(key)
+        ctx, field = _env(endpoints=[str(outside / "endpoint.yaml")]), "endpoints[0]"
+    try:
+        proc, (before, after) = _app(tmp_path, ctx)
+    finally:
+        if kind != "environment":
+            shutil.rmtree(outside)
     assert_one_clear_line(proc.returncode, proc.stderr, field)
     assert proc.stdout == ""
     assert not (tmp_path / "cdk.out").exists() and before == after
+
+
+def _bomb(depth: int) -> list:
+    node: list = ["lol"] * 9
+    for _ in range(depth):
+        node = [node] * 9
+    return node
+
+
+@pytest.mark.parametrize("value, secret", [
+    ("x" * 50_000_000, None), (_bomb(9), None), (10 ** 5000, None), (b"\xff" * 100, None),
+    ("redis://default:hunter2@h:6379", "hunter2"), ("https://h/?X-Amz-Signature=hunter2", "hunter2"),
+    ({"password": "hunter2", "user": "a"}, "hunter2"), (["--api-key", "hunter2"], "hunter2"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nhunter2", "hunter2"), ("\x1b]0;title\x07\u202e", None),
+], ids=["50 MB", "alias bomb", "5,000 digits", "bytes", "URL password", "signed URL",
+        "mapping", "flag", "PEM", "terminal escapes"])
+def test_an_excerpt_is_short_printable_and_without_the_secret(value, secret):
+    text = excerpt(value)
+    assert len(text) <= 80 and all(" " <= c <= "~" for c in text), text
+    assert secret is None or secret not in text

@@ -10,6 +10,7 @@ import pytest
 
 from tests.catalogue import assert_one_clear_line
 from tools.__main__ import main
+from tools.cli import base_url
 
 # Enough to run: a run would start right after the arguments are accepted.
 RUN = ["--model", "m", "--scenarios", "cold-warm", "--requests", "1", "--repeats", "1",
@@ -146,3 +147,10 @@ def test_compare_reads_what_bench_writes_and_checks_out_first(tmp_path, capsys):
     assert_one_clear_line(code, err, "--out")
     code, _ = _tool(capsys, ["bench-compare", str(a), str(a), "--out", str(tmp_path / "cmp")])
     assert code == 0 and (tmp_path / "cmp" / "compare.md").exists()
+
+
+@pytest.mark.parametrize("url", ["http://auth-gw:8000", "http://keycloak-auth.example:8000/v1",
+                                 "https://tokenizer.svc:443/", "http://[::1]:8000",
+                                 "http://10.0.0.5:8000/v1/chat/completions"])
+def test_urls_that_only_look_like_credentials_pass(url):
+    assert base_url(url) == url

@@ -711,9 +711,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "bearer token")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send vLLM's ignore_eos (for non-vLLM servers)")
-    p.add_argument("--request-rate", type=finite_float, help="open loop: requests per second, Poisson "
+    p.add_argument("--request-rate", type=finite_float,
+                   help="open loop: requests per second, Poisson "
                    "arrivals (default: closed loop, --concurrency clients)")
-    p.add_argument("--jitter", type=finite_float, default=d.jitter_s, help="closed loop: each request "
+    p.add_argument("--jitter", type=finite_float, default=d.jitter_s,
+                   help="closed loop: each request "
                    "waits a seeded uniform 0..JITTER seconds (no lockstep)")
     p.add_argument("--think-time", type=finite_float, default=d.think_s, help="open loop: mean "
                    "seconds between a session's turns (exponential)")

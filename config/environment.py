@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .contracts import ROUTER_STRATEGIES, default_router
-from .errors import ConfigError, expected, type_name
+from .errors import ConfigError, allowed_for, type_name
 from .images import ImageResolver
 from .instances import GPU_SHAPES, gpu_shape
 from .regions import (
@@ -165,7 +165,8 @@ class _Reader:
         if isinstance(value, bool) and kind in (int, float, (int, float)):
             raise self.fail(key, value, allowed or _type_name(kind))
         if not isinstance(value, kind):
-            raise self.fail(key, value, expected(allowed or _type_name(kind), value, kind is str))
+            raise self.fail(key, value,
+                            allowed_for(allowed or _type_name(kind), value, kind is str))
         return value
 
     def choice(self, key: str, choices: tuple, default: Any = ...) -> Any:

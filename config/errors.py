@@ -15,14 +15,16 @@ _WINDOW = 4096             # characters of a long string looked at (for redactio
 REDACTED = "<redacted>"
 
 # Names under which a value is a secret: query parameters, mapping keys, `NAME=value`, flags.
-_SECRET_NAME = r"[A-Za-z0-9_.-]*(?:pass(?:word|wd)?|pwd|secret|token|api[_-]?key|auth|credential|signature|private[_-]?key)[A-Za-z0-9_.-]*"
+_SECRET_NAME = (r"[A-Za-z0-9_.-]*(?:pass(?:word|wd)?|pwd|secret|token|api[_-]?key|auth|credential"
+                r"|signature|private[_-]?key)[A-Za-z0-9_.-]*")
 _SECRET_NAME_RE = re.compile(_SECRET_NAME, re.I | re.A)
 _REDACTIONS = (
     # a PEM block (private keys, certificates): to its END line, or to the end of what we read
     (re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|\Z)", re.S),
      REDACTED),
     # user:password@ (or token@) in any URL
-    (re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@"), r"\g<scheme>" + REDACTED + "@"),
+    (re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@"),
+     r"\g<scheme>" + REDACTED + "@"),
     # ?password=..., &token=...: the parameters redis-py and most clients read as credentials
     (re.compile(r"(?P<name>[?&;]" + _SECRET_NAME + r"=)[^&#\s]*", re.I | re.A),
      r"\g<name>" + REDACTED),
@@ -70,7 +72,8 @@ def _render(value: Any, depth: int) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, int):
-        return str(value) if value.bit_length() < 200 else f"<an integer of {value.bit_length()} bits>"
+        bits = value.bit_length()
+        return str(value) if bits < 200 else f"<an integer of {bits} bits>"
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, Mapping):
@@ -103,7 +106,7 @@ def type_name(kind: Any) -> str:
     return names.get(kind, getattr(kind, "__name__", str(kind)))
 
 
-def expected(allowed: str, value: Any, want_string: bool) -> str:
+def allowed_for(allowed: str, value: Any, want_string: bool) -> str:
     """What is allowed, and why a number that prints like an allowed string (`1.35` where
     "1.35" goes) is not one."""
     if want_string and isinstance(value, (int, float)) and not isinstance(value, bool):

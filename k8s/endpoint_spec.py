@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import promql_parser
 
-from config.errors import ConfigError, excerpt, expected, type_name
+from config.errors import ConfigError, allowed_for, excerpt, type_name
 from config.files import load_yaml_document, read_repository_file
 from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape
@@ -148,7 +148,7 @@ class _Doc:
         value = self.data[key]
         if (isinstance(value, bool) and kind in (int, float, (int, float))) \
                 or not isinstance(value, kind):
-            raise self.fail(key, value, expected(allowed or type_name(kind), value, kind is str))
+            raise self.fail(key, value, allowed_for(allowed or type_name(kind), value, kind is str))
         return value
 
     def child(self, key: str, default: Any = ...) -> "_Doc":

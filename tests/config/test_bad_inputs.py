@@ -46,7 +46,7 @@ def _with(ctx: dict, **top) -> dict:
 
 ENVIRONMENTS = [
     # values that look right and are not
-    ("full-width digits in the account", _env(account="１１１１１１１１１１１１"), "account"),
+    ("full-width digits in the account", _env(account="１" * 12), "account"),
     ("version as a number", _env(kubernetesVersion=1.35), "kubernetesVersion"),
     ("engine version as a number", _env(cache={"kind": "elasticache", "engineVersion": 8.0}),
      "cache.engineVersion"),
@@ -149,7 +149,7 @@ def test_the_app_exits_2_before_writing_anything(tmp_path, kind):
     """Through app.py: an account jsii used to choke on (files already written), and an endpoint
     path resolving to a key file outside the repository."""
     if kind == "environment":
-        ctx, field = _env(account="１１１１１１１１１１１１"), "account"
+        ctx, field = _env(account="１" * 12), "account"
     else:   # outside the repository even when pytest's --basetemp is inside it
         outside = Path(tempfile.mkdtemp())
         key = outside / "id_ed25519"
@@ -176,7 +176,8 @@ def _bomb(depth: int) -> list:
 
 @pytest.mark.parametrize("value, secret", [
     ("x" * 50_000_000, None), (_bomb(9), None), (10 ** 5000, None), (b"\xff" * 100, None),
-    ("redis://default:hunter2@h:6379", "hunter2"), ("https://h/?X-Amz-Signature=hunter2", "hunter2"),
+    ("redis://default:hunter2@h:6379", "hunter2"),
+    ("https://h/?X-Amz-Signature=hunter2", "hunter2"),
     ({"password": "hunter2", "user": "a"}, "hunter2"), (["--api-key", "hunter2"], "hunter2"),
     ("-----BEGIN RSA PRIVATE KEY-----\nhunter2", "hunter2"), ("\x1b]0;title\x07\u202e", None),
 ], ids=["50 MB", "alias bomb", "5,000 digits", "bytes", "URL password", "signed URL",

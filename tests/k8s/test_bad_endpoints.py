@@ -24,7 +24,8 @@ from tests.conftest import ROOT, context_for
 
 SEED_TEXT = (ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text()
 SEED = yaml.safe_load(SEED_TEXT)
-KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAA\n"
+KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
+       "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAA\n"
        "-----END OPENSSH PRIVATE KEY-----\n")
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n"
@@ -103,7 +104,8 @@ CASES = [
     ("a 50 MB file", _huge, "endpoints[0]"),
     ("an alias bomb", _text(BOMB), "e.yaml: line 2"),
     ("nested 5,000 deep", _text("[" * 5_000), "e.yaml"),
-    ("an integer of 5,000 digits", _text(SEED_TEXT.replace("replicas: 2", "replicas: " + "9" * 5000)),
+    ("an integer of 5,000 digits",
+     _text(SEED_TEXT.replace("replicas: 2", "replicas: " + "9" * 5000)),
      "e.yaml"),
     ("symlink to a key outside the repository", _outside_symlink, "endpoints[0]"),
     ("a key file in the repository", _text(KEY), "e.yaml: <document>"),

@@ -7,8 +7,8 @@ from config.context import ROOT, cli_context, exit_on_config_error
 from config.environment import resolve_environment
 from k8s.serving import load_endpoints
 
-context = cli_context()
 with exit_on_config_error():
+    context = cli_context()
     cfg = resolve_environment(context)
     endpoints = load_endpoints(cfg, ROOT)
 

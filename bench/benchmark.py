@@ -43,7 +43,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tools.cli import ToolError, add_command, err_console, out_console
+from tools.cli import (
+    ToolError, add_command, base_url, check_output_dir, err_console, finite_float, http_url,
+    out_console,
+)
 from bench.loopback import metric_sum, sse_chunks
 
 SCENARIO_GROUPS = ("cold-warm", "prefix", "multi-turn", "document")
@@ -667,7 +670,8 @@ def aggregate(runs: list[dict[str, dict]]) -> dict[str, dict]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "bench", main, "measure an OpenAI-compatible endpoint", __doc__,
                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--url", required=True, help="endpoint base URL (the router's)")
+    p.add_argument("--url", required=True, type=base_url,
+                   help="endpoint base URL (the router's)")
     p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     p.add_argument("--label", default="", help="name of this run in reports (e.g. the policy)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
@@ -690,26 +694,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                             ("warmup", "unmeasured requests before each repeat")):
         p.add_argument(f"--{name}", type=int, default=getattr(d, name.replace("-", "_")),
                        help=help_text)
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="per request, seconds")
-    p.add_argument("--time-limit", type=float, default=d.time_limit_s,
+    p.add_argument("--timeout", type=finite_float, default=d.timeout_s,
+                   help="per request, seconds")
+    p.add_argument("--time-limit", type=finite_float, default=d.time_limit_s,
                    help="per scenario, seconds: no new request after it")
-    p.add_argument("--worker-metrics", nargs="+", default=[], metavar="URL",
+    p.add_argument("--worker-metrics", nargs="+", default=[], metavar="URL", type=http_url,
                    help="every worker's /metrics URL, for cache hit rates")
-    p.add_argument("--direct-url", help="one worker's base URL: measure the router's added "
+    p.add_argument("--direct-url", type=base_url,
+                   help="one worker's base URL: measure the router's added "
                    "latency against it")
-    p.add_argument("--hourly-usd", type=float, help="price of one instance per hour")
-    p.add_argument("--instances", type=float, help="instances serving the endpoint")
+    p.add_argument("--hourly-usd", type=finite_float, help="price of one instance per hour")
+    p.add_argument("--instances", type=finite_float, help="instances serving the endpoint")
     p.add_argument("--endpoint", help="with --env: price and instance count from the "
                    "environment (instanceHourlyUsd x replicas)")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding a "
                    "bearer token")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send vLLM's ignore_eos (for non-vLLM servers)")
-    p.add_argument("--request-rate", type=float, help="open loop: requests per second, Poisson "
+    p.add_argument("--request-rate", type=finite_float,
+                   help="open loop: requests per second, Poisson "
                    "arrivals (default: closed loop, --concurrency clients)")
-    p.add_argument("--jitter", type=float, default=d.jitter_s, help="closed loop: each request "
+    p.add_argument("--jitter", type=finite_float, default=d.jitter_s,
+                   help="closed loop: each request "
                    "waits a seeded uniform 0..JITTER seconds (no lockstep)")
-    p.add_argument("--think-time", type=float, default=d.think_s, help="open loop: mean "
+    p.add_argument("--think-time", type=finite_float, default=d.think_s, help="open loop: mean "
                    "seconds between a session's turns (exponential)")
     p.add_argument("--no-session-header", action="store_true",
                    help="do not send X-Session-ID (the session strategy's key)")
@@ -752,6 +760,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         hourly, instances = _env_price(a, hourly, instances)
     if hourly is not None and hourly <= 0:
         raise ToolError.bad_input("--hourly-usd", hourly, "a positive price")
+    if instances is not None and instances <= 0:
+        raise ToolError.bad_input("--instances", instances, "a positive number of instances")
     api_key = None
     if a.api_key_env:
         api_key = os.environ.get(a.api_key_env)
@@ -795,28 +805,28 @@ def _env_price(a: argparse.Namespace, hourly: float | None,
 
 def main(args: argparse.Namespace) -> int:
     from bench import report as bench_report
+    from bench.checks import failed_run
 
     c = config_from_args(args)
+    check_output_dir("--out", args.out)   # before the run, not after it
     result = run_benchmark(c)
     paths = bench_report.write_run(result, args.out)
     out_console.print(bench_report.summary_markdown(result), markup=False)
     err_console.print("wrote " + ", ".join(str(p) for p in paths))
+    failure = failed_run(result)
+    if failure:
+        raise ToolError(f"{failure}: the errors are in {paths[1]}")
     return 0
 
 
 def compare_main(args: argparse.Namespace) -> int:
     from bench import report as bench_report
+    from bench.checks import load_result
 
-    runs = []
-    for path in (args.baseline, args.candidate):
-        try:
-            runs.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            raise ToolError.bad_input("results", str(path), f"a results.json written by bench "
-                                      f"({type(exc).__name__})")
-        if "scenarios" not in runs[-1]:
-            raise ToolError.bad_input("results", str(path), "a results.json written by bench")
+    runs = [load_result(field, path) for field, path in (("baseline", args.baseline),
+                                                          ("candidate", args.candidate))]
     out = args.out or args.candidate.parent
+    check_output_dir("--out", out)
     md, paths = bench_report.write_compare(runs[0], runs[1], out)
     out_console.print(md, markup=False)
     err_console.print("wrote " + ", ".join(str(p) for p in paths))

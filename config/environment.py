@@ -6,12 +6,14 @@ reported as one `ConfigError` naming environment, field, value and what is allow
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .contracts import ROUTER_STRATEGIES, default_router
-from .errors import ConfigError
+from .errors import ConfigError, allowed_for, type_name
 from .images import ImageResolver
 from .instances import GPU_SHAPES, gpu_shape
 from .regions import (
@@ -176,7 +178,8 @@ class _Reader:
         if isinstance(value, bool) and kind in (int, float, (int, float)):
             raise self.fail(key, value, allowed or _type_name(kind))
         if not isinstance(value, kind):
-            raise self.fail(key, value, allowed or _type_name(kind))
+            raise self.fail(key, value,
+                            allowed_for(allowed or _type_name(kind), value, kind is str))
         return value
 
     def choice(self, key: str, choices: tuple, default: Any = ...) -> Any:
@@ -195,7 +198,7 @@ class _Reader:
                 allowed: str = "a list of strings", min_len: int = 0) -> tuple[str, ...]:
         value = self.get(key, list, default, allowed=allowed)
         for i, item in enumerate(value):
-            if not isinstance(item, str) or (pattern and not re.fullmatch(pattern, item)):
+            if not isinstance(item, str) or (pattern and not re.fullmatch(pattern, item, re.A)):
                 raise ConfigError(self.env, f"{self._p(key)}[{i}]", item, allowed)
         if len(value) < min_len:
             raise self.fail(key, value, allowed)
@@ -214,9 +217,70 @@ class _Reader:
 
 
 def _type_name(kind: Any) -> str:
-    names = {str: "a string", int: "an integer", bool: "true or false", list: "a list",
-             Mapping: "a JSON object", float: "a number", (int, float): "a number"}
-    return names.get(kind, str(kind))
+    return "a JSON object" if kind is Mapping else type_name(kind)
+
+
+# Client CIDRs: dotted quad and prefix length only (`0.0.0.0/0.0.0.0` is a netmask spelling of
+# the whole internet), and together at most a /8's worth of public addresses: two /1 halves are
+# the whole internet too. Private, shared and reserved space is not counted.
+_CIDR = re.compile(r"(?:[0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}", re.A)
+MAX_PUBLIC_ADDRESSES = 1 << 24
+_NOT_PUBLIC = tuple(ipaddress.IPv4Network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+    "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/3"))
+
+
+def _cidrs(r: _Reader, key: str, public: bool) -> tuple[str, ...]:
+    """A list of client CIDRs; `public`: they guard an internet-facing endpoint."""
+    ranges = r.strings(key, (), allowed="a list of IPv4 CIDRs")
+    nets = []
+    for i, cidr in enumerate(ranges):
+        try:
+            if not _CIDR.fullmatch(cidr):
+                raise ValueError(cidr)
+            nets.append(ipaddress.IPv4Network(cidr))
+        except ValueError:
+            raise ConfigError(r.env, f"{r._p(key)}[{i}]", cidr, "an IPv4 CIDR a.b.c.d/n "
+                              "without host bits, e.g. 203.0.113.0/24") from None
+    reached = sum(public_addresses(n) for n in ipaddress.collapse_addresses(nets))
+    if public and reached > MAX_PUBLIC_ADDRESSES:
+        raise r.fail(key, list(ranges), f"client CIDRs narrower than 0.0.0.0/0: at most "
+                     f"{MAX_PUBLIC_ADDRESSES:,} public addresses together (a /8); these "
+                     f"reach {reached:,}")
+    return ranges
+
+
+def public_addresses(net: ipaddress.IPv4Network) -> int:
+    """Addresses of `net` outside private, shared and reserved space (CIDRs nest or are
+    disjoint, so an overlap is the smaller of the two)."""
+    hidden = sum(min(n.num_addresses, net.num_addresses) for n in _NOT_PUBLIC if n.overlaps(net))
+    return net.num_addresses - hidden
+
+
+# Tags every AWS service takes (the Tagging guide's common rule), and CloudFormation stack tags
+# (a value of at least 1 character; 50 tags, one of them ours: kvcache:environment).
+_TAG_SYMBOLS = frozenset("_.:/=+-@")
+MAX_TAGS = 49
+
+
+def _tag_text(text: str, lo: int, hi: int) -> bool:
+    return lo <= len(text) <= hi and all(
+        unicodedata.category(c)[0] in "LZN" or c in _TAG_SYMBOLS for c in text)
+
+
+def _tags(r: _Reader) -> dict[str, str]:
+    tags = r.get("tags", Mapping, {}, allowed="an object of string -> string")
+    if len(tags) > MAX_TAGS:
+        raise r.fail("tags", f"{len(tags)} tags", f"at most {MAX_TAGS} (CloudFormation takes "
+                     "50 stack tags; kvcache:environment is one)")
+    text = "letters, digits, spaces and _ . : / = + - @"
+    for k, v in tags.items():
+        if not _tag_text(k, 1, 128) or k.lower().startswith("aws:"):
+            raise ConfigError(r.env, "tags", k, f"keys of 1 to 128 {text}, not starting "
+                              "with aws:")
+        if not isinstance(v, str) or not _tag_text(v, 1, 256):
+            raise ConfigError(r.env, f"tags.{k}", v, f"a string of 1 to 256 {text}")
+    return dict(tags)
 
 
 def _listener(r: _Reader, facts: RegionFacts, account: str, public: bool) -> ListenerConfig:
@@ -227,19 +291,12 @@ def _listener(r: _Reader, facts: RegionFacts, account: str, public: bool) -> Lis
         raise r.fail("certificateArn", arn, f"an ACM certificate ARN of account {account} in "
                      f"{facts.region} (arn:{facts.partition}:acm:{facts.region}:{account}:"
                      "certificate/<uuid>)")
-    ranges = r.strings("sourceRanges", (), allowed="a list of IPv4 CIDRs")
-    for i, cidr in enumerate(ranges):
-        try:
-            ipaddress.IPv4Network(cidr)
-        except ValueError:
-            raise ConfigError(r.env, f"listener.sourceRanges[{i}]", cidr, "an IPv4 CIDR")
+    ranges = _cidrs(r, "sourceRanges", public)
     if public and (arn is None or not ranges):
         missing = "certificateArn" if arn is None else "sourceRanges"
         raise r.fail(missing, None, "a value when publicListener is true: an internet-facing "
                      "listener needs TLS (listener.certificateArn) and client CIDRs "
                      "(listener.sourceRanges)")
-    if public and "0.0.0.0/0" in ranges:
-        raise r.fail("sourceRanges", list(ranges), "client CIDRs narrower than 0.0.0.0/0")
     r.done()
     return ListenerConfig(arn, ranges)
 
@@ -305,8 +362,8 @@ def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
     return cfg
 
 
-_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
-_HTTPS = re.compile(r"https://[A-Za-z0-9.-]+(:\d{1,5})?(/\S*)?")
+_EMAIL = re.compile(r"[!-?A-~]+@[!-?A-~]+\.[!-?A-~]+")           # printable ASCII, no '@'
+_HTTPS = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[!-~]*)?")
 
 
 def _alert_subscriptions(r: _Reader) -> tuple[AlertSubscription, ...]:
@@ -339,7 +396,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     """Turn one environment's context object into an `EnvironmentConfig`, or raise ConfigError."""
     r = _Reader(name, raw, "")
     account = r.get("account", str)
-    if not re.fullmatch(r"\d{12}", account):
+    if not re.fullmatch(r"[0-9]{12}", account):
         raise r.fail("account", account, "a 12-digit AWS account id")
     region = r.get("region", str)
     if region not in known_regions():
@@ -353,12 +410,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
 
     ep = r.child("clusterEndpoint", {})
     public = ep.get("public", bool, False)
-    cidrs = ep.strings("publicCidrs", (), allowed="a list of IPv4 CIDRs")
-    for i, cidr in enumerate(cidrs):
-        try:
-            ipaddress.IPv4Network(cidr)
-        except ValueError:
-            raise ConfigError(name, f"clusterEndpoint.publicCidrs[{i}]", cidr, "an IPv4 CIDR")
+    cidrs = _cidrs(ep, "publicCidrs", public)
     if public and not cidrs:
         raise ep.fail("publicCidrs", [], "at least one CIDR when public is true")
     ep.done()
@@ -399,15 +451,16 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
                      f"true (public registries are unreachable from {region})")
     prices = r.get("instanceHourlyUsd", Mapping, {}, allowed="an object of type -> price")
     for itype, price in prices.items():
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or price <= 0:
+        if not re.fullmatch(r"[a-z0-9-]+\.[a-z0-9]+", itype, re.A):
+            raise ConfigError(name, "instanceHourlyUsd", itype,
+                              "EC2 instance types as keys, e.g. g5.24xlarge")
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or \
+                not 0 < price < math.inf:
             raise ConfigError(name, f"instanceHourlyUsd.{itype}", price, "a positive number")
-    tags = r.get("tags", Mapping, {}, allowed="an object of string -> string")
+    tags = _tags(r)
     ttft = r.get("ttftObjectiveSeconds", (int, float), None, allowed="seconds, e.g. 2.5")
     if ttft is not None and not 0 < ttft <= 600:
         raise r.fail("ttftObjectiveSeconds", ttft, "seconds above 0, at most 600")
-    for k, v in tags.items():
-        if not isinstance(v, str):
-            raise ConfigError(name, f"tags.{k}", v, "a string")
     routers = r.get("routerImplementations", Mapping, {},
                     allowed="an object of routing strategy -> router implementation")
     for strategy, impl in routers.items():
@@ -445,7 +498,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         bucket_encryption=r.choice("bucketEncryption", BUCKET_ENCRYPTION, "kms"),
         log_retention_days=r.choice("logRetentionDays", LOG_RETENTION_DAYS, 90),
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
-        instance_hourly_usd=dict(prices), tags=dict(tags), instance_type_map=dict(type_map),
+        instance_hourly_usd=dict(prices), tags=tags, instance_type_map=dict(type_map),
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
@@ -466,14 +519,16 @@ def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
     if not isinstance(envs, Mapping) or not envs:
         raise ConfigError("-", "context.environments", envs, "an object of environments")
     name = context.get("env", context.get("defaultEnvironment"))
-    if name not in envs:
+    if not isinstance(name, str) or name not in envs:
         raise ConfigError(str(name), "env", name, sorted(envs))
+    if not isinstance(envs[name], Mapping):
+        raise ConfigError(name, "<environment>", envs[name], "a JSON object of fields")
     raw = dict(envs[name])
     china_flag = _flag(name, context.get("china"))
     variant = raw.pop("chinaVariant", None)
+    if variant is not None and not isinstance(variant, Mapping):
+        raise ConfigError(name, "chinaVariant", variant, "a JSON object of overrides")
     if china_flag and variant is not None and not str(raw.get("region", "")).startswith("cn-"):
-        if not isinstance(variant, Mapping):
-            raise ConfigError(name, "chinaVariant", variant, "a JSON object of overrides")
         raw = {**raw, **variant}
         name = f"{name}-cn"
     region = raw.get("region")

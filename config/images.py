@@ -193,7 +193,10 @@ ALB_CONTROLLER_VERSION = "v2.13.3"
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PATH = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
-_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")   # Docker's grammar (ASCII only)
+# A registry host: DNS labels, or localhost, with an optional port.
+_REGISTRY = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*"
+                       r"[A-Za-z0-9])?)*(?::[0-9]{1,5})?")
 
 
 def parse_reference(reference: str) -> tuple[str, str, str, str | None]:
@@ -211,8 +214,12 @@ def parse_reference(reference: str) -> tuple[str, str, str, str | None]:
     path, _, tag = remainder.partition(":")
     if registry == "docker.io" and "/" not in path:
         path = f"library/{path}"
-    if not _PATH.fullmatch(path):
-        raise ValueError("a repository path of lowercase letters, digits and . _ - /")
+    port = registry.partition(":")[2]
+    if not _REGISTRY.fullmatch(registry) or (port and not 0 < int(port) <= 65535):
+        raise ValueError("a registry host[:port] of letters, digits, '.' and '-'")
+    if not _PATH.fullmatch(path) or len(registry) + len(path) > 255:
+        raise ValueError("a repository path of lowercase letters, digits and . _ - / (at most "
+                         "255 characters with the registry)")
     tag = tag or "latest"
     if not _TAG.fullmatch(tag):
         raise ValueError("a tag of letters, digits, '_', '.' and '-'")

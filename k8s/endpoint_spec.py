@@ -7,15 +7,17 @@ naming it, and so is a bad value.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-import yaml
+import promql_parser
 
-from config.errors import ConfigError
+from config.errors import ConfigError, allowed_for, excerpt, type_name
+from config.files import load_yaml_document, read_repository_file
 from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape, pod_share
 from k8s.hyperpod_fields import FIELDS, ignored
@@ -66,9 +68,14 @@ class AutoScaling:
 DEFAULT_WAITING_PER_WORKER = 4.0
 
 
+def promql_string(text: str) -> str:
+    """`text` as a PromQL string literal: JSON's escapes are Go's, which PromQL reads."""
+    return json.dumps(text)
+
+
 def default_trigger(model_name: str) -> PrometheusTrigger:
     return PrometheusTrigger(
-        query=f'sum(vllm:num_requests_waiting{{model_name="{model_name}"}})',
+        query=f"sum(vllm:num_requests_waiting{{model_name={promql_string(model_name)}}})",
         target_value=DEFAULT_WAITING_PER_WORKER, activation_target_value=0.0,
         metric_type="AverageValue", name="waiting-requests")
 
@@ -117,7 +124,10 @@ class _Doc:
     def __init__(self, env: str, file: str, data: Any, path: str):
         self.env, self.file, self.path = env, file, path
         if not isinstance(data, Mapping):
-            raise self._err(path, data, "a mapping")
+            # The whole file not a mapping (a key file behind a symlink, a log): say what it
+            # is, never what it holds.
+            shown = data if path else f"a YAML {type(data).__name__}, not a mapping"
+            raise self._err(path or "<document>", shown, "a mapping")
         self.data, self.used = data, set()
 
     def _err(self, path: str, value: Any, allowed: Any) -> ConfigError:
@@ -133,12 +143,12 @@ class _Doc:
         self.used.add(key)
         if key not in self.data or (self.data[key] is None and default is not ...):
             if default is ...:
-                raise self.fail(key, None, f"a required field ({allowed or kind.__name__})")
+                raise self.fail(key, None, f"a required field ({allowed or type_name(kind)})")
             return default
         value = self.data[key]
         if (isinstance(value, bool) and kind in (int, float, (int, float))) \
                 or not isinstance(value, kind):
-            raise self.fail(key, value, allowed or getattr(kind, "__name__", str(kind)))
+            raise self.fail(key, value, allowed_for(allowed or type_name(kind), value, kind is str))
         return value
 
     def child(self, key: str, default: Any = ...) -> "_Doc":
@@ -160,8 +170,18 @@ class _Doc:
                             + ", ".join(known))
 
 
-_QUANTITY = re.compile(r"^\d+(\.\d+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_ACM_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:acm:[a-z0-9-]+:\d{12}:certificate/[A-Fa-f0-9-]+")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_ACM_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:acm:[a-z0-9-]+:[0-9]{12}:certificate/[A-Fa-f0-9-]+")
+# The served model name: vLLM's --served-model-name, the model_name label of every worker
+# metric, and a label value in KEDA's PromQL. Hugging Face style names fit.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}", re.A)
+# Kubernetes 1.35 env var names (RelaxedEnvironmentVariableValidation, GA): printable ASCII but
+# '=', at least one character.
+_ENV_NAME = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
+# Variables that hold a credential (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...): written
+# as a literal, it would be in the CloudFormation template and the GitOps YAML.
+_CREDENTIAL_VAR = re.compile(r"(?:.*_)?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
+                             r"PRIVATE_KEY)", re.I | re.A)
 
 
 def parse_endpoint(env: str, file: str, raw: Any, *,
@@ -184,13 +204,16 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     top.done(warnings)
 
     model_name = spec.get("modelName", str)
+    if not _MODEL_NAME.fullmatch(model_name):
+        raise spec.fail("modelName", model_name, "letters, digits and . _ - : / + (at most 128, "
+                        "starting with a letter or digit), e.g. Llama-3.1-8B-Instruct")
     itype, shape = _instance_type(spec, instance_type_map or {}, node_instance_types, warnings)
     replicas = spec.get("replicas", int, 1)
     if not 1 <= replicas <= 64:
         raise spec.fail("replicas", replicas, "an integer from 1 to 64")
     invocation = spec.get("invocationEndpoint", str, "v1/chat/completions").lstrip("/")
     if not invocation.startswith("v1/"):
-        warnings.append(f"{file}: spec.invocationEndpoint: {invocation!r} is not served: "
+        warnings.append(f"{file}: spec.invocationEndpoint: {excerpt(invocation)} is not served: "
                         "clients call vLLM's OpenAI API (/v1/chat/completions, "
                         "/v1/completions) on the router")
 
@@ -265,14 +288,14 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     for key, expected in (("port", port), ("path", "/metrics")):
         value = model_metrics.get(key, type(expected), expected)
         if value != expected:
-            warnings.append(f"{file}: {model_metrics.p(key)}: {value!r} differs from vLLM's "
+            warnings.append(f"{file}: {model_metrics.p(key)}: {excerpt(value)} differs from vLLM's "
                             f"own {expected!r}, which is what is scraped")
     model_metrics.done(warnings)
     metrics.done(warnings)
 
     lb = spec.child("loadBalancer", {})
     health = lb.get("healthCheckPath", str, "/health")
-    if not health.startswith("/"):
+    if not re.fullmatch(r"/[!-~]*", health):
         raise lb.fail("healthCheckPath", health, "an absolute path such as /health")
     lb.done(warnings)
 
@@ -302,8 +325,20 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                 and set(item) <= {"name", "value", "valueFrom"}
                 and isinstance(item.get("value", ""), (str, int, float))
                 and isinstance(item.get("valueFrom", {}), Mapping)):
-            raise worker._err(where, item, "{name: string, value: string} or "
+            # the name only: a value may be a token
+            raise worker._err(where, item.get("name") if isinstance(item, Mapping) else item,
+                              "{name: string, value: string} or "
                               "{name: string, valueFrom: {...}}")
+        if not _ENV_NAME.fullmatch(item["name"]):
+            raise worker._err(f"{where}.name", item["name"], "printable ASCII but '=', at "
+                              "least one character (Kubernetes' rule for variable names)")
+        if item.get("value") not in (None, "") and _CREDENTIAL_VAR.fullmatch(item["name"]):
+            raise worker._err(f"{where}.value", "<a literal credential>", "valueFrom."
+                              "secretKeyRef (a Secret in kvcache-serving): a literal would be "
+                              "in the CloudFormation template and the GitOps YAML")
+        if any(e["name"] == item["name"] for e in env_vars):
+            raise worker._err(f"{where}.name", item["name"], "each name once (Kubernetes "
+                              "would keep the last silently)")
         var = {"name": item["name"]}
         if "valueFrom" in item:
             var["valueFrom"] = dict(item["valueFrom"])
@@ -322,11 +357,14 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         for key in sorted(set(given) - {"nvidia.com/gpu", "cpu", "memory"}):
             warnings.append(f"{file}: spec.worker.resources.{where}.{key}: ignored: workers "
                             "request nvidia.com/gpu, cpu and memory")
-    gpu_value = limits.get("nvidia.com/gpu", requests.get("nvidia.com/gpu", shape.gpus))
-    try:
-        gpus = int(str(gpu_value))
-    except ValueError:
-        raise res.fail("limits.nvidia.com/gpu", gpu_value, "a whole number of GPUs") from None
+    gpu_limit, gpu_request = limits.get("nvidia.com/gpu"), requests.get("nvidia.com/gpu")
+    if None not in (gpu_limit, gpu_request) and str(gpu_limit) != str(gpu_request):
+        raise res.fail("requests.nvidia.com/gpu", gpu_request, f"the limit ({gpu_limit}) or "
+                       "none: Kubernetes takes GPU requests only equal to limits")
+    gpu_value = next((v for v in (gpu_limit, gpu_request) if v is not None), shape.gpus)
+    if isinstance(gpu_value, bool) or not re.fullmatch(r"[0-9]{1,3}", str(gpu_value)):
+        raise res.fail("limits.nvidia.com/gpu", gpu_value, "a whole number of GPUs")
+    gpus = int(gpu_value)
     if not 1 <= gpus <= shape.gpus or shape.gpus % gpus:
         raise worker._err("spec.worker.resources.limits.nvidia.com/gpu", gpus,
                           f"a divisor of {shape.gpus} (GPUs on {itype})")
@@ -430,10 +468,19 @@ def _l2_url(l2spec: _Doc, warnings: list[str]) -> str:
                           "or password: a password-protected L2 is the environment's cache "
                           "(cache.kind elasticache), whose AUTH token stays in Secrets Manager "
                           "and is read at pod start")
+    if parts.fragment or any(k != "db" or not re.fullmatch(r"[0-9]{1,2}", v)
+                             for k, v in parse_qsl(parts.query, keep_blank_values=True)):
+        # redis-py (LMCache's client) makes every query parameter a connection setting,
+        # ?password= included: that would put a password in the workers' ConfigMap.
+        raise l2spec.fail("l2CacheLocalUrl", f"{parts.scheme}://{parts.netloc}{parts.path}?...",
+                          "no query but db=N: LMCache's redis client reads each parameter as "
+                          "a connection setting (a password too); the socket timeouts are ours")
+    if not re.fullmatch(r"[A-Za-z0-9.-]+", parts.hostname, re.A):
+        raise l2spec.fail("l2CacheLocalUrl", url, "a host name of letters, digits, '.' and '-'")
     if parts.scheme == "lm" and not parts.port:
         raise l2spec.fail("l2CacheLocalUrl", url, "lm://HOST:PORT (the LMCache server's port)")
     if "." not in parts.hostname:
-        warnings.append(f"{l2spec.file}: {l2spec.p('l2CacheLocalUrl')}: {parts.hostname!r} "
+        warnings.append(f"{l2spec.file}: {l2spec.p('l2CacheLocalUrl')}: {excerpt(parts.hostname)} "
                         "resolves in the kvcache-serving namespace; write "
                         "NAME.NAMESPACE.svc.cluster.local for a service elsewhere")
     warnings.append(f"{l2spec.file}: {l2spec.p('l2CacheLocalUrl')}: this endpoint's L2 is "
@@ -465,13 +512,17 @@ def _same_as_ours(doc: _Doc, key: str, ours: str) -> None:
 
 def _check_args(worker: _Doc, args: tuple[str, ...], port: int, mount_path: str,
                 warnings: list[str]) -> None:
+    if arg_value(args, "--api-key") is not None:
+        raise worker.fail("args", "--api-key <redacted>", "no --api-key: the endpoint's key is "
+                          "the environment's, read from Secrets Manager at pod start (a literal "
+                          "would be in the template and the GitOps YAML; docs/security.md)")
     given = arg_value(args, "--port")
     if given is not None and given != str(port):
         raise worker.fail("args", f"--port {given}", f"--port {port} (the "
                           "modelInvocationPort.containerPort) or no --port")
     model = named_model(args)
     if model is not None and not (model == mount_path or model.startswith(mount_path + "/")):
-        warnings.append(f"{worker.file}: {worker.p('args')}: the model {model!r} is not the "
+        warnings.append(f"{worker.file}: {worker.p('args')}: the model {excerpt(model)} is not the "
                         f"staged weights at {mount_path}: vLLM runs offline "
                         "(HF_HUB_OFFLINE=1, and the Hub is out of reach in China) and finds it "
                         f"only if it is a path in the image; write {mount_path} to serve the "
@@ -502,6 +553,10 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
     for i, (key, raw) in enumerate(raw_triggers):
         t = _Doc(doc.env, doc.file, raw, doc.p(key))
         query = t.get("query", str)
+        try:
+            promql_parser.parse(query)
+        except ValueError as err:
+            raise t.fail("query", query, f"a PromQL expression ({err})") from None
         target = t.get("targetValue", (int, float), allowed="a number")
         if isinstance(target, bool) or target <= 0:
             raise t.fail("targetValue", target, "a positive number")
@@ -529,7 +584,7 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
 def _gib(quantity: str) -> float:
     units = {"Ki": 2**-20, "Mi": 2**-10, "Gi": 1, "Ti": 2**10, "k": 1e3 / 2**30,
              "M": 1e6 / 2**30, "G": 1e9 / 2**30, "T": 1e12 / 2**30, "m": 1e-3 / 2**30, "": 1 / 2**30}
-    number, unit = re.match(r"^(\d+(?:\.\d+)?)(\D*)$", quantity).groups()
+    number, unit = re.match(r"^([0-9]+(?:\.[0-9]+)?)([^0-9]*)$", quantity).groups()
     return float(number) * units[unit]
 
 
@@ -537,15 +592,9 @@ def _cores(quantity: str) -> float:
     return _gib(quantity) * 2**30
 
 
-def load_endpoint(env: str, path: Path, root: Path, **served: Any) -> EndpointSpec:
-    """Read one file; `served` as `parse_endpoint`'s instance type arguments."""
-    rel = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-    if not path.is_file():
-        raise ConfigError(env, "endpoints", rel, "paths of existing endpoint files")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "the file"
-        raise ConfigError(env, f"{rel}", f"malformed YAML at {where}", "a YAML mapping")
-    return parse_endpoint(env, rel, raw, **served)
+def load_endpoint(env: str, written: str, root: Path, field: str = "endpoints",
+                  **served: Any) -> EndpointSpec:
+    """Read the file `written` (in cdk.json's `field`) under the repository `root`, strictly
+    (`config.files`); `served` as `parse_endpoint`'s instance type arguments."""
+    text, rel = read_repository_file(env, field, written, root)
+    return parse_endpoint(env, rel, load_yaml_document(env, rel, text), **served)

@@ -28,10 +28,10 @@ from k8s.workers import (
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
     served = tuple(t for g in cfg.gpu_node_groups for t in g.instance_types)
-    specs = tuple(load_endpoint(cfg.name, (root / f).resolve(), root,
+    specs = tuple(load_endpoint(cfg.name, f, root, f"endpoints[{i}]",
                                 instance_type_map=cfg.instance_type_map,
                                 node_instance_types=served)
-                  for f in cfg.endpoint_files)
+                  for i, f in enumerate(cfg.endpoint_files))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")

@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from bench import benchmark
+from config.errors import printable
 from tools import mirror, preflight, upload_model
 from tools.cli import run_command
 
@@ -21,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage mistakes are one line too (`--help` shows the usage)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+        self.exit(2, f"error: {self.prog}: {printable(message, 600)} (see --help)\n")
 
 
 def parser() -> argparse.ArgumentParser:

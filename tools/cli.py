@@ -10,14 +10,21 @@ A failure the user can only retry (a broken upload, an unreachable registry) is 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
+import os
+import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
 from config import ConfigError, EnvironmentConfig, resolve_environment
 from config.context import ROOT, cdk_json_context
+from config.errors import excerpt, printable, redact
 
 # Progress bars and notes go to stderr, results (tables, reports) to stdout.
 # Result lines are never wrapped (they are read and grepped); tables fit the terminal.
@@ -36,7 +43,74 @@ class ToolError(Exception):
     def bad_input(cls, field: str, value: Any, allowed: str | Iterable[str]) -> "ToolError":
         if not isinstance(allowed, str):
             allowed = ", ".join(str(a) for a in allowed)
-        return cls(f"{field} = {value!r} is not valid; allowed: {allowed}", exit_code=2)
+        return cls(f"{printable(field, 200)} = {excerpt(value)} is not valid; allowed: "
+                   f"{printable(allowed, 1000)}", exit_code=2)
+
+
+# --------------------------------------------------------------------------- argument types
+# argparse prints "argument --x: <message>": each type's message is the rest of the one line.
+
+
+def _refuse(text: str, allowed: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{excerpt(text)} is not valid; allowed: {allowed}")
+
+
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def finite_float(text: str) -> float:
+    """A number as written in ASCII; NaN and infinity pass every `<` check, so never."""
+    value = float(text) if _DECIMAL.fullmatch(text.strip()) else math.nan
+    if not math.isfinite(value):
+        raise _refuse(text, "a finite decimal number")
+    return value
+
+
+def http_url(text: str, *, base: bool = False) -> str:
+    """An http(s) URL with a host and a valid port, and no credential in it: what a URL
+    argument holds is printed and saved in reports."""
+    what = "an http:// or https:// " + ("base URL (no query)" if base else "URL")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise _refuse(text, what + " with a port from 1 to 65535") from None
+    if len(text) > 2048 or not all("!" <= c <= "~" for c in text) \
+            or parts.scheme not in ("http", "https") or not _host(parts.hostname) or port == 0:
+        raise _refuse(text, what + ", e.g. http://10.0.0.5:8000")
+    if "@" in parts.netloc or redact(text) != text:
+        raise _refuse(text, what + " without a user, password or token in it (they would be "
+                      "printed and saved; --api-key-env sends a bearer token)")
+    if base and (parts.query or parts.fragment):
+        raise _refuse(text, what)
+    return text
+
+
+def _host(name: str | None) -> bool:
+    """A DNS name (labels of at most 63 characters) or an IP address."""
+    try:
+        return ipaddress.ip_address(name or "") is not None
+    except ValueError:
+        return bool(name) and len(name) <= 253 and all(
+            re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", label)
+            for label in name.rstrip(".").split("."))
+
+
+def base_url(text: str) -> str:
+    return http_url(text, base=True)
+
+
+def check_output_dir(field: str, path: Path) -> None:
+    """Before any work: `path` is, or can be made, a writable directory. Creates nothing."""
+    probe = path
+    while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ToolError.bad_input(field, str(path), f"a directory to write into ({probe} is "
+                                  "not a directory)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ToolError.bad_input(field, str(path), f"a directory to write into ({probe} is "
+                                  "not writable)")
 
 
 # --------------------------------------------------------------------------- environment

@@ -343,7 +343,8 @@ def test_tieredstorage_warns():
      "spec.tlsConfig.customCertificateConfig.acmArn", "an ACM certificate ARN"),
     (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(l2CacheBackend="memcached"),
      "spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", "redis"),
-    (lambda r: r["spec"]["worker"]["resources"]["limits"].update({"nvidia.com/gpu": 3}),
+    (lambda r: [r["spec"]["worker"]["resources"][k].update({"nvidia.com/gpu": 3})
+                for k in ("limits", "requests")],
      "spec.worker.resources.limits.nvidia.com/gpu", "a divisor of 4"),
     (lambda r: r["spec"]["kvCacheSpec"].update(l1CacheSizeGiB=500),
      "spec.kvCacheSpec.l1CacheSizeGiB", "less 8 GiB"),
@@ -396,7 +397,7 @@ def test_malformed_yaml_and_missing_file(tmp_path):
     ctx["environments"]["dev"]["endpoints"] = ["missing.yaml"]
     with pytest.raises(ConfigError) as info:
         load_endpoints(resolve_environment(ctx), tmp_path)
-    assert info.value.field == "endpoints" and info.value.value == "missing.yaml"
+    assert info.value.field == "endpoints[0]" and info.value.value == "missing.yaml"
 
 
 def test_session_header_is_the_one_the_router_hashes_first():

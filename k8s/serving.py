@@ -18,7 +18,7 @@ from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_e
 from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
-from k8s.router import RouterChart, RouterProps
+from k8s.router import RouterChart, RouterProps, context_tokens
 from k8s.workers import KV_BLOCK_SIZE, LMCACHE_QUIET, L2Connection, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, worker_urls
 
 
@@ -215,6 +215,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
             if kvaware else (),
             kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
+            max_workers=scaling.max_replicas if scaling else s.replicas,
+            **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets))

@@ -10,8 +10,8 @@
     python -m bench.router_checks front       # the front's added latency
 
 Figures, not assertions: each prints its numbers (docs/serving.md and docs/runbook.md cite
-them). `--extra-args` appends router flags (argparse: the last value of a flag wins), to
-compare a setting with the rendered one. Standard library and the project only.
+them). `--extra-args='--flag value ...'` appends router flags (the last value of a flag wins),
+to compare a setting with the rendered one. Standard library and the project only.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import http.client
 import http.server
 import json
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -109,6 +110,10 @@ def router_pod(r: RenderedRouter, pool: FakeWorkerPool, *, extra: tuple[str, ...
             return
         with FrontProcess(r.front_config, process.port) as f:
             yield process, f
+
+
+def _name(strategy: str | None, r: RenderedRouter) -> str:
+    return f"{strategy or 'default'}@{r.implementation}"
 
 
 def rss_mib(pid: int) -> float:
@@ -255,7 +260,7 @@ def burst(a: argparse.Namespace) -> None:
                 time.sleep(21.0)
             after = load.done(since=t_bad)[:200]
             failed = [x.status for x in after if not x.ok]
-            print(f"{strategy or 'default'}@{r.implementation}: {a.bad} bad -> statuses "
+            print(f"{_name(strategy, r)}: {a.bad} bad -> statuses "
                   f"{sorted({x.status for x in bad})}; of the next {len(after)} good "
                   f"requests {len(failed)} failed {sorted(set(failed))}", flush=True)
 
@@ -266,7 +271,7 @@ def burst(a: argparse.Namespace) -> None:
 def faults(a: argparse.Namespace) -> None:
     for strategy in [None, "roundrobin"]:
         r = rendered(strategy)
-        name = f"{strategy or 'default'}@{r.implementation}"
+        name = _name(strategy, r)
         for fault in ("hung", "dead", "router"):
             with FakeWorkerPool(4, **WORKER_OPTS) as pool, \
                     router_pod(r, pool, extra=tuple(a.extra_args)) as (process, front):
@@ -343,7 +348,8 @@ def soak(a: argparse.Namespace) -> None:
                            "last_40pct_min": min(tail), "last_40pct_max": max(tail)},
         "front_rss_mib_max": max(s[2] for s in samples),
         "tree_chars_sent": len(results) * len(filler("x", a.doc_words)),
-        "args": [x for x in r.args if x.startswith("--max") or x.startswith("--evict")],
+        "args": {f: v for f, v in zip(r.args, r.args[1:])
+                 if f in ("--max-tree-size", "--max-payload-size", "--eviction-interval-secs")},
         "ttft_p50_s": statistics.median([x.total_s for x in results if x.ok] or [0]),
     }, indent=1))
 
@@ -380,7 +386,7 @@ def placement(a: argparse.Namespace) -> None:
             spread = sorted(((x.worker_id or "?") for x in first))
             per = {w: spread.count(w) for w in pool.ids}
             hits = sum(w.hit_tokens for w in pool) / max(1, sum(w.query_tokens for w in pool))
-            print(f"{strategy or 'default'}@{r.implementation}: first pass {per}; then "
+            print(f"{_name(strategy, r)}: first pass {per}; then "
                   f"{a.rounds - 1} rounds at concurrency {a.concurrency}: hit rate "
                   f"{hits:.2f}, failed {sum(not x.ok for x in first + rest)}", flush=True)
 
@@ -402,7 +408,7 @@ def logs(a: argparse.Namespace) -> None:
                                    False, 4, model="nope").ok for _ in range(20))
                 time.sleep(0.5)
                 grown = process.log_path.stat().st_size - before
-                print(f"{strategy or 'default'}@{r.implementation} at {label}: {grown} bytes "
+                print(f"{_name(strategy, r)} at {label}: {grown} bytes "
                       f"for {ok} good + {bad} refused requests "
                       f"({grown / (ok + bad):.0f} B/request); front log "
                       f"{len(front.log_text())} bytes", flush=True)
@@ -431,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="check", required=True)
     for name in ("control", "burst", "faults", "soak", "placement", "logs", "front"):
         s = sub.add_parser(name)
-        s.add_argument("--extra-args", nargs="*", default=[],
-                       help="router flags appended to the rendered args")
+        s.add_argument("--extra-args", type=shlex.split, default=[],
+                       help="router flags appended to the rendered args, as one string: "
+                            "--extra-args='--log-level info'")
         if name == "burst":
             s.add_argument("--bad", type=int, default=24)
         if name == "faults":

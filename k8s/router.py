@@ -121,6 +121,7 @@ HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1, 1, 2
 # cache_aware stops sending to a worker once it holds this many more requests than the
 # least-loaded one (the default, 64, let a hung worker collect 64 requests in 7 s).
 BALANCE_ABS_THRESHOLD = 8
+RETRIES = 8
 EVICTION_INTERVAL_S = 10     # how long the prefix tree may outgrow its bound
 TREE_MEMORY_SHARE = 0.5      # of the container's memory limit, for cache_aware's prefix tree
 # Memory per tree character, the worst measured (sglang-router 0.3.2, 300-character distinct
@@ -173,6 +174,11 @@ def _common_args(p: RouterProps) -> list[str]:
             "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
             "--health-failure-threshold", str(HEALTH_FAILURES),
             "--request-timeout-secs", str(REQUEST_TIMEOUT_S),
+            # Retries outlast the health checks (~4 s of backoff against ~2-3 s to take a
+            # dead worker out): its requests end on another worker instead of failing
+            # (sglang-router's cache_aware retries on the same worker until then).
+            "--retry-max-retries", str(RETRIES), "--retry-initial-backoff-ms", "100",
+            "--retry-max-backoff-ms", "1000",
             "--max-payload-size", str(limits["max_payload_size"]),
             "--log-level", LOG_LEVEL[p.implementation]]
     if p.implementation == "sglang-router":
@@ -234,7 +240,7 @@ class RouterChart(Chart):
             key_container = {"volumeMounts": [
                 {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
         # The front's config, and the front beside the router (k8s.router_front)
-        front_text = front_config(REQUEST_TIMEOUT_S)
+        front_text = front_config(REQUEST_TIMEOUT_S, router_limits(props)["max_payload_size"])
         k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}

@@ -34,10 +34,13 @@ MAX_CONNECTIONS = 4096
 FRONT_CPU, FRONT_MEMORY = "250m", "192Mi"
 
 
-def front_config(request_timeout_s: int) -> str:
+def front_config(request_timeout_s: int, max_body_bytes: int) -> str:
     """HAProxy's config. Its idle timeouts outlast the router's request timeout, so the router
-    (not the front) decides when a slow generation has taken too long. Only abnormal requests
-    are logged (errors, timeouts, refusals), never one line per normal request."""
+    (not the front) decides when a slow generation has taken too long. A body declared larger
+    than the router's payload limit gets 413 here, before any of it is read (sglang-router
+    answers 413 mid-upload and closes, which clients behind a proxy see as a dropped
+    connection); chunked bodies meet the router's own limit. Only abnormal requests are logged
+    (errors, timeouts, refusals), never one line per normal request."""
     methods: dict[str, list[str]] = {}
     for method, path in CLIENT_ROUTES:
         methods.setdefault(method, []).append(path)
@@ -64,6 +67,8 @@ def front_config(request_timeout_s: int) -> str:
         f'    bind "${{{BIND_ENV}}}"',
         *acls,
         f"    http-request deny deny_status 403 unless {allowed}",
+        f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt "
+        f"{max_body_bytes} }}",
         "    default_backend router",
         "backend router",
         f'    server router "${{{ROUTER_ENV}}}"',

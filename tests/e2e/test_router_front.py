@@ -16,12 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from bench.loopback import FakeWorkerPool, FrontProcess, RouterProcess, localize_for_pool, router_launch
+from bench.loopback import (
+    FakeWorkerPool, FrontProcess, RouterProcess, chat, localize_for_pool, router_launch,
+)
 from k8s.router_front import CLIENT_ROUTES, FRONT_CONFIG
+from config.contracts import default_router
 from tests.e2e.conftest import WORKER_OPTS, _container, _kv_worker_opts, _rendered_docs
 
 pytestmark = pytest.mark.e2e
 KEY = "endpoint-key"
+REPLICAS = 2   # the seed endpoint's: kvaware's rendered args list that many workers
 CASES = [("prefixaware", "sglang-router"), ("roundrobin", "sglang-router"),
          ("prefixaware", "vllm-router"), ("roundrobin", "vllm-router"),
          ("session", "vllm-router"), ("kvaware", "vllm-router")]
@@ -44,9 +48,15 @@ class _Evil(http.server.BaseHTTPRequestHandler):
     do_POST = do_GET
 
 
-def front_config_text(strategy: str, router: str, replicas: int | None = None) -> str:
+def _override(strategy: str, router: str | None) -> str | None:
+    """`router` as a `routerImplementations` override, None where it is the default (so the
+    render is shared with the other e2e tests)."""
+    return None if router == default_router(strategy) else router
+
+
+def front_config_text(strategy: str, router: str | None, replicas: int | None = None) -> str:
     """The front's config exactly as the rendered ConfigMap carries it."""
-    for doc in _rendered_docs(strategy, replicas, router):
+    for doc in _rendered_docs(strategy, replicas, _override(strategy, router)):
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-router-front"):
             return doc["data"][FRONT_CONFIG]
     raise AssertionError("no front ConfigMap rendered")
@@ -54,12 +64,11 @@ def front_config_text(strategy: str, router: str, replicas: int | None = None) -
 
 def _start(strategy: str, router: str):
     """(its ExitStack, pool, router process, front) of one case."""
-    replicas = 2
-    container = _container(strategy, replicas, "Deployment", "-router", router)
-    config = front_config_text(strategy, router, replicas)
-    opts = {**WORKER_OPTS, **(_kv_worker_opts(replicas) if strategy == "kvaware" else {})}
+    container = _container(strategy, None, "Deployment", "-router", _override(strategy, router))
+    config = front_config_text(strategy, router)
+    opts = {**WORKER_OPTS, **(_kv_worker_opts(REPLICAS) if strategy == "kvaware" else {})}
     with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(FakeWorkerPool(replicas, **opts))
+        pool = stack.enter_context(FakeWorkerPool(REPLICAS, **opts))
         binary, argv = router_launch(router, localize_for_pool(container["args"], pool))
         process = stack.enter_context(RouterProcess([*argv, "--api-key", KEY], binary=binary,
                                                     api_key=KEY))
@@ -80,22 +89,25 @@ def fronted():
         stack.callback(evil.shutdown)
         with ThreadPoolExecutor(len(CASES)) as starting:
             futures = [starting.submit(_start, *case) for case in CASES]
-        started = {}
-        for case, future in zip(CASES, futures):
-            if future.exception() is None:
-                own, *parts = future.result()
-                stack.enter_context(own)
-                started[case] = parts
+        owned = [f.result()[0] for f in futures if f.exception() is None]
+        stack.callback(_close_all, owned)
         for future in futures:
             future.result()   # the first start that failed, after every other is stopped
+        started = {case: f.result()[1:] for case, f in zip(CASES, futures)}
         yield started, f"http://127.0.0.1:{evil.server_address[1]}"
 
 
+def _close_all(stacks: list[contextlib.ExitStack]) -> None:
+    """Stop every case at once (each router takes a moment to shut down)."""
+    with ThreadPoolExecutor(max(1, len(stacks))) as stopping:
+        list(stopping.map(contextlib.ExitStack.close, stacks))
+
+
 def _start_renders(strategy: str, router: str) -> None:
-    _container(strategy, 2, "Deployment", "-router", router)
-    front_config_text(strategy, router, 2)
+    _container(strategy, None, "Deployment", "-router", _override(strategy, router))
+    front_config_text(strategy, router)
     if strategy == "kvaware":
-        _kv_worker_opts(2)
+        _kv_worker_opts(REPLICAS)
 
 
 def _attacks(evil: str, victim: str) -> list[tuple[str, str, dict | None]]:
@@ -135,6 +147,30 @@ def test_the_client_port_cannot_change_the_worker_set(fronted, strategy, router)
     assert [a.status_code for a in answers] == [200] * 4
     assert {a.json()["worker_id"] for a in answers} <= set(pool.ids)
     assert _Evil.seen == []
+
+
+@pytest.mark.parametrize("strategy, router", CASES, ids=[f"{s}@{r}" for s, r in CASES])
+def test_a_clients_4xx_burst_costs_other_clients_nothing(fronted, strategy, router):
+    """sglang-router 0.3.2 counted each 4xx against the worker's circuit breaker: 24
+    wrong-model requests failed 145 of the next 200 good ones. Now no good request fails,
+    during the burst or after it, whatever the strategy."""
+    routers, _ = fronted
+    _, _, front = routers[(strategy, router)]
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def good(i: int):
+        return chat(front.url, [{"role": "user", "content": f"question {i}"}], f"s{i % 13}",
+                    False, 2, headers=auth, timeout=30)
+
+    with ThreadPoolExecutor(4) as ex:
+        during = [ex.submit(good, i) for i in range(20)]
+        bad = [chat(front.url, [{"role": "user", "content": f"typo {j}"}], f"b{j}", False, 2,
+                    model="no-such-model", headers=auth) for j in range(16)]
+        bad += [chat(front.url, [{"role": "user", "content": "x"}], "b", False, 2,
+                     headers=auth, extra_body={"max_tokens": -1}) for _ in range(4)]
+        after = list(ex.map(good, range(20, 40)))
+    assert all(400 <= r.status < 500 for r in bad), [r.status for r in bad]
+    assert [r.status for r in [f.result() for f in during] + after] == [200] * 40
 
 
 def _raw(port: int, method: str, path: str, body: dict | None, headers: dict) -> int:

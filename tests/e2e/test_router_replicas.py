@@ -215,15 +215,17 @@ def _kill_mid_run(strategy: str, pool: FakeWorkerPool, router, args: list[str]) 
         victim.stop()  # dying takes a moment: requests may still arrive until it is gone
         t_dead = time.monotonic()
         failures, last_failure = 0.0, 0.0  # the router's failed attempts on the dead worker
+        detected = None
         while time.monotonic() < t_kill + TRAFFIC_AFTER_KILL_S:
             now = router.metric(router_metric("worker_outcomes", router.implementation),
                                 worker=victim.url, outcome="failure")
             if now != failures:
                 failures, last_failure = now, time.monotonic() - t_kill
+            if detected is None and victim.url not in router.healthy_workers():
+                detected = time.monotonic() - t_kill
             time.sleep(0.05)
     finally:
         traffic.stop()
-    detected = None
     while detected is None and time.monotonic() < t_kill + window + 3:
         if victim.url not in router.healthy_workers():
             detected = time.monotonic() - t_kill

@@ -90,6 +90,9 @@ def front_container(image: str, config_volume: str) -> dict:
         "env": [{"name": BIND_ENV, "value": f":{ROUTER_PORT}"},
                 {"name": ROUTER_ENV, "value": f"127.0.0.1:{ROUTER_BACKEND_PORT}"}],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        # its own liveness: it accepts connections (the router's probes go through it)
+        "livenessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
+        "readinessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
         "volumeMounts": [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}],
         "resources": {"requests": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY},
                       "limits": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY}},

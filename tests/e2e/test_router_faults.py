@@ -4,6 +4,8 @@ oversized body is refused (a client's 4xx burst: tests/e2e/test_router_front.py,
 strategy). bench/router_checks.py measures the same at length (figures in docs/runbook.md)."""
 from __future__ import annotations
 
+import http.client
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,8 +15,7 @@ import requests
 from bench.loopback import FakeWorkerPool, chat, filler
 from bench.router_checks import RenderedRouter, router_pod
 from k8s.router import (
-    BALANCE_ABS_THRESHOLD, BODY_BYTES_PER_TOKEN, BODY_ENVELOPE_BYTES, HEALTH_FAILURES,
-    HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S,
+    BALANCE_ABS_THRESHOLD, HEALTH_FAILURES, HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S,
 )
 from tests.e2e.conftest import WORKER_OPTS, _container
 from tests.e2e.test_router_front import front_config_text
@@ -74,16 +75,30 @@ def test_a_hung_worker_holds_a_handful_and_is_out_in_seconds(default_pod):
 
 
 def test_a_body_beyond_the_models_context_is_refused(default_pod):
-    """The payload limit is derived from the model's context (it was 512 MB, and a 200 MB body
-    was accepted and held in memory)."""
+    """The payload limit is derived from the model's context (tests/k8s/test_router_limits.py:
+    a whole context of text fits); it was 512 MB, and a 200 MB body was accepted and held in
+    memory. Up to the limit a body passes; past it, 413 from the front, before it is read."""
     _, _, front, pod = default_pod
     limit = int(pod.args[pod.args.index("--max-payload-size") + 1])
-    context = (limit - BODY_ENVELOPE_BYTES) // BODY_BYTES_PER_TOKEN   # the model's tokens
 
-    def send(words: int) -> int:
-        return requests.post(f"{front.url}/v1/chat/completions", timeout=30, json={
-            "model": "fake-model", "max_tokens": 2,
-            "messages": [{"role": "user", "content": "word " * words}]}).status_code
+    def send(size: int) -> int:
+        envelope = len(json.dumps({"model": "fake-model", "max_tokens": 2, "messages": [
+            {"role": "user", "content": ""}]}))
+        body = {"model": "fake-model", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "w" * (size - envelope)}]}
+        return requests.post(f"{front.url}/v1/chat/completions", timeout=30,
+                             data=json.dumps(body), headers={
+                                 "Content-Type": "application/json"}).status_code
 
-    assert send(context) == 200          # a whole context of text fits (5 bytes a token here)
-    assert send(limit // 5 + 1) == 413   # past the limit: refused before it is read whole
+    assert send(limit) == 200
+    assert send(limit + 1) == 413
+    # 200 MB announced: refused on the headers alone, nothing of it sent
+    conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    try:
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(200 * 2**20))
+        conn.endheaders()
+        assert conn.getresponse().status == 413
+    finally:
+        conn.close()

@@ -472,6 +472,12 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.worker._track(self.connection, True)
 
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if ok:
+            self.worker._hold_while_hung(self.path)
+        return ok
+
     def finish(self) -> None:
         try:
             super().finish()
@@ -641,6 +647,9 @@ class FakeWorker:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
+        self._awake = threading.Event()  # cleared by hang()
+        self._awake.set()
+        self.held: collections.Counter = collections.Counter()  # path -> arrivals while hung
         self._created = time.time()
         self._running = 0
         self._waiting = 0
@@ -717,6 +726,27 @@ class FakeWorker:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def hang(self, seconds: float | None = None) -> None:
+        """Freeze, as a worker whose engine or event loop is stuck: connections are still
+        accepted, but every request that arrives (health checks included) waits without an
+        answer until ``thaw()``, or for ``seconds`` if given. Counted by path in ``held``."""
+        self._awake.clear()
+        if seconds is not None:
+            timer = threading.Timer(seconds, self.thaw)
+            timer.daemon = True
+            timer.start()
+
+    def thaw(self) -> None:
+        """End ``hang()``: held requests are answered, in arrival order as far as threads go."""
+        self._awake.set()
+
+    def _hold_while_hung(self, path: str) -> None:
+        if not self._awake.is_set():
+            with self._lock:
+                self.held[path.split("?", 1)[0]] += 1
+            while self._server is not None and not self._awake.wait(0.1):
+                pass
 
     def set_healthy(self, healthy: bool) -> None:
         """False: /health answers 503 (completions are still served)."""

@@ -353,7 +353,10 @@ def _stop_live_routers() -> None:
 
 
 def _port_is_free(port: int) -> bool:
+    """Nothing listens on ``port``. With SO_REUSEADDR, as both routers (tokio) and HAProxy bind:
+    a killed router's connections in TIME_WAIT do not keep its successor off the port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((LOOPBACK, port))
         except OSError:
@@ -453,7 +456,7 @@ class RouterProcess:
         if busy:
             raise RouterStartError(f"port(s) {busy} on {LOOPBACK} already in use")
         t0 = time.monotonic()
-        with open(self.log_path, "wb") as log:
+        with self._open_log() as log:
             self.proc = subprocess.Popen(
                 [self.binary, *self.args], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=self.env,
@@ -466,6 +469,17 @@ class RouterProcess:
             raise
         self.startup_seconds = time.monotonic() - t0
         return self
+
+    def _open_log(self):
+        """The log file: new on the first start; a restart appends after a marker line, so
+        what the killed process wrote stays readable."""
+        self.starts = getattr(self, "starts", 0) + 1
+        if self.starts == 1:
+            return open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
+        log.write(f"--- restart {self.starts - 1} ---\n".encode())
+        log.flush()
+        return log
 
     def _wait_ready(self, deadline: float) -> None:
         last = "no answer yet"
@@ -551,6 +565,77 @@ class RouterProcess:
         if self._own_log_dir is not None and exc[0] is None:
             self._own_log_dir.cleanup()
             self._own_log_dir = None
+
+
+def front_binary() -> str:
+    """HAProxy, the router pod's front (Debian's package, as in the router image)."""
+    import shutil
+
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if not found:
+        raise FileNotFoundError("haproxy not found: apt-get install haproxy (scripts/debian-tools)")
+    return found
+
+
+class FrontProcess:
+    """The router pod's front (HAProxy) with the rendered config text, on 127.0.0.1 in front
+    of the router on ``router_port``; a context manager. The config reads its two addresses
+    from the environment (k8s.router_front), so the rendered text runs unchanged."""
+
+    def __init__(self, config_text: str, router_port: int, *, port: int | None = None,
+                 startup_timeout: float = 10.0) -> None:
+        from k8s.router_front import BIND_ENV, ROUTER_ENV
+
+        self.port = port or free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="router-front-")
+        self.config_path = Path(self._dir.name) / "haproxy.cfg"
+        self.config_path.write_text(config_text)
+        self.log_path = Path(self._dir.name) / "front.log"
+        self.env = {**os.environ, BIND_ENV: f"{LOOPBACK}:{self.port}",
+                    ROUTER_ENV: f"{LOOPBACK}:{router_port}"}
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> "FrontProcess":
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [front_binary(), "-db", "-f", str(self.config_path)], stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RouterStartError(f"haproxy exited with {self.proc.returncode}:\n"
+                                       f"{self.log_text()}")
+            with socket.socket() as s:
+                if s.connect_ex((LOOPBACK, self.port)) == 0:
+                    return self
+            time.sleep(0.02)
+        self.stop()
+        raise RouterStartError(f"haproxy not listening after {self.startup_timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def __enter__(self) -> "FrontProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        self._dir.cleanup()
 
 
 # --------------------------------------------------------------------------- client
@@ -831,4 +916,4 @@ def run_conversations(urls: Sequence[str], sessions: int, turns: int, *,
 
 
 __all__ += ["arg_value", "loopback_router", "localize_for_pool", "metric_sum", "sse_chunks",
-            "filler", "Conversation", "run_conversations"]
+            "filler", "Conversation", "run_conversations", "FrontProcess", "front_binary"]

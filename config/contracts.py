@@ -33,7 +33,8 @@ LOAD_BALANCER_CIDR = "10.64.0.0/19"   # every public subnet of up to 6 zones, no
 
 # Ports
 WORKER_PORT = 8000            # vLLM's OpenAI server
-ROUTER_PORT = 8000            # the router, and the Service in front of it
+ROUTER_PORT = 8000            # the router pod's client port (its front), and the Service
+ROUTER_BACKEND_PORT = 8001    # the router binary itself, on 127.0.0.1 behind the front
 ROUTER_METRICS_PORT = 29000   # vllm-router --prometheus-port
 KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
 KV_EVENTS_REPLAY_PORT = 5558

@@ -8,23 +8,25 @@ with exactly what the Deployment carries (discovery swapped for local URLs).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, NODE_START_MINUTES, ROUTER_METRICS_PORT,
-    ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
+    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, NODE_START_MINUTES, ROUTER_BACKEND_PORT,
+    ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
-from k8s.endpoint_spec import ROUTING_POLICIES
+from k8s.endpoint_spec import ROUTING_POLICIES, arg_value
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
-from k8s.workers import MetricsSource
+from k8s.router_front import FRONT_CONFIG, front_config, front_config_hash, front_container
 from k8s.secret_fetch import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
 )
+from k8s.workers import MetricsSource
 
 COMPONENT = "vllm-router"
 # vllm-router 0.1.17 with static --worker-urls (kvaware) listens only once one listed worker
@@ -85,6 +87,10 @@ class RouterProps:
     model_name: str = ""
     cpu: str = "1"
     memory: str = "1Gi"
+    # What bounds the router's memory (router_limits): the model's context (vLLM's
+    # --max-model-len) and the most workers it can route to (the autoscaling maximum).
+    context_tokens: int = 131072
+    max_workers: int = 2
     api_key: ApiKey | None = None
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
@@ -130,16 +136,87 @@ def sglang_router_args(p: RouterProps) -> list[str]:
     return ["launch", *_common_args(p)]
 
 
+# Router-side bounds, chosen and measured on loopback (docs/serving.md, "Router limits").
+REQUEST_TIMEOUT_S = 600      # the longest generation we let one request take
+# A hung worker (its /health times out) is out after 2 checks 1 s apart: ~2-3 s.
+HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1, 1, 2
+# cache_aware stops sending to a worker once it holds this many more requests than the
+# least-loaded one (the default, 64, let a hung worker collect 64 requests in 7 s).
+BALANCE_ABS_THRESHOLD = 8
+RETRIES = 8
+EVICTION_INTERVAL_S = 10     # how long the prefix tree may outgrow its bound
+TREE_MEMORY_SHARE = 0.5      # of the container's memory limit, for cache_aware's prefix tree
+# Memory per tree character, the worst measured (sglang-router 0.3.2, 300-character distinct
+# prompts: ~16 B; long prompts ~2 B); vllm-router 0.1.17 ~14 B per token
+TREE_BYTES_PER_CHAR = 16
+# Request body per context token: ~4 characters of text per token, JSON escaping of non-ASCII
+# text up to 6 bytes per character; plus the request's envelope (parameters, tools).
+BODY_BYTES_PER_TOKEN, BODY_ENVELOPE_BYTES = 16, 64 * 1024
+LOG_LEVEL = {"vllm-router": "warning", "sglang-router": "warn"}  # no line per good request
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity with a binary suffix (the router's own, e.g. `1Gi`)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    number, unit = quantity[:-2], quantity[-2:]
+    if unit not in units or not number.isdigit():
+        raise ValueError(f"router memory {quantity!r}: an integer with Ki, Mi or Gi")
+    return int(number) * units[unit]
+
+
+def context_tokens(worker_args: Sequence[str]) -> dict[str, int]:
+    """``{"context_tokens": N}`` from vLLM's ``--max-model-len`` (``32768``, or its
+    human-readable ``32k`` = 32,000 / ``32K`` = 32,768), or nothing: the model's own length,
+    unknown at synth, gets RouterProps' default (128K, Llama 3.1's)."""
+    value = arg_value(worker_args, "--max-model-len") or ""
+    scale = {"k": 1000, "K": 1024, "m": 10**6, "M": 2**20}.get(value[-1:], 1)
+    number = value[:-1] if scale > 1 else value
+    try:
+        return {"context_tokens": int(float(number) * scale)} if number else {}
+    except ValueError:
+        return {}
+
+
+def router_limits(p: RouterProps) -> dict[str, int]:
+    """Sizes derived from the container and the model: the largest request body a context
+    of `context_tokens` can need (a 200 MB body was accepted by default), and the per-worker
+    prefix-tree budget that keeps the tree of every worker within its memory share."""
+    tree = memory_bytes(p.memory) * TREE_MEMORY_SHARE / TREE_BYTES_PER_CHAR / p.max_workers
+    return {"max_payload_size": p.context_tokens * BODY_BYTES_PER_TOKEN + BODY_ENVELOPE_BYTES,
+            "max_tree_size": int(tree)}
+
+
 def _common_args(p: RouterProps) -> list[str]:
-    args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", p.policy,
+    limits = router_limits(p)
+    # Only the front (k8s.router_front) reaches the router: it keeps the control routes out.
+    args = ["--host", "127.0.0.1", "--port", str(ROUTER_BACKEND_PORT), "--policy", p.policy,
             "--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT),
             "--health-check-endpoint", p.health_check_path,
-            "--health-check-interval-secs", "10", "--health-failure-threshold", "2",
-            # Open the circuit after 3 consecutive failures, below the 5 attempts a request
-            # may make, so a dead worker stops drawing retries before a client sees a 500
-            # (measured on loopback); retry it after 15 s, not the default 60.
-            "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "15",
-            "--log-level", "info"]
+            "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
+            "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
+            "--health-failure-threshold", str(HEALTH_FAILURES),
+            "--request-timeout-secs", str(REQUEST_TIMEOUT_S),
+            # Retries outlast the health checks (~4 s of backoff against ~2-3 s to take a
+            # dead worker out): its requests end on another worker instead of failing
+            # (sglang-router's cache_aware retries on the same worker until then).
+            "--retry-max-retries", str(RETRIES), "--retry-initial-backoff-ms", "100",
+            "--retry-max-backoff-ms", "1000",
+            "--max-payload-size", str(limits["max_payload_size"]),
+            "--log-level", LOG_LEVEL[p.implementation]]
+    if p.implementation == "sglang-router":
+        # sglang-router 0.3.2 counts a client's 4xx against the worker: 24 wrong-model
+        # requests opened every breaker and failed 145 of the next 200 good requests. The
+        # health checks above take a dead or hung worker out instead.
+        args += ["--disable-circuit-breaker"]
+    else:
+        # vllm-router 0.1.17 counts only 5xx and connection failures: open after 3 in a row,
+        # below the 5 attempts a request may make, so a dead worker stops drawing retries
+        # before a client sees a 500; retry it after 15 s, not the default 60.
+        args += ["--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "15"]
+    if p.policy == "cache_aware":
+        args += ["--balance-abs-threshold", str(BALANCE_ABS_THRESHOLD),
+                 "--max-tree-size", str(limits["max_tree_size"]),
+                 "--eviction-interval-secs", str(EVICTION_INTERVAL_S)]
     if p.static_workers:
         args += ["--worker-startup-timeout-secs", str(WORKER_STARTUP_TIMEOUT_S),
                  "--worker-startup-check-interval", str(WORKER_STARTUP_CHECK_S),
@@ -186,7 +263,15 @@ class RouterChart(Chart):
                        "volumes": API_KEY_VOLUMES}
             key_container = {"volumeMounts": [
                 {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
-        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
+        # The front's config, and the front beside the router (k8s.router_front)
+        front_text = front_config(REQUEST_TIMEOUT_S, router_limits(props)["max_payload_size"])
+        k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
+                   namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
+        front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}
+        key_pod["volumes"] = [*key_pod.get("volumes", []), front_volume]
+        # Probes reach the router through the front (the router listens on 127.0.0.1 only).
+        probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT},
+                 "periodSeconds": PROBE_PERIOD_S,
                  "timeoutSeconds": 3}
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
                    namespace=ns, labels=labels, body={"spec": {
@@ -195,7 +280,8 @@ class RouterChart(Chart):
                        "strategy": {"type": "RollingUpdate",
                                     "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                        "template": {
-                           "metadata": {"labels": labels},
+                           "metadata": {"labels": labels, "annotations": {
+                               "kvcache.io/front-config": front_config_hash(front_text)}},
                            "spec": {
                                "serviceAccountName": name,
                                "automountServiceAccountToken": discovery,
@@ -211,16 +297,15 @@ class RouterChart(Chart):
                                                              props.api_key is not None),
                                    **key_container,
                                    "args": router_args(props),
-                                   "ports": [{"name": "http", "containerPort": ROUTER_PORT},
-                                             {"name": "metrics",
+                                   "ports": [{"name": "metrics",
                                               "containerPort": ROUTER_METRICS_PORT}],
                                    "startupProbe": {**probe, "httpGet": {
-                                       "path": "/liveness", "port": "http"},
+                                       "path": "/liveness", "port": ROUTER_PORT},
                                        "failureThreshold": STARTUP_PROBE_FAILURES},
                                    "readinessProbe": {**probe, "httpGet": {
-                                       "path": "/readiness", "port": "http"}},
+                                       "path": "/readiness", "port": ROUTER_PORT}},
                                    "livenessProbe": {**probe, "httpGet": {
-                                       "path": "/liveness", "port": "http"},
+                                       "path": "/liveness", "port": ROUTER_PORT},
                                        "failureThreshold": 6},
                                    "resources": {
                                        "requests": {"cpu": props.cpu, "memory": props.memory},
@@ -228,7 +313,7 @@ class RouterChart(Chart):
                                    "lifecycle": {"preStop": {
                                        "sleep": {"seconds": PRE_STOP_SLEEP_S}}},
                                    "securityContext": hardened(),
-                               }],
+                               }, front_container(props.image, front_volume["name"])],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
         if props.metrics is not None:

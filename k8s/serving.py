@@ -18,7 +18,7 @@ from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_e
 from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
-from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps
+from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
 from k8s.endpoint_spec import _gib
 from k8s.workers import (
     KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection, MetricsSource, WorkerScaling,
@@ -246,6 +246,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             if kvaware else (),
             kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
             metrics=facts.metrics,
+            max_workers=scaling.max_replicas if scaling else s.replicas,
+            **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets))

@@ -167,7 +167,8 @@ def test_localize_router_args_changes_only_what_must_change(router_args):
     assert value["--kv-event-source"] == "http://127.0.0.1:9001=tcp://127.0.0.1:9557"
     assert args[-3:] == ["--worker-urls", *local]
     # Everything else reaches the router exactly as rendered, in order.
-    kept = [a for a in rendered if a in args and a not in ("--host", "--port", "0.0.0.0")]
+    moved = {rendered[rendered.index(f) + 1] for f in ("--host", "--port", "--prometheus-host")}
+    kept = [a for a in rendered if a in args and a not in ("--host", "--port", *moved)]
     assert [a for a in args if a in kept] == kept
     assert value["--policy"] == "cache_aware"
     with pytest.raises(ValueError, match="in-cluster worker"):

@@ -9,11 +9,12 @@ import copy
 
 import cdk8s
 import pytest
+import yaml
 
 from config import resolve_environment
 from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
-from tests.k8s.test_hyperpod_corpus import _corpus_env, _groups
+from tests.k8s.test_hyperpod_corpus import CORPUS, _corpus_env, _groups, filled
 from tests.stacks.cluster_model import (
     allocatable, config_node_groups, manifest_pods, node_groups, pods_of_objects,
     unschedulable,
@@ -62,9 +63,14 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
     serves every file's L2); the corpus in each variant's own cache is checked in
     tests/k8s/test_hyperpod_corpus.py on its synthesized charts."""
     pods, cfg = [], None
-    for i, files in enumerate(_groups()):
+    for i, files in enumerate([*_groups(), [TIERED]]):
         tmp = tmp_path_factory.mktemp(f"sched-{i}")
         ctx = copy.deepcopy(_corpus_env(tmp, "dev", files))
+        if files == [TIERED]:   # the one published file asking for the in-cluster L2
+            raw = yaml.safe_load(filled(TIERED)[0])
+            gpus = raw["spec"]["worker"]["resources"]
+            gpus["requests"]["nvidia.com/gpu"] = gpus["limits"]["nvidia.com/gpu"]
+            (tmp / TIERED.name).write_text(yaml.safe_dump(raw))
         ctx["environments"]["dev"]["cache"] = {"kind": "self-hosted"}
         cfg = resolve_environment(ctx)
         specs = load_endpoints(cfg, tmp)
@@ -72,6 +78,11 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
             cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs)) for d in c.to_json())
     pods += helm_release_pods(dev.templates, "dev")
     return pods, unschedulable(pods, config_node_groups(cfg))
+
+
+# It asks for 4 GPUs with a limit of 8, which the reader refuses (Kubernetes would too): served
+# here with the two equal, for the Valkey its tieredstorage L2 brings.
+TIERED = CORPUS / "hpcli-pr413-sample-llama70b-l1-l2-tieredstorage.yaml"
 
 
 def test_every_corpus_pod_beside_a_self_hosted_cache_fits_a_node_group(self_hosted):

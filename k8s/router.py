@@ -22,7 +22,9 @@ from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
-from k8s.router_front import FRONT_CONFIG, front_config, front_config_hash, front_container
+from k8s.router_front import (
+    DEREGISTER_S, DRAIN_S, FRONT_CONFIG, front_config, front_config_hash, front_container,
+)
 from k8s.secret_fetch import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
 )
@@ -44,11 +46,11 @@ PROBE_PERIOD_S = 10
 STARTUP_PROBE_FAILURES = -(-(WORKER_STARTUP_TIMEOUT_S + WORKER_STARTUP_CHECK_S) // PROBE_PERIOD_S) + 1
 # Rollouts drop nothing behind the NLB: the load balancer controller's readiness gate keeps an
 # old pod until its successor is a healthy target (namespace label, k8s/serving.py); on
-# termination the pod keeps serving while the NLB stops sending it new connections, then gets
-# SIGTERM and finishes what it has.
+# termination the front keeps serving while the NLB stops sending it new connections, then
+# drains (k8s/router_front.py); the router behind it stops only after the front's drain.
 POD_READINESS_GATE_LABEL = "elbv2.k8s.aws/pod-readiness-gate-inject"
-PRE_STOP_SLEEP_S = 30
-TERMINATION_GRACE_S = PRE_STOP_SLEEP_S + 90
+PRE_STOP_SLEEP_S = DEREGISTER_S + DRAIN_S
+TERMINATION_GRACE_S = PRE_STOP_SLEEP_S + 30
 # TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"

@@ -32,6 +32,19 @@ BIND_ENV, ROUTER_ENV = "FRONT_BIND", "ROUTER_ADDR"
 # tune.bufsize (16 KiB) per active stream, so 4096 streams fit in FRONT_MEMORY.
 MAX_CONNECTIONS = 4096
 FRONT_CPU, FRONT_MEMORY = "250m", "192Mi"
+# On termination the front keeps serving while the NLB stops sending it new connections
+# (DEREGISTER_S), then soft-stops (SIGUSR1: it closes its listener and finishes the requests it
+# has, streams included) for at most DRAIN_S (`hard-stop-after`). SIGTERM, what the kubelet
+# sends, would make HAProxy drop every open stream at once. The router container outlives both
+# (k8s/router.py), so nothing in flight loses its router.
+DEREGISTER_S = 30
+DRAIN_S = 60
+# The preStop hook: $1 seconds of grace for the NLB, then the soft stop of HAProxy (PID 1 in its
+# container; FRONT_PID only where a test runs it beside other processes), then wait until it
+# has finished.
+PRE_STOP = ["/bin/sh", "-c", 'sleep "$1"; pid="${FRONT_PID:-1}"; kill -USR1 "$pid"; '
+            'while kill -0 "$pid" 2>/dev/null; do sleep 1; done', "pre-stop",
+            str(DEREGISTER_S)]
 
 
 def front_config(request_timeout_s: int, max_body_bytes: int) -> str:
@@ -50,6 +63,7 @@ def front_config(request_timeout_s: int, max_body_bytes: int) -> str:
     return "\n".join([
         "global",
         f"    maxconn {MAX_CONNECTIONS}",
+        f"    hard-stop-after {DRAIN_S}s",
         "    log stdout format raw local0",
         "defaults",
         "    mode http",
@@ -93,6 +107,7 @@ def front_container(image: str, config_volume: str) -> dict:
         # its own liveness: it accepts connections (the router's probes go through it)
         "livenessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
         "readinessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
+        "lifecycle": {"preStop": {"exec": {"command": PRE_STOP}}},
         "volumeMounts": [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}],
         "resources": {"requests": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY},
                       "limits": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY}},

@@ -1,9 +1,12 @@
 """Router rollouts behind the NLB drop nothing (issue 16): the load balancer controller's pod
-readiness gate on the serving namespace, and a preStop delay before SIGTERM."""
+readiness gate on the serving namespace; on termination the front (the container behind the
+Service's port) waits for the NLB, then drains, and the router outlives it (the drain itself
+runs on loopback: tests/e2e/test_router_front.py)."""
 from __future__ import annotations
 
 import pytest
 
+from k8s.router_front import DRAIN_S
 from tests.k8s.test_charts import _env, _spec, render
 
 
@@ -22,7 +25,12 @@ def test_router_pods_wait_for_their_nlb_target_and_leave_it_before_stopping(env)
     (router,) = [d for d in docs if d["kind"] == "Deployment"
                  and d["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]]
     pod = router["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    delay = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert delay >= 15 and pod["terminationGracePeriodSeconds"] >= delay + 60
+    by_port = {p["name"]: c for c in pod["containers"] for p in c["ports"]}
+    front, router_c = by_port[svc["spec"]["ports"][0]["targetPort"]], by_port["metrics"]
+    assert front is not router_c
+    deregister = int(front["lifecycle"]["preStop"]["exec"]["command"][-1])
+    router_stop = router_c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert deregister >= 15                          # the NLB stops sending new connections
+    assert router_stop >= deregister + DRAIN_S       # the router outlives the front's drain
+    assert pod["terminationGracePeriodSeconds"] > router_stop
     assert router["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0

@@ -366,25 +366,28 @@ class L2Store:
         if now < self.down_until:
             raise L2Down("restarting after OOM kill")
 
-    def contains_prefix(self, keys: Sequence[int], now: float) -> int:
-        """How many of `keys`, from the first, are stored (a pipelined EXISTS)."""
+    def contains(self, keys: Sequence[int], now: float) -> list[bool]:
+        """Which of `keys` are stored (a pipelined EXISTS)."""
         self.flush(now)
         self._check(now)
         if not keys:
-            return 0
+            return []
         try:
             pipe = self.client.pipeline(transaction=False)
             for k in keys:
                 pipe.exists(f"c{k}")
-            got = pipe.execute()
+            return [bool(g) for g in pipe.execute()]
         except self._errors as exc:
             raise L2Down(str(exc)) from None
-        n = 0
-        for g in got:
-            if not g:
-                break
-            n += 1
-        return n
+
+    def contains_prefix(self, keys: Sequence[int], now: float) -> int:
+        got = self.contains(keys, now)
+        return got.index(False) if False in got else len(got)
+
+    def kill(self, now: float) -> None:
+        """Stop the store at `now` (a drill): writes landed by then are in it."""
+        self.flush(now)
+        self.server.stop()
 
     def put(self, keys: Sequence[int], done_at: Sequence[float], now: float) -> None:
         """Writes queued now, each landing in the store when its transfer is done (a chunk
@@ -609,15 +612,6 @@ class LMCacheWorker:
 
     # -- L1
 
-    def _l1_prefix(self, keys: Sequence[int]) -> int:
-        n = 0
-        for k in keys:
-            if k not in self.l1:
-                break
-            self.l1.move_to_end(k)
-            n += 1
-        return n
-
     def _l1_insert(self, keys: Sequence[int], now: float, pinned_until: Sequence[float] | None
                    ) -> int:
         """Allocate and keep `keys` in L1; returns how many fitted (LMCache stops a store at
@@ -660,18 +654,24 @@ class LMCacheWorker:
         c.lookup_requests += 1
         c.lookup_tokens += len(ids)
         c.requested_tokens += len(ids)
-        in_l1 = self._l1_prefix(keys)
-        in_l2, lookup_s, timed_out = 0, 0.0, False
-        if in_l1 < len(keys) and self.l2_usable:
-            rest = keys[in_l1:]
+        in_l1 = [k in self.l1 for k in keys]
+        first_miss = in_l1.index(False) if False in in_l1 else len(keys)
+        in_l2: list[bool] = [False] * len(keys)
+        lookup_s, timed_out = 0.0, False
+        if first_miss < len(keys) and self.l2_usable:
+            rest = [k for k, here in zip(keys[first_miss:], in_l1[first_miss:]) if not here]
             lookup_s = self.link.lookup_s(now, len(rest))
             if lookup_s > cfg.lookup_timeout_s:
                 timed_out = True
             else:
                 try:
-                    in_l2 = self.l2.contains_prefix(rest, now)
+                    found = self.l2.contains(rest, now)
                 except L2Down:
-                    lookup_s, in_l2 = REFUSED_S, 0
+                    lookup_s, found = REFUSED_S, [False] * len(rest)
+                it = iter(found)
+                for i in range(first_miss, len(keys)):
+                    if not in_l1[i]:
+                        in_l2[i] = next(it)
         if timed_out:
             c.lookup_timeouts += 1
             res.timed_out = True
@@ -687,35 +687,43 @@ class LMCacheWorker:
         else:
             res.stall_s += lookup_s
             c.stall_s += lookup_s
-        hit = min((in_l1 + in_l2) * cfg.chunk_size, len(ids) - 1)
-        c.lookup_hits += (in_l1 + in_l2) * cfg.chunk_size
+        chunks = 0                       # the prefix found in L1 or L2, chunk by chunk
+        while chunks < len(keys) and (in_l1[chunks] or in_l2[chunks]):
+            chunks += 1
+        hit = min(chunks * cfg.chunk_size, len(ids) - 1)
+        c.lookup_hits += chunks * cfg.chunk_size
         res.lmcache_hit = hit
         if hit <= gpu_hit or hit - gpu_hit < cfg.min_retrieve_tokens:
             return res
-        # retrieve what the GPU lacks: L1 chunks, then L2 chunks (fetched, promoted to L1)
+        # retrieve what the GPU lacks: L1 chunks copied, L2 chunks fetched (and promoted)
         first = gpu_hit // cfg.chunk_size
-        from_l1 = max(0, in_l1 - first)
-        from_l2 = (in_l1 + in_l2) - max(first, in_l1)
+        need = range(first, chunks)
+        from_l2 = [keys[i] for i in need if not in_l1[i]]
         c.retrieve_requests += 1
         load = 0.0
-        got_l2 = 0
-        if from_l2 > 0:
-            get_s = self.link.get_time(now, from_l2)
-            if get_s > cfg.blocking_timeout_s:
+        ok = chunks
+        if from_l2:
+            get_s = self.link.get_time(now, len(from_l2))
+            if self._get_times_out(now, get_s):
                 load += cfg.blocking_timeout_s
                 c.get_blocking_failed += 1
+                ok = next(i for i in need if not in_l1[i])   # up to the first L2 chunk
             else:
                 load += get_s
-                got_l2 = from_l2
-                c.remote_read_requests += from_l2
-                c.remote_read_bytes += from_l2 * self.chunk_bytes
+                c.remote_read_requests += len(from_l2)
+                c.remote_read_bytes += len(from_l2) * self.chunk_bytes
                 c.get_ms.observe(get_s * 1e3)
-                self._l1_insert(keys[in_l1:in_l1 + got_l2], now, None)   # promotion
-        loaded_tokens = min(hit, (first + from_l1 + got_l2) * cfg.chunk_size) - gpu_hit
+                self._l1_insert(from_l2, now, None)       # promotion
+        for i in range(first, ok):
+            if in_l1[i]:
+                self.l1.move_to_end(keys[i])
+        loaded_tokens = min(hit, ok * cfg.chunk_size) - gpu_hit
         if loaded_tokens <= 0:
             res.load_s = load
             return res
-        res.l1_tokens = min(loaded_tokens, max(0, in_l1 * cfg.chunk_size - gpu_hit))
+        l1_chunks = sum(1 for i in range(first, ok) if in_l1[i])
+        res.l1_tokens = min(loaded_tokens, l1_chunks * cfg.chunk_size - (
+            gpu_hit % cfg.chunk_size if in_l1[first] else 0))
         res.l2_tokens = loaded_tokens - res.l1_tokens
         res.load_s = load + loaded_tokens * self.gpu.model.kv_bytes_per_token / (
             self.gpu.gpus * cfg.cpu_to_gpu_gbs * 1e9)
@@ -723,6 +731,14 @@ class LMCacheWorker:
         c.l1_hit_tokens += res.l1_tokens
         c.l2_hit_tokens += res.l2_tokens
         return res
+
+    def _get_times_out(self, now: float, get_s: float) -> bool:
+        """`blocking_timeout_secs` bounds each chunk's future, waited for one after the other
+        (remote_backend.batched_get_blocking for connectors without a batched get, which
+        lm:// and redis:// are): a fetch fails when one chunk takes longer, which behind an
+        lm:// socket's queued writes the first one does."""
+        wait = self.link.backlog(now) if self.link.fifo else 0.0
+        return wait + self.link.get_s > self.cfg.blocking_timeout_s
 
     # -- store (on compute)
 
@@ -742,11 +758,12 @@ class LMCacheWorker:
         if not new:
             return 0.0
         pins = None
+        tail = self.link.tail if self.link else 0.0
         if self.l2_usable:
             pins = self.link.enqueue_puts(now, len(new))
         stored = self._l1_insert(new, now, pins) if self.l1_capacity else len(new)
         if stored < len(new) and pins is not None:   # the dropped tail is not written either
-            self.link.tail = pins[stored - 1] if stored else now
+            self.link.tail = pins[stored - 1] if stored else tail
             pins = pins[:stored]
         self.saved[request] = (start + stored) * cfg.chunk_size
         if not stored:
@@ -761,7 +778,7 @@ class LMCacheWorker:
                     c.put_ms.observe((p - now) * 1e3)
             except L2Down:
                 c.put_failed += stored
-                self.link.tail = now
+                self.link.tail = tail
                 for k in new[:stored]:   # unpinned: the write failed
                     if k in self.l1:
                         self.l1[k] = 0.0

@@ -708,13 +708,14 @@ TIER_KEYS = ("gpu_hit_rate", "l1_hit_rate", "l2_hit_rate", "lookup_timeouts")
 
 def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool = True,
             l2: L2Store | None = None, log_dir: Any = None,
-            events: Sequence[tuple[float, Callable[[], None]]] = (),
+            events: Sequence[tuple[float, Callable[[float], None]]] = (),
             phases: Callable[[BenchConfig], list[Phase]] | None = None,
             ticker: tuple[float, Callable[[float, Any], None]] | None = None) -> dict:
     """One arm (a fleet and a routing strategy) over `run.bench.repeats` repeats of the plan:
     fresh salts, GPU caches emptied and the router restarted between repeats (L1 and L2 keep
     what they hold: the salts make it stale). Returns `bench`'s result shape. `phases`: another
-    plan than `build_phases`; `events`: (virtual time, callback) to run (a drill); `ticker`:
+    plan than `build_phases`; `events`: (virtual time, callback(now)) to run (a drill), times
+    from the first measured phase's start like `ticker`'s:
     (period, callback(now, router)) every period of virtual time while requests run."""
     import uuid
 
@@ -726,18 +727,26 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
     policy = strategy.split("@")[0]
     router_cm: Any = (RealRouter(strategy, fleet, log_dir) if real_router
                       else ModelRouter(policy.replace("-noheader", ""), spec.workers))
-    for t, fn in events:
-        sim.at(t, fn)
     t0 = time.perf_counter()
-    with (router_cm if real_router else _nullcontext(router_cm)) as router:
+    started = []
+
+    def start_clock(router: Any) -> None:
+        """`events` and `ticker` count from the first measured phase's start."""
+        if started:
+            return
+        started.append(sim.now)
+        for t, fn in events:
+            sim.at(sim.now + t, lambda fn=fn: fn(sim.now))
         if ticker is not None:
             period, tick = ticker
 
             def beat() -> None:
-                tick(sim.now, router)
+                tick(sim.now - started[0], router)
                 if any(w.queue for w in fleet.workers) or sim._heap:
                     sim.after(period, beat)
-            sim.at(0.0, beat)
+            sim.at(sim.now, beat)
+
+    with (router_cm if real_router else _nullcontext(router_cm)) as router:
         for r, salt in enumerate(salts):
             if r:
                 for w in fleet.workers:
@@ -750,13 +759,15 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
             driver.warm_up(salt)
             out = {}
             for phase in (phases(c) if phases else build_phases(c)[0]):
+                start_clock(router)
                 reqs = driver.run_phase(phase)
                 out[phase.scenario] = summarise(phase, reqs, run) | {
                     "samples": [{"scenario": q.scenario, "session": q.session, "turn": q.turn,
                                  "ttft_s": None if q.t_first is None else q.t_first - q.t_send,
                                  "prompt_tokens": q.prompt_tokens, "cached_tokens": q.cached,
                                  "gpu_hit": q.gpu_hit, "l1": q.l1_tokens, "l2": q.l2_tokens,
-                                 "worker": q.worker, "start_s": q.t_send,
+                                 "worker": q.worker,
+                                 "start_s": q.t_send - (started[0] if started else 0.0),
                                  "error": q.error} for q in reqs]}
             runs.append(out)
     scen = aggregate(runs)

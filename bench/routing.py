@@ -42,6 +42,17 @@ HYPERPOD = {"8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
 
 
+def use_profile_file(path: Path) -> str:
+    """Emulate the GPU of a profile written by `python -m tools calibrate` (here and in the
+    tiered benchmarks)."""
+    from bench import tiered
+    from bench.emulator import load_profile_file
+
+    global PROFILE
+    PROFILE = tiered.PROFILE = load_profile_file(path).name
+    return PROFILE
+
+
 def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
     scenarios = ("multi-turn", "document") if ctx == 2048 else ("document",)
     # users grow with the workers (odd counts: no power-of-two worker count divides them),
@@ -506,7 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidate", default="prefixaware", choices=MATRIX,
                    help="with --stability: the strategy compared with round robin")
     p.add_argument("--render-only", action="store_true", help="rewrite the doc from DIR")
+    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
+                   "`python -m tools calibrate`) instead of " + PROFILE)
     a = p.parse_args(argv)
+    if a.profile_file:
+        try:
+            use_profile_file(a.profile_file)
+        except ValueError as exc:
+            p.error(str(exc))
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stability:
         run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False), a.candidate)

@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             "l2_hit_rate", "lookup_timeouts")} for s, v in r["scenarios"].items()},
             "tiers": r["tiers"]} for k, r in arms.items()}
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
+        from pathlib import Path
+
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=1, default=str))
     ok = all(r["ok"] for r in rows)
     print(f"\n{sum(r['ok'] for r in rows)} of {len(rows)} rows within the bar "
           f"(ratios within {RATIO_TOLERANCE}, hit rates within {HIT_TOLERANCE:.0%}).")

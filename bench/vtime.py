@@ -449,9 +449,17 @@ class RealRouter:
                 time.sleep(0.05)
 
     def hop_s(self, req: Req) -> float:
-        if self.implementation == "vllm-router" and self.strategy.split("@")[0] in (
+        return self.hop_for(req, self.fleet.gpu)
+
+    def hop_for(self, req: Req, gpu: GpuProfile) -> float:
+        """The router's own hop, modelled: ~1 ms, plus for vllm-router's cache_aware and
+        kv_aware the render/tokenize of the prompt on the workers (in parallel, one's
+        cost: the workers are separate machines)."""
+        from bench.loopback_bench import implementation
+
+        if implementation(self.strategy) == "vllm-router" and self.strategy.split("@")[0] in (
                 "prefixaware", "kvaware"):
-            return ROUTER_HOP_S + self.fleet.gpu.render_seconds(len(req.ids))
+            return ROUTER_HOP_S + gpu.render_seconds(len(req.ids))
         return ROUTER_HOP_S
 
     def restart(self) -> None:

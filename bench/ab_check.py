@@ -128,9 +128,10 @@ def old_tiers() -> TierConfig:
     return TierConfig.from_lmcache(cfg, network_gbs=1e9, label="old (measured run)")
 
 
-def current_tiers(backend: str = "lmcache-server") -> TierConfig:
-    """What k8s/workers.py renders today for `backend`, L1 sized as in the real run."""
-    return replace(tier_config(backend, l1_gib=20, network_gbs=1e9),
+def current_tiers(backend: str = "valkey") -> TierConfig:
+    """What k8s/workers.py renders today for `backend` (the L2 on the same host as in the real
+    run: no network between), L1 sized as in the real run."""
+    return replace(tier_config(backend, network_gbs=1e9), l1_gib=20.0,
                    label=f"rendered now ({backend})")
 
 

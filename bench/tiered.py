@@ -402,7 +402,7 @@ def drill_series(scrapes: list[dict]) -> tuple[list[dict], int]:
     """promtool input series from the scrapes: every sample of the workers' /metrics (job and
     endpoint labels added as the scrape config adds them), and kube-state-metrics' ready
     replicas of the Valkey StatefulSet from whether the process ran."""
-    from config.contracts import SERVING_NAMESPACE
+    from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
     from observability.metrics import ENDPOINT_LABEL, WORKERS_JOB
 
     series: dict[str, list[str]] = {}
@@ -420,7 +420,7 @@ def drill_series(scrapes: list[dict]) -> tuple[list[dict], int]:
                 seen.add(key)
                 series.setdefault(key, ["_"] * i).append(repr(float(value)))
         ksm = (f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
-               f'statefulset="kvcache-valkey"}}')
+               f'statefulset="{SHARED_CACHE_NAME}"}}')
         series.setdefault(ksm, ["_"] * i).append(str(sc["valkey_ready"]))
         seen.add(ksm)
         for key, vals in series.items():

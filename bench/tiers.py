@@ -24,9 +24,11 @@ What is modelled (LMCache 0.5.x code: `lmcache/v1/cache_engine.py`, `storage_bac
   that store is dropped (LMCache logs "Failed to allocate memory block").
 - The L2 connection per worker (and per TP rank; ranks move in lockstep, so one stands for
   all): `lm://` is ONE socket under one asyncio lock for puts, gets and exists, FIFO, so a
-  lookup waits behind queued writes; `redis://`/`valkey://` use a connection pool, so lookups
-  and gets do not queue behind writes. Rates: the store's measured throughput per connection,
-  capped by the network (AWS: 5 Gbps per flow outside a placement group).
+  lookup waits behind queued writes; `redis://`/`valkey://` run on a pool through a priority
+  executor of 4 workers (redis_connector.py, job_executor/pq_executor.py): an EXISTS or a GET
+  goes ahead of every queued PUT and waits at most for a chunk already on the wire. Rates: the
+  store's measured throughput, capped by the network (AWS: 5 Gbps per flow outside a placement
+  group; the redis executor runs 4 flows).
 - The L2 itself: a real redis-server on 127.0.0.1 holds the index (one key per chunk, its value
   the chunk's size divided by `SCALE`, `maxmemory` the cache's bound divided by `SCALE`), so
   Valkey's own LRU evicts and a drill can kill it. LMCache's own server (`lm://`) has no
@@ -60,7 +62,9 @@ PER_FLOW_GBS = 5 / 8   # AWS: 5 Gbps per TCP flow between instances outside a pl
 LM_SERVER_PUT_GBS = 0.5        # lm:// puts per socket (remote_time_to_put: 67 ms per 33.5 MB)
 LM_SERVER_GET_GBS = 2.9        # lm:// gets (15.1 GB read in 55 gets of 95.6 ms)
 REDIS_PUT_GBS = 1.2            # redis-server 7.0, valkey-py SET of 33.5 MB over loopback
-REDIS_GET_GBS = 0.34           # ... GET of the same (the Python client is the bound)
+REDIS_GET_GBS = 0.34           # ... GET of the same: the pure-Python reply parser is the bound
+                               # (LMCache requires `redis`, not hiredis; its asyncio client
+                               # measured 0.1 GB/s here)
 RTT_S = 0.0005                 # one in-VPC round trip (+ a small command)
 SOCKET_RECREATE_S = 0.2        # a timed-out lookup stalled ~1.2 s at lookup_timeout_ms 1000
 LMCACHE_CPU_TO_GPU_GBS = 28.0  # LMCache 0.5.0's retrieve_to_gpu_time (318 MB in 11.3 ms)
@@ -144,8 +148,10 @@ class TierConfig:
             if kind is None:
                 raise ValueError(f"LMCache remote_url scheme {scheme!r} is not modelled")
         net = network_gbs if network_gbs is not None else PER_FLOW_GBS
-        put, get = ((LM_SERVER_PUT_GBS, LM_SERVER_GET_GBS) if kind == "lm"
-                    else (REDIS_PUT_GBS, REDIS_GET_GBS))
+        if kind == "lm":     # one socket: one flow
+            put, get = min(LM_SERVER_PUT_GBS, net), min(LM_SERVER_GET_GBS, net)
+        else:                # the priority executor's 4 workers: 4 flows
+            put, get = min(REDIS_PUT_GBS, 4 * net), min(REDIS_GET_GBS, 4 * net)
         l1 = float(cfg.get("max_local_cpu_size", 5.0)) if cfg.get("local_cpu", True) else 0.0
         return cls(
             chunk_size=int(cfg.get("chunk_size", 256)), l1_gib=l1, l2=kind,
@@ -162,7 +168,7 @@ class TierConfig:
             ping_timeout_s=float(extra.get("ping_timeout", 5.0)),
             get_failed_threshold=int(extra.get("get_blocking_failed_threshold", 10)),
             recovery_wait_s=float(extra.get("waiting_time_for_recovery", 300.0)),
-            put_gbs=min(put, net) if kind else 0.0, get_gbs=min(get, net) if kind else 0.0,
+            put_gbs=put if kind else 0.0, get_gbs=get if kind else 0.0,
             label=label)
 
 
@@ -482,11 +488,11 @@ class _Link:
 
     def lookup_s(self, now: float, keys: int) -> float:
         """A lookup of `keys` chunks: lm:// asks one key at a time, each behind the write
-        the socket is busy with (the lock is FIFO and writes keep coming); a pool asks all in
-        one pipelined round trip."""
-        if not self.fifo:
-            return RTT_S
+        the socket is busy with (the lock is FIFO and writes keep coming); the redis executor
+        asks ahead of queued writes, after a chunk already on the wire."""
         backlog = self.backlog(now)
+        if not self.fifo:
+            return RTT_S + (self.put_s if backlog > 0 else 0.0)
         if backlog <= 0:
             return keys * RTT_S
         return backlog + (keys - 1) * self.put_s + keys * RTT_S
@@ -496,7 +502,7 @@ class _Link:
             backlog = self.backlog(now)
             per = self.get_s + (self.put_s if backlog > 0 else 0.0)
             return backlog + chunks * per
-        return chunks * self.get_s
+        return (self.put_s if self.backlog(now) > 0 else 0.0) + chunks * self.get_s
 
 
 @dataclass
@@ -737,7 +743,8 @@ class LMCacheWorker:
         (remote_backend.batched_get_blocking for connectors without a batched get, which
         lm:// and redis:// are): a fetch fails when one chunk takes longer, which behind an
         lm:// socket's queued writes the first one does."""
-        wait = self.link.backlog(now) if self.link.fifo else 0.0
+        wait = self.link.backlog(now) if self.link.fifo else \
+            (self.link.put_s if self.link.backlog(now) > 0 else 0.0)
         return wait + self.link.get_s > self.cfg.blocking_timeout_s
 
     # -- store (on compute)

@@ -58,6 +58,19 @@ def use_profile_file(path: Path) -> str:
     return PROFILE
 
 
+def profile_file_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
+                   "`python -m tools calibrate`) instead of the built-in one")
+
+
+def apply_profile_file(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.profile_file:
+        try:
+            use_profile_file(a.profile_file)
+        except ValueError as exc:
+            p.error(str(exc))
+
+
 def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
     scenarios = ("multi-turn", "document") if ctx == 2048 else ("document",)
     # users grow with the workers (odd counts: no power-of-two worker count divides them),
@@ -613,8 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidate", default="prefixaware", choices=MATRIX,
                    help="with --stability: the strategy compared with round robin")
     p.add_argument("--render-only", action="store_true", help="rewrite the doc from DIR")
-    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
-                   "`python -m tools calibrate`) instead of " + PROFILE)
+    profile_file_option(p)
     p.add_argument("--real-time", action="store_true", help="the emulated GPUs in real time "
                    "(time-scaled) and the router's hop measured, instead of the virtual clock")
     a = p.parse_args(argv)
@@ -622,11 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         global VIRTUAL
         VIRTUAL = False
         TIME_SCALE.update(REAL_TIME_SCALE)
-    if a.profile_file:
-        try:
-            use_profile_file(a.profile_file)
-        except ValueError as exc:
-            p.error(str(exc))
+    apply_profile_file(p, a)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stability:
         run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False), a.candidate)

@@ -3,7 +3,7 @@ emulator in virtual time through the real routers (`bench.vtime`): `make bench-r
 
     python -m bench.tiered --out bench-results/tiered                 # everything below
     python -m bench.tiered --out DIR --only hyperpod|llmd|drill --quick
-    python -m bench.tiered --out DIR --render-only --doc docs/benchmarks.md
+    python -m bench.tiered --out DIR --render-only    # print the sections again
 
 - HyperPod-shaped: round robin without L1/L2 (the baseline) against L1 only, L1+L2, and the
   routed strategies with L1+L2 (and prefixaware without, and the configuration the real tiers
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import subprocess
@@ -36,8 +35,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.benchmark import BenchConfig, Job, Phase, build_phases, words
-from bench.emulator import GpuProfile, LLAMA_31_8B, QWEN3_32B, profile
+from bench.benchmark import BenchConfig, Job, Phase, words
+from bench.emulator import GpuProfile, QWEN3_32B, profile
 from bench.tiers import (
     L2Store, TierConfig, ValkeyServer, describe, no_tiers, tier_config,
 )
@@ -396,6 +395,12 @@ def _minutes(samples: list[dict]) -> list[dict]:
 
 L2_ALERTS = ("KvcacheL2Unhealthy", "KvcacheL2Slow", "KvcacheL2ReadsFailing",
              "KvcacheSharedCacheDown", "KvcacheTtftP90AboveObjective")
+# Not shipped: a rule on LMCache's own ping counter (lmcache/observability.py exports it in
+# 0.5.x), evaluated beside the shipped ones to show what would see an L2 outage.
+PROPOSED = {"alert": "KvcacheL2PingFailing",
+            "expr": 'sum by (kvcache_endpoint) (rate(lmcache:remote_ping_errors_total'
+                    '{job="kvcache-workers"}[2m])) > 0', "for": "2m",
+            "labels": {"severity": "critical"}}
 
 
 def drill_series(scrapes: list[dict]) -> tuple[list[dict], int]:
@@ -450,13 +455,15 @@ def evaluate_alerts(scrapes: list[dict], kill: float, back: float) -> dict:
         group["rules"] = [dict(r, annotations={}) for r in group["rules"]
                           if r.get("alert") in L2_ALERTS]
     rules["groups"] = [g for g in rules["groups"] if g["rules"]]
+    rules["groups"].append({"name": "proposed", "rules": [PROPOSED]})
     series, n = drill_series(scrapes)
     step = scrapes[1]["t"] - scrapes[0]["t"] if len(scrapes) > 1 else 15.0
     minutes = int(n * step // 60)
-    fired: dict[str, list[int]] = {a: [] for a in L2_ALERTS}
+    names = L2_ALERTS + (PROPOSED["alert"],)
+    fired: dict[str, list[int]] = {a: [] for a in names}
     with tempfile.TemporaryDirectory(prefix="drill-alerts-") as tmp:
         Path(tmp, "rules.yaml").write_text(yaml.safe_dump(rules))
-        for alert in L2_ALERTS:
+        for alert in names:
             for m in range(1, minutes + 1):
                 test = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s",
                         "tests": [{"interval": f"{int(step)}s", "input_series": series,
@@ -656,8 +663,10 @@ def render_drill(dr: dict) -> list[str]:
               "series the emulated workers exported (and kube-state-metrics' ready replicas of "
               "the Valkey StatefulSet):", ""]
     for alert, mins in (a.get("fired_minutes") or {}).items():
-        lines.append(f"- {alert}: " + (f"fires at minutes {_spans(mins)}" if mins else
-                                        "never fires"))
+        what = (f" (NOT shipped: `{PROPOSED['expr']}` for {PROPOSED['for']}, on LMCache's "
+                "own ping counter)") if alert == PROPOSED["alert"] else ""
+        lines.append(f"- {alert}{what}: " + (f"fires at minutes {_spans(mins)}" if mins else
+                                              "never fires"))
     if "error" in a:
         lines.append(f"- not evaluated: {a['error']}")
     return lines
@@ -697,18 +706,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="repeats per cell (virtual time: "
                    "new salts give the same figures, so one is the default)")
     p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")
-    p.add_argument("--doc", type=Path, help="rewrite docs/benchmarks.md (bench.routing)")
     p.add_argument("--render-only", action="store_true")
-    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
-                   "`python -m tools calibrate`)")
-    a = p.parse_args(argv)
-    if a.profile_file:
-        from bench.routing import use_profile_file
+    from bench.routing import apply_profile_file, profile_file_option
 
-        try:
-            use_profile_file(a.profile_file)
-        except ValueError as exc:
-            p.error(str(exc))
+    profile_file_option(p)
+    a = p.parse_args(argv)
+    apply_profile_file(p, a)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.render_only:
         todo = a.only or ["hyperpod", "llmd", "drill"]

@@ -542,6 +542,9 @@ class TierCounters:
     l1_evictions: int = 0
     get_blocking_failed: int = 0
     put_failed: int = 0
+    ping_errors: int = 0
+    ping_successes: int = 0
+    ping_error_code: int = 0
     get_ms: _Histogram = field(default_factory=lambda: _Histogram(REMOTE_MS_BUCKETS))
     put_ms: _Histogram = field(default_factory=lambda: _Histogram(REMOTE_MS_BUCKETS))
 
@@ -609,8 +612,12 @@ class LMCacheWorker:
             self._failed_at_last_check = self.counters.get_blocking_failed
             if failed >= self.cfg.get_failed_threshold:
                 self.failure_time, ok = now, False
-            elif not self.l2.ping(now):
-                ok = False
+            else:
+                ok = self.l2.ping(now)
+                c = self.counters
+                c.ping_successes += ok
+                c.ping_errors += not ok
+                c.ping_error_code = 0 if ok else -2   # LMCache's PING_GENERIC_ERROR_CODE
         if self.cfg.fallback == "local_cpu":
             self.bypass_l2 = not ok
         else:
@@ -812,6 +819,8 @@ class LMCacheWorker:
             ("lmcache:num_remote_read_bytes_total", c.remote_read_bytes),
             ("lmcache:num_remote_write_requests_total", c.remote_write_requests),
             ("lmcache:num_remote_write_bytes_total", c.remote_write_bytes),
+            ("lmcache:remote_ping_errors_total", c.ping_errors),
+            ("lmcache:remote_ping_successes_total", c.ping_successes),
         ]
         gauges = [
             ("lmcache:local_cache_usage", len(self.l1) * self.chunk_bytes),
@@ -819,6 +828,7 @@ class LMCacheWorker:
             ("lmcache:lmcache_is_healthy", self.healthy_gauge),
             ("lmcache:get_blocking_failed_count", c.get_blocking_failed),
             ("lmcache:put_failed_count", c.put_failed),
+            ("lmcache:remote_ping_error_code", c.ping_error_code),
             ("lmcache:retrieve_hit_rate",
              c.hit_tokens / c.requested_tokens if c.requested_tokens else 0.0),
             ("lmcache:lookup_hit_rate",

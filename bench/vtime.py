@@ -37,9 +37,7 @@ from typing import Any, Callable, Sequence
 
 from bench.benchmark import BenchConfig, Phase, aggregate, build_phases, percentiles, words
 from bench.emulator import GpuProfile, Sequence_, apply_step, plan_step
-from bench.fake_worker import (
-    PrefixCache, SPECIAL_TOKENS, generate_words, render_chat, word_token,
-)
+from bench.fake_worker import PrefixCache, generate_words, render_chat, word_token
 from bench.tiers import L2Store, LMCacheWorker, LookupResult, TierConfig
 
 ROUTER_HOP_S = 0.001   # round_robin / consistent_hash / sglang cache_aware add ~1 ms (FACTS.md)
@@ -821,4 +819,4 @@ def dumps(result: dict) -> str:
 
 
 __all__ = ["Sim", "SharedGpu", "VirtualWorker", "ModelRouter", "RealRouter", "Fleet",
-           "FleetSpec", "RunConfig", "Driver", "run_arm", "summarise", "SPECIAL_TOKENS"]
+           "FleetSpec", "RunConfig", "Driver", "run_arm", "summarise"]

@@ -164,3 +164,19 @@ def test_health_monitor_local_cpu_bypasses_l2_and_keeps_reporting_healthy(valkey
         assert not w.bypass_l2 and w.l2.contains_prefix(chunk_keys(ids, 256), 30.0) == 0
     finally:
         server.__exit__()
+
+
+def test_drill_scrapes_become_promtool_series_with_the_scrape_configs_labels():
+    from bench.tiered import drill_series
+
+    w = 'lmcache:lmcache_is_healthy{engine="0"} 1.0\n# TYPE x gauge\n'
+    scrapes = [{"t": 0, "valkey_ready": 1, "metrics": {"w0": w}},
+               {"t": 15, "valkey_ready": 0, "metrics": {"w0": w.replace("1.0", "0.0")}},
+               {"t": 30, "valkey_ready": 1, "metrics": {}}]   # w0 not scraped: a gap
+    series, n = drill_series(scrapes)
+    by = {s["series"]: s["values"] for s in series}
+    assert n == 3
+    assert by['lmcache:lmcache_is_healthy{job="kvcache-workers",kvcache_endpoint="bench",'
+              'pod="bench-w0",engine="0"}'] == "1.0 0.0 _"
+    assert by['kube_statefulset_status_replicas_ready{namespace="kvcache-serving",'
+              'statefulset="kvcache-valkey"}'] == "1 0 1"

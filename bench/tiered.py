@@ -532,7 +532,32 @@ def render_hyperpod(h: dict) -> list[str]:
                          f"{_r(base and base['out_tok_s'], pk['out_tok_s'])} | "
                          f"{pk['cost'] or 0:.4f} | {_r(base and base['cost'], pk['cost'])} | "
                          f"{_ms(pk['ttft_p50'])} | {pk['in_flight']} |")
-    lines += hyperpod_findings(h)
+    lines += break_even() + hyperpod_findings(h)
+    return lines
+
+
+def break_even() -> list[str]:
+    """Where a tier can pay at all: a hit must move a token's KV faster than the GPU
+    recomputes it. Per token of an 8K prompt, from each profile's model and the measured
+    rates (per TP rank, ranks in parallel)."""
+    from bench.emulator import PROFILES
+    from bench.tiers import LM_SERVER_GET_GBS, LMCACHE_CPU_TO_GPU_GBS, REDIS_GET_GBS
+
+    lines = ["", "### Where a tier can pay at all", "",
+             "A hit only helps if moving a token's KV costs less than recomputing it. Per "
+             "token of an 8K prompt, microseconds (every TP rank moves its shard in parallel):",
+             "", "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
+             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read at the redis client's measured "
+             f"{REDIS_GET_GBS:g} GB/s/rank | L2 read at {LM_SERVER_GET_GBS:g} GB/s/rank (lm:// "
+             "measured; a C reply parser) |", "|---|---|---|---|---|"]
+    for p in PROFILES.values():
+        recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
+        per_rank = p.model.kv_bytes_per_token / p.gpus
+        cells = [per_rank / (r * 1e9) * 1e6 for r in (LMCACHE_CPU_TO_GPU_GBS, REDIS_GET_GBS,
+                                                       LM_SERVER_GET_GBS)]
+        lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {recompute:.0f} | "
+                     + " | ".join(f"{c:.0f}{' (loses)' if c > recompute else ''}"
+                                  for c in cells) + " |")
     return lines
 
 

@@ -104,8 +104,10 @@ def fleet(tiers: TierConfig, gpu: GpuProfile | None = None, workers: int = WORKE
 
 def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = False
                     ) -> BenchConfig:
-    """Plans sized to the fleet: 8K documents that fit one replica's KV only if routed, 64K
-    ones that overflow a replica under round robin, a chat whose working set fits easily."""
+    """Plans against the fleet's KV: 25 8K documents (~210K tokens: every replica's GPU cache
+    holds them all, the tiers have nothing to add: the small-working-set case), 9 64K
+    documents (~590K tokens: more than one replica holds, so round robin thrashes and L1 can
+    help), and a chat whose working set fits easily."""
     base = BenchConfig("", concurrency=8, max_tokens=64, repeats=repeats, seed=seed, warmup=8,
                        prefix_words=2000, user_words=40)
     if scenario == "multi-turn":

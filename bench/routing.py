@@ -419,7 +419,10 @@ def render_doc(doc: Path, out: Path) -> None:
     text += ["", "## Stability: the same compare, invoked three times", "",
              "prefixaware (the default: sglang-router's cache_aware) vs roundrobin, 4 workers, "
              "multi-turn and 8K document Q&A, each invocation with 3 repeats (fresh workers, "
-             "router and prompt salts)."]
+             "router and prompt salts)."
+             + (" On the virtual clock invocations can only differ by their salts: identical "
+                "figures show the harness is deterministic, not that a live system is." if VIRTUAL
+                else "")]
     text += stability_table(st) if st else ["", "(no stability results yet)"]
     if st_vllm:
         text += ["", "The same check with vllm-router's cache_aware as the candidate "

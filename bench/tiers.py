@@ -357,8 +357,9 @@ class L2Store:
                         valkey.exceptions.ResponseError)
         self.run_id = self._run_id()
         base = int(self.client.info("memory")["used_memory"])
-        if cfg.l2_capacity_gib:
-            self.client.config_set("maxmemory", base + int(cfg.l2_capacity_gib * GIB / SCALE))
+        if cfg.l2_capacity_gib:   # also what a restart starts with (the pod's args)
+            server.maxmemory_bytes = base + int(cfg.l2_capacity_gib * GIB / SCALE)
+            self.client.config_set("maxmemory", server.maxmemory_bytes)
         self.oom_kills = 0
         self.down_until = 0.0          # an OOM-killed lm server restarting (virtual time)
         self.puts = self.failed_puts = 0

@@ -142,8 +142,10 @@ def test_chunks_waiting_for_their_l2_write_are_pinned_and_l1_fills(valkey):
 
 def test_health_monitor_local_cpu_bypasses_l2_and_keeps_reporting_healthy(valkey):
     """LMCache 0.5.x: with fallback_policy local_cpu a failed ping bypasses L2 while
-    lmcache:lmcache_is_healthy stays 1; with recompute it reports 0 and skips everything."""
-    cfg = TierConfig.from_lmcache({**OLD, "remote_url": "redis://l2:6379"}, network_gbs=1e9)
+    lmcache:lmcache_is_healthy stays 1; with recompute it reports 0 and skips everything. The
+    store comes back empty and bounded as before (the pod's args)."""
+    cfg = TierConfig.from_lmcache({**OLD, "remote_url": "redis://l2:6379"}, network_gbs=1e9,
+                                  l2_capacity_gib=1.0)
     server = ValkeyServer(evict=True).start()
     try:
         w = LMCacheWorker(cfg, H100, _l2(server, cfg))
@@ -159,7 +161,9 @@ def test_health_monitor_local_cpu_bypasses_l2_and_keeps_reporting_healthy(valkey
         rec = LMCacheWorker(replace(cfg, fallback="recompute"), H100, w.l2)
         rec.tick(cfg.ping_interval_s + 1)
         assert rec.healthy_gauge == 0 and rec.lookup(ids, 0, 11.0).cached == 0
-        server.start()                                       # back, empty
+        server.start()                                       # back, empty, still bounded
+        bound = int(w.l2.client.config_get("maxmemory")["maxmemory"])
+        assert bound == server.maxmemory_bytes > 0
         w.tick(2 * cfg.ping_interval_s + 1)
         assert not w.bypass_l2 and w.l2.contains_prefix(chunk_keys(ids, 256), 30.0) == 0
     finally:

@@ -314,14 +314,15 @@ def calibrate(probe: Probe, base: GpuProfile, name: str, *, lengths: Sequence[in
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tools.cli import add_command
+    from tools.cli import add_command, base_url, http_url
 
     p = add_command(sub, "calibrate", main, "measure a vLLM endpoint and write an emulator "
                     "profile (for bench-routing --profile-file)", __doc__, env=False,
                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--url", required=True, help="one worker's base URL (not the router's)")
+    p.add_argument("--url", required=True, type=base_url,
+                   help="one worker's base URL (not the router's)")
     p.add_argument("--model", help="served model name (default: the first of /v1/models)")
-    p.add_argument("--metrics-url", help="its /metrics (default: URL/metrics)")
+    p.add_argument("--metrics-url", type=http_url, help="its /metrics (default: URL/metrics)")
     p.add_argument("--base-profile", default="h100-8b", choices=list(PROFILES),
                    help="the GPU and model shape measured (peak FLOPS, bandwidth, layers)")
     p.add_argument("--name", help="the profile's name (default: <base>-calibrated)")
@@ -332,7 +333,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.cli import ToolError, err_console, out_console
+    from tools.cli import ToolError, check_output_dir, err_console, out_console
 
     try:
         lengths = tuple(int(x) for x in args.lengths.split(","))
@@ -342,6 +343,9 @@ def main(args: argparse.Namespace) -> int:
         raise ToolError.bad_input("--lengths", args.lengths, "token counts from 512 to 1000000")
     if not 1 <= args.reps <= 100:
         raise ToolError.bad_input("--reps", args.reps, "1 to 100")
+    if args.out.is_dir():
+        raise ToolError.bad_input("--out", str(args.out), "a file to write the profile to")
+    check_output_dir("--out", args.out.parent)   # before measuring, not after
     try:
         probe = HttpProbe(args.url, args.model, args.metrics_url)
     except ValueError as exc:

@@ -50,7 +50,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                            "--out", str(tmp_path / "p.json")], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and not (tmp_path / "p.json").exists()
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: --url = 'ftp://x'")
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: python -m tools calibrate: argument --url: 'ftp://x' is "
+                           "not valid; allowed: an http:// or https:// base URL"), line
 
 
 def test_the_profile_it_writes_is_one_bench_routing_reads(tmp_path):

@@ -61,14 +61,20 @@ test: tools deps
 bench: deps
 	$(PY) -m bench.synth
 
-## Every routing strategy on emulated GPUs through the real router, 4/16 workers, 2K/8K/64K
-## tokens, 3 repeats, then the stability check: writes docs/benchmarks.md (figures, not
-## assertions; about an hour on 2 cores). Not part of `make test`.
-bench-routing: deps
-	$(PY) -m bench.routing --out bench-results/routing --doc docs/benchmarks.md
-	$(PY) -m bench.routing --stability --out bench-results/routing --doc docs/benchmarks.md
+## Every routing strategy on emulated GPUs through the real router (4/16 workers, 2K/8K/64K
+## tokens), the emulator held against the real A/B, the tiered cache (HyperPod-shaped load
+## sweep, llm-d-shaped run, L2 outage drill), then the stability check: all on the virtual
+## clock (bench.vtime), writes docs/benchmarks.md (figures, not assertions). Not part of
+## `make test`. PROFILE_FILE=profile.json: a profile written by `python -m tools calibrate`.
+BENCH_PROFILE = $(if $(PROFILE_FILE),--profile-file $(PROFILE_FILE))
+bench-routing: deps tools
+	-$(PY) -m bench.ab_check --lmcache --json bench-results/ab-check.json
+	$(PY) -m bench.tiered --out bench-results/tiered $(BENCH_PROFILE)
+	$(PY) -m bench.routing --out bench-results/routing --doc docs/benchmarks.md $(BENCH_PROFILE)
+	$(PY) -m bench.routing --stability --out bench-results/routing --doc docs/benchmarks.md \
+		$(BENCH_PROFILE)
 	$(PY) -m bench.routing --stability --candidate prefixaware@vllm \
-		--out bench-results/routing --doc docs/benchmarks.md
+		--out bench-results/routing --doc docs/benchmarks.md $(BENCH_PROFILE)
 
 clean:
 	rm -rf cdk.out dist .pytest_cache

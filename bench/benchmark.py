@@ -721,6 +721,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "seconds between a session's turns (exponential)")
     p.add_argument("--no-session-header", action="store_true",
                    help="do not send X-Session-ID (the session strategy's key)")
+    p.add_argument("--in-flight", type=int, metavar="N", help="closed loop that keeps N "
+                   "requests in flight (no jitter, no arrival rate)")
+    p.add_argument("--peak", action="store_true", help="find the peak throughput: closed "
+                   f"loop at {', '.join(map(str, PEAK_WIDTHS))} requests in flight until "
+                   "requests/s grow less than 3%%; writes peak.json and peak.md")
 
     c = add_command(sub, "bench-compare", compare_main, "two bench runs side by side "
                     "(Markdown + PNG)", env=False)
@@ -803,12 +808,71 @@ def _env_price(a: argparse.Namespace, hourly: float | None,
     return hourly, instances
 
 
+PEAK_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def in_flight_config(c: BenchConfig, n: int) -> BenchConfig:
+    """Closed loop with `n` requests in flight: n clients, no jitter, no arrival rate."""
+    return replace(c, concurrency=n, jitter_s=0.0, request_rate=None, scenario_rates=())
+
+
+def peak_sweep(c: BenchConfig, widths: Sequence[int] = PEAK_WIDTHS,
+               run: Callable[[BenchConfig], dict] | None = None) -> dict:
+    """Per scenario, throughput at growing in-flight counts, and the peak: the sweep stops
+    once no scenario's requests/s grew by 3% or more (saturation)."""
+    run = run or (lambda cfg: run_benchmark(cfg, progress=False))
+    points: dict[str, list[dict]] = {}
+    for n in widths:
+        result = run(in_flight_config(c, n))
+        grew = False
+        for name, s in result["scenarios"].items():
+            rps = s.get("request_throughput_rps") or 0.0
+            prev = max((p["rps"] for p in points.get(name, [])), default=0.0)
+            grew = grew or rps >= 1.03 * prev
+            points.setdefault(name, []).append({
+                "in_flight": n, "rps": rps, "output_tokens_per_s": s.get("output_tokens_per_s"),
+                "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
+                "ttft_p90_s": (s.get("ttft_s") or {}).get("p90"),
+                "cost_per_1k_output_tokens_usd": s.get("cost_per_1k_output_tokens_usd"),
+                "errors": s.get("errors")})
+        if not grew:
+            break
+    return {"label": c.label, "url": c.url,
+            "scenarios": {name: {"points": pts, "peak": max(pts, key=lambda p: p["rps"])}
+                          for name, pts in points.items()}}
+
+
+def peak_markdown(peak: dict) -> str:
+    lines = [f"# Peak throughput: {peak['label']}", "", "| scenario | in flight | req/s | "
+             "out tok/s | TTFT P50 ms | P90 ms | $/1K out | errors |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in peak["scenarios"].items():
+        for p in s["points"]:
+            star = " (peak)" if p is s["peak"] or p == s["peak"] else ""
+            lines.append(f"| {name} | {p['in_flight']}{star} | {p['rps']:.2f} | "
+                         f"{p['output_tokens_per_s'] or 0:.0f} | "
+                         f"{(p['ttft_p50_s'] or 0) * 1e3:.0f} | {(p['ttft_p90_s'] or 0) * 1e3:.0f}"
+                         f" | {p['cost_per_1k_output_tokens_usd'] or 0:.4f} | {p['errors']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(args: argparse.Namespace) -> int:
     from bench import report as bench_report
     from bench.checks import failed_run
 
     c = config_from_args(args)
     check_output_dir("--out", args.out)   # before the run, not after it
+    if getattr(args, "in_flight", None) is not None:
+        if not 1 <= args.in_flight <= 100_000:
+            raise ToolError.bad_input("--in-flight", args.in_flight, "1 to 100000")
+        c = in_flight_config(c, args.in_flight)
+    if getattr(args, "peak", False):
+        peak = peak_sweep(c)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "peak.json").write_text(json.dumps(peak, indent=1))
+        (args.out / "peak.md").write_text(peak_markdown(peak))
+        out_console.print(peak_markdown(peak), markup=False)
+        err_console.print(f"wrote {args.out / 'peak.json'}, {args.out / 'peak.md'}")
+        return 0
     result = run_benchmark(c)
     paths = bench_report.write_run(result, args.out)
     out_console.print(bench_report.summary_markdown(result), markup=False)

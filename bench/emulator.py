@@ -1,58 +1,78 @@
-"""A vLLM replica's timing and memory, emulated from a GPU profile (used by `fake_worker`).
+"""A vLLM replica's timing and memory, emulated from a GPU profile (used by `fake_worker` and by
+the virtual-time benchmarks in `bench.vtime`).
 
 Why: a fake worker with an unbounded cache and a flat per-token cost flatters round robin (every
 worker ends up holding every prefix) and hides batching; the routing comparison is only worth
-something if a worker forgets like a GPU does and slows down like one under load.
+something if a worker forgets like a GPU does and slows down like one under load. The figures are
+held against real vLLM 0.24 on an H100 (`bench/data/h100_vllm_0_24.json`, copied from
+`../shared/gpu/`; `tests/bench/test_emulator.py` keeps every prediction within 15%).
 
-Model (a roofline, one engine step at a time, as vLLM's scheduler runs it):
-- KV capacity: GPUs x memory x ``gpu_memory_utilization`` minus the weights and an activation
-  reserve, divided by the KV bytes of one token (2 x layers x KV heads x head dim x 2 bytes).
-  The prefix cache is an LRU of that many tokens (in blocks).
+Model (one engine step at a time, as vLLM's scheduler runs it):
+- KV capacity: GPUs x memory in GiB (as the runtime reports it) x ``gpu_memory_utilization``,
+  minus the weights and an activation reserve, over the KV bytes of one token
+  (2 x layers x KV heads x head dim x 2 bytes). The prefix cache is an LRU of that many tokens.
+- Front end: every request pays ``frontend_fixed_ms`` + ``frontend_us_per_token`` per prompt
+  token (request handling, block hashing, scheduling, sampling the first token) before and
+  around its first step. It is latency, not engine time: two requests pay it side by side.
+  Fitted to the H100's cold and prefix-hit TTFT together: a hit costs this plus the compute of
+  its uncached tail (attention over the cached context included), which is what "~19 ms plus
+  1.2 us per cached token" measured.
 - One step serves every running sequence's next token plus prefill chunks, up to
-  ``max_num_batched_tokens`` (chunked prefill, vLLM's default in V1). Its time is the larger of
-  compute (2 x params FLOPs per token + attention 2 x layers x d_model x ((c+n)^2 - c^2) for a
-  chunk of n tokens after c in context, over peak x MFU) and memory traffic (weights + KV read,
-  over bandwidth x efficiency), plus a fixed per-step overhead.
-- Render/tokenize (the router's cache_aware calls it on every worker per request): a fixed HTTP
-  cost plus a per-token tokenizer cost, as a CPU-bound API server pays it.
-- ``time_scale`` shrinks every emulated GPU duration (0.1: ten times faster than the GPU), so
-  long contexts fit in a benchmark run. Render/tokenize is CPU work in the API server and stays
-  real time, like the router's own hop: what cache_aware's fan-out costs is never scaled away.
+  ``max_num_batched_tokens`` (chunked prefill). Its time is the larger of compute (2 x params
+  FLOPs per token at ``mfu`` of peak, plus attention 2 x layers x d_model x ((c+n)^2 - c^2) for a
+  chunk of n tokens after c in context, at ``attention_efficiency`` of peak) and memory traffic
+  (weights + KV read, at ``bandwidth_efficiency`` of the bandwidth). No fixed per-step cost: the
+  H100's decode steps at batch 1 / 8 / 32 match the bandwidth term alone within 3%.
+- KV moved between CPU and GPU (LMCache's L1, vLLM's CPU offload): ``cpu_to_gpu_gbs`` and
+  ``gpu_to_cpu_gbs`` per GPU; with a KV connector on, ``connector_us_per_token`` per prompt token
+  of lookup (measured: vLLM's CPU offload turns a 57 ms 32K GPU hit into 82 ms).
+- Render/tokenize (a chat request's tokenizer, and the router's cache_aware fan-out): a fixed
+  HTTP cost plus a per-token tokenizer cost, as a CPU-bound API server pays it.
+- ``time_scale`` (real-time `Engine` only) shrinks every emulated GPU duration (0.1: ten times
+  faster than the GPU); render/tokenize stays real time, like the router's own hop.
 
 Sources of the profile figures: `SOURCES` below (also printed in docs/benchmarks.md).
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+GIB = 1024 ** 3
+MEASURED_FILE = Path(__file__).parent / "data" / "h100_vllm_0_24.json"
 
 SOURCES = (
-    "A10G: 24 GB GDDR6, 600 GB/s; tensor FP16 ~70 TFLOPS dense (below the A10's 125): "
+    "Measured (the calibration): vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B shapes, prefix "
+    "caching, chunked prefill 8192, CUDA graphs: cold and prefix-hit TTFT at 2K-64K, decode "
+    "steps at batch 1/8/32, KV capacity, CPU->GPU KV loads (`bench/data/h100_vllm_0_24.json`, "
+    "from ../shared/gpu/). Fitted: prefill at 0.78 of peak on the linear layers and 0.57 on "
+    "attention, decode at 0.75 of the memory bandwidth with no fixed step cost, a front end of "
+    "12.2 ms + 1.09 us per prompt token, 1.5 GB per GPU of activation reserve.",
+    "A10G: 24 GB GDDR6 (nvidia-smi: 23,028 MiB), 600 GB/s; tensor FP16 ~70 TFLOPS dense: "
     "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/",
-    "g5.24xlarge = 4 x A10G 24 GB over PCIe; p4d.24xlarge = 8 x A100 40 GB over NVLink: AWS "
-    "instance tables as collected in "
-    "https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e; p5.48xlarge "
-    "= 8 x H100 80 GB (AWS EC2 accelerated-computing instances).",
-    "A100 40 GB: 312 TFLOPS BF16 dense, 1,555 GB/s (NVIDIA A100 datasheet).",
-    "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s, 80 GB HBM3 (NVIDIA H100 datasheet; "
-    "https://glennklockwood.com/garden/processors/h100).",
-    "Decode efficiency: vLLM serving Llama-3.1-8B on one A100 40 GB decodes one stream at "
-    "~75 tokens/s, 'roughly 77% of the GPU's memory-bandwidth ceiling': "
-    "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on (0.77 here; 0.75 for PCIe "
-    "tensor parallelism on g5).",
-    "Prefill MFU: 0.5 on NVLink/SXM parts; 0.3 on A10G TP 4 over PCIe, which puts 2 x A10G "
-    "TP 2 at ~2,600 prompt tokens/s, within 20% of the ~2,200 published for that setup "
-    "(project FACTS.md).",
+    "g5.24xlarge = 4 x A10G over PCIe, 50 Gbps; p4d.24xlarge = 8 x A100 40 GB over NVLink, "
+    "400 Gbps; p5.48xlarge = 8 x H100 80 GB, 3,200 Gbps (AWS EC2 accelerated-computing "
+    "instances; https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e).",
+    "A100 40 GB: 312 TFLOPS BF16 dense, 1,555 GB/s, 40,960 MiB (NVIDIA A100 datasheet).",
+    "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s; 79.2 GiB as the runtime reports it "
+    "(measured; https://glennklockwood.com/garden/processors/h100).",
+    "Not measured, kept from before: A10G TP 4 over PCIe prefills at 0.3 of peak (2 x A10G TP 2 "
+    "then make ~2,600 prompt tokens/s, within 20% of the ~2,200 published, project FACTS.md); "
+    "the other A100/A10G efficiencies and the front end are the H100's.",
     "Llama-3.1-8B: 32 layers, d_model 4096, 8 KV heads x 128; Llama-3.1-70B: 80 layers, "
     "d_model 8192, 8 KV heads x 128 (the models' config.json); BF16 weights and KV.",
-    "vLLM defaults: gpu_memory_utilization 0.9, block size 16, chunked prefill with "
-    "max_num_batched_tokens 8192, max_num_seqs 256 (vLLM engine arguments).",
+    "vLLM defaults: gpu_memory_utilization 0.9, block size 16, chunked prefill; the API "
+    "server's batch: 8192 tokens / 1024 sequences on an H100, 2048 / 256 on A100 and A10G "
+    "(vllm/engine/arg_utils.py, get_batch_defaults).",
+    "CPU<->GPU KV: 46 GB/s in vLLM's CPU offload (55 GB/s raw pinned copy), measured on the "
+    "H100; LMCache 0.5.0's own counters there: ~28 GB/s CPU->GPU (retrieve_to_gpu_time), ~25 "
+    "GB/s GPU->CPU (store_from_gpu_time).",
     "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured here, "
     "project FACTS.md) + 1 ms HTTP.",
-    "Assumptions of this model, not published figures: 2 GB per GPU of activation reserve, "
-    "3 ms of per-step overhead.",
 )
 
 
@@ -65,6 +85,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     dtype_bytes: int = 2   # BF16
+    q_dim: int = 0         # query width (heads x head dim) where it differs from d_model
 
     @property
     def weight_bytes(self) -> float:
@@ -78,6 +99,9 @@ class ModelShape:
 
 LLAMA_31_8B = ModelShape("Llama-3.1-8B", 8.03, 32, 4096, 8, 128)
 LLAMA_31_70B = ModelShape("Llama-3.1-70B", 70.6, 80, 8192, 8, 128)
+# llm-d's benchmark model: 64 layers, hidden 5120, 64 query heads and 8 KV heads of 128.
+QWEN3_32B = ModelShape("Qwen3-32B", 32.8, 64, 5120, 8, 128, q_dim=8192)
+MODELS = {m.name: m for m in (LLAMA_31_8B, LLAMA_31_70B, QWEN3_32B)}
 
 
 @dataclass(frozen=True)
@@ -88,24 +112,31 @@ class GpuProfile:
     instance_type: str
     gpu: str
     gpus: int                      # tensor parallel size = GPUs of the replica
-    gpu_memory_gb: float
+    gpu_memory_gib: float          # per GPU, as the runtime reports the total
     tflops: float                  # dense BF16/FP16 tensor, per GPU
     bandwidth_gbs: float           # per GPU
     model: ModelShape
-    mfu: float                     # prefill compute efficiency
+    mfu: float                     # prefill compute efficiency, linear layers
     bandwidth_efficiency: float    # decode memory efficiency
+    attention_efficiency: float = 0.57
     gpu_memory_utilization: float = 0.9   # vLLM's default
-    activation_reserve_gb: float = 2.0    # per GPU: activations, CUDA graphs
-    step_overhead_ms: float = 3.0
+    activation_reserve_gb: float = 1.5    # per GPU: activations, CUDA graphs (fitted, H100)
+    step_overhead_ms: float = 0.0
     max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    max_num_seqs: int = 1024
+    frontend_fixed_ms: float = 12.2
+    frontend_us_per_token: float = 1.09
+    connector_us_per_token: float = 0.74
+    cpu_to_gpu_gbs: float = 46.0          # per GPU
+    gpu_to_cpu_gbs: float = 25.0          # per GPU
+    network_gbps: float = 50.0            # the instance's NIC
     render_fixed_ms: float = 1.0
     render_us_per_token: float = 1.5
 
     @property
     def kv_tokens(self) -> int:
         """Tokens of KV cache the replica holds (what vLLM logs as 'GPU KV cache size')."""
-        usable = self.gpus * self.gpu_memory_gb * 1e9 * self.gpu_memory_utilization
+        usable = self.gpus * self.gpu_memory_gib * GIB * self.gpu_memory_utilization
         free = usable - self.model.weight_bytes - self.gpus * self.activation_reserve_gb * 1e9
         if free <= 0:
             raise ValueError(f"{self.name}: {self.model.name} does not fit")
@@ -116,36 +147,60 @@ class GpuProfile:
         return self.gpus * self.tflops * 1e12 * self.mfu
 
     @property
+    def attention_flops_per_s(self) -> float:
+        return self.gpus * self.tflops * 1e12 * self.attention_efficiency
+
+    @property
     def bytes_per_s(self) -> float:
         return self.gpus * self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency
 
     def prefill_flops(self, context: int, n: int) -> float:
         """FLOPs of a prefill chunk of `n` tokens after `context` tokens already in KV."""
         m = self.model
-        return 2 * m.params_b * 1e9 * n + 2 * m.layers * m.d_model * ((context + n) ** 2
-                                                                       - context ** 2)
+        return 2 * m.params_b * 1e9 * n + self.attention_flops(context, n)
+
+    def attention_flops(self, context: int, n: int) -> float:
+        m = self.model
+        return 2 * m.layers * (m.q_dim or m.d_model) * ((context + n) ** 2 - context ** 2)
 
     def step_seconds(self, decode_contexts: Sequence[int],
                      chunks: Sequence[tuple[int, int]]) -> float:
         """One engine step: a token for each decoding sequence (its context length given) and
         prefill chunks (context before, tokens)."""
         m = self.model
-        flops = sum(self.prefill_flops(c, n) for c, n in chunks)
-        flops += sum(2 * m.params_b * 1e9 + 4 * m.layers * m.d_model * c
-                     for c in decode_contexts)
+        linear = 2 * m.params_b * 1e9 * (sum(n for _, n in chunks) + len(decode_contexts))
+        attention = sum(self.attention_flops(c, n) for c, n in chunks) + \
+            sum(4 * m.layers * (m.q_dim or m.d_model) * c for c in decode_contexts)
         kv_read = sum(decode_contexts) + sum(c + n for c, n in chunks)
         traffic = m.weight_bytes + m.kv_bytes_per_token * kv_read
-        return max(flops / self.flops_per_s, traffic / self.bytes_per_s) + \
-            self.step_overhead_ms / 1e3
+        compute = linear / self.flops_per_s + attention / self.attention_flops_per_s
+        return max(compute, traffic / self.bytes_per_s) + self.step_overhead_ms / 1e3
 
-    def prefill_seconds(self, tokens: int, cached: int = 0) -> float:
-        """Time to first token of one request alone on the replica (chunked prefill)."""
-        total, done = 0.0, cached
+    def frontend_seconds(self, tokens: int) -> float:
+        """What a request waits outside the GPU steps: handling, hashing, first-token path."""
+        return self.frontend_fixed_ms / 1e3 + self.frontend_us_per_token * tokens / 1e6
+
+    def connector_seconds(self, tokens: int) -> float:
+        """A KV connector's lookup over the prompt (vLLM's CPU offload, LMCache)."""
+        return self.connector_us_per_token * tokens / 1e6
+
+    def kv_transfer_seconds(self, tokens: int, to_gpu: bool = True) -> float:
+        """Moving `tokens` of KV between CPU and GPU memory (every GPU its shard, in
+        parallel)."""
+        rate = self.cpu_to_gpu_gbs if to_gpu else self.gpu_to_cpu_gbs
+        return tokens * self.model.kv_bytes_per_token / (self.gpus * rate * 1e9)
+
+    def prefill_seconds(self, tokens: int, cached: int = 0, loaded: int = 0,
+                        connector: bool = False) -> float:
+        """Time to first token of one request alone on the replica (chunked prefill): the
+        front end, `loaded` cached tokens copied from CPU, the uncached rest computed."""
+        total, done = 0.0, min(cached, tokens - 1)
         while done < tokens:
             n = min(self.max_num_batched_tokens, tokens - done)
             total += self.step_seconds((), [(done, n)])
             done += n
-        return total or self.step_seconds((), [(cached, 1)])
+        total += self.frontend_seconds(tokens) + self.kv_transfer_seconds(loaded)
+        return total + (self.connector_seconds(tokens) if connector or loaded else 0.0)
 
     def decode_seconds(self, context: int, batch: int = 1) -> float:
         return self.step_seconds([context] * batch, ())
@@ -161,19 +216,61 @@ class GpuProfile:
             "prefill_tokens_per_s_2k": round(2048 / self.prefill_seconds(2048)),
             "ttft_s": {f"{k // 1024}k": round(self.prefill_seconds(k), 3)
                        for k in (2048, 8192, 65536)},
+            "hit_ttft_s": {f"{k // 1024}k": round(self.prefill_seconds(k, k - 256), 3)
+                           for k in (2048, 8192, 65536)},
             "decode_ms_per_token": round(self.decode_seconds(2048) * 1e3, 2),
             "decode_ms_per_token_batch_32": round(self.decode_seconds(2048, 32) * 1e3, 2),
             "render_ms_8k": round(self.render_seconds(8192) * 1e3, 2),
         }
 
+    # -- profile files (written by `python -m tools calibrate`, read by --profile-file)
 
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["model"] = asdict(self.model)
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GpuProfile":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - {"about", "calibration"})
+        if unknown:
+            raise ValueError(f"profile: unknown field(s) {', '.join(unknown)}")
+        kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        model = kwargs.get("model")
+        kwargs["model"] = MODELS[model] if isinstance(model, str) else ModelShape(**model)
+        return cls(**kwargs)
+
+
+def load_profile_file(path: str | Path) -> GpuProfile:
+    """A profile written by `python -m tools calibrate` (JSON); registered under its name."""
+    try:
+        data = json.loads(Path(path).read_text())
+        gpu = GpuProfile.from_json(data)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"--profile-file {str(path)!r}: not an emulator profile ({exc})") \
+            from None
+    PROFILES[gpu.name] = gpu
+    return gpu
+
+
+# vLLM's API-server defaults (vllm/engine/arg_utils.py, get_batch_defaults): 8192 batched
+# tokens and 1024 sequences on GPUs with >= 70 GiB that are not A100s, 2048 and 256 elsewhere.
+H100 = dict(gpu="H100-SXM", gpu_memory_gib=79.2, tflops=989, bandwidth_gbs=3350, mfu=0.78,
+            attention_efficiency=0.57, bandwidth_efficiency=0.75, max_num_batched_tokens=8192,
+            max_num_seqs=1024)
+SMALL_BATCH = dict(max_num_batched_tokens=2048, max_num_seqs=256)
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
-    GpuProfile("g5.24xlarge", "g5.24xlarge", "A10G", 4, 24, 70, 600, LLAMA_31_8B,
-               mfu=0.3, bandwidth_efficiency=0.75),
-    GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40, 312, 1555, LLAMA_31_70B,
-               mfu=0.5, bandwidth_efficiency=0.77),
-    GpuProfile("p5.48xlarge", "p5.48xlarge", "H100-SXM", 8, 80, 989, 3350, LLAMA_31_70B,
-               mfu=0.5, bandwidth_efficiency=0.77),
+    GpuProfile("g5.24xlarge", "g5.24xlarge", "A10G", 4, 22.49, 70, 600, LLAMA_31_8B,
+               mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
+               **SMALL_BATCH),
+    GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40.0, 312, 1555, LLAMA_31_70B,
+               mfu=0.78, attention_efficiency=0.57, bandwidth_efficiency=0.75,
+               network_gbps=400, **SMALL_BATCH),
+    GpuProfile("p5.48xlarge", "p5.48xlarge", gpus=8, model=LLAMA_31_70B, network_gbps=3200,
+               **H100),
+    # The measured card itself: one H100 serving Llama-3.1-8B (the calibration's setup).
+    GpuProfile("h100-8b", "p5.48xlarge", gpus=1, model=LLAMA_31_8B, network_gbps=400, **H100),
 )}
 
 
@@ -182,6 +279,11 @@ def profile(name: str) -> GpuProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+def measured() -> dict:
+    """The real-vLLM figures the model is held against (bench/data/h100_vllm_0_24.json)."""
+    return json.loads(MEASURED_FILE.read_text())
 
 
 # --------------------------------------------------------------------------- engine
@@ -193,27 +295,72 @@ class Sequence_:
     `lookup()`, if given, is asked for the cached prefix when the sequence is first scheduled
     (as vLLM's scheduler does, so a request queued behind another with the same prefix finds
     what that one computed); `on_progress(done)` hears of every prefill chunk (the worker
-    caches the computed blocks at once, as vLLM does)."""
+    caches the computed blocks at once, as vLLM does). `ready_at`: not scheduled before that
+    clock reading (its front-end time)."""
 
-    __slots__ = ("prompt", "done", "max_tokens", "produced", "times", "lookup", "on_progress")
+    __slots__ = ("prompt", "done", "max_tokens", "produced", "times", "lookup", "on_progress",
+                 "ready_at", "extra_s")
 
     def __init__(self, prompt: int, cached: int, max_tokens: int,
                  lookup: Callable[[], int] | None = None,
-                 on_progress: Callable[[int], None] | None = None) -> None:
+                 on_progress: Callable[[int], None] | None = None,
+                 ready_at: float = 0.0) -> None:
         self.prompt, self.done, self.max_tokens = prompt, min(cached, prompt - 1), max_tokens
         self.produced = 0
-        self.times: list[float] = []   # perf_counter of each token
+        self.times: list[float] = []   # clock reading of each token
         self.lookup, self.on_progress = lookup, on_progress
+        self.ready_at = ready_at
+        self.extra_s = 0.0             # engine time its first step adds (KV loads)
 
     @property
     def context(self) -> int:
         return self.done + self.produced
 
 
+def plan_step(queue: Sequence[Sequence_], gpu: GpuProfile, now: float
+              ) -> tuple[list[Sequence_], list[tuple[Sequence_, int]]]:
+    """vLLM's next step over `queue` (arrival order): the decoding sequences first, then
+    prefill chunks within the token budget; a sequence's `lookup` runs when it is first
+    scheduled."""
+    running = [s for s in queue if s.ready_at <= now][:gpu.max_num_seqs]
+    decode = [s for s in running if s.done >= s.prompt and s.produced < s.max_tokens]
+    budget = gpu.max_num_batched_tokens - len(decode)
+    chunks = []
+    for s in running:
+        if budget <= 0:
+            break
+        if s.lookup is not None:  # first scheduled: what is cached now
+            got = s.lookup()
+            if got is None:       # an asynchronous lookup still running: not yet
+                continue
+            s.done = max(s.done, min(got, s.prompt - 1))
+            s.lookup = None
+        if s.done < s.prompt:
+            n = min(budget, s.prompt - s.done)
+            chunks.append((s, n))
+            budget -= n
+    return decode, chunks
+
+
+def apply_step(decode: list[Sequence_], chunks: list[tuple[Sequence_, int]], now: float) -> None:
+    """The tokens a finished step hands out: one per decoding sequence, and the first token
+    of every sequence whose prefill it completed."""
+    for s in decode:
+        s.produced += 1
+        s.times.append(now)
+    for s, n in chunks:
+        s.done += n
+        if s.on_progress is not None:
+            s.on_progress(s.done)
+        if s.done >= s.prompt:  # the prefill's last step samples the first token
+            s.produced += 1
+            s.times.append(now)
+
+
 class Engine:
-    """vLLM's continuous batching on an emulated GPU, in one thread: every step takes the
-    decoding sequences first, then prefill chunks in arrival order, within the token budget;
-    sleeps the step's emulated time (x `time_scale`); then hands out the tokens."""
+    """vLLM's continuous batching on an emulated GPU, in one thread, in real time: every step
+    takes the decoding sequences first, then prefill chunks in arrival order, within the token
+    budget; sleeps the step's emulated time (x `time_scale`); then hands out the tokens."""
 
     def __init__(self, gpu: GpuProfile, time_scale: float = 1.0) -> None:
         if not 0 < time_scale <= 100:
@@ -229,7 +376,8 @@ class Engine:
     def submit(self, prompt: int, cached: int, max_tokens: int,
                lookup: Callable[[], int] | None = None,
                on_progress: Callable[[int], None] | None = None) -> Sequence_:
-        seq = Sequence_(prompt, cached, max_tokens, lookup, on_progress)
+        ready = time.perf_counter() + self.gpu.frontend_seconds(prompt) * self.time_scale
+        seq = Sequence_(prompt, cached, max_tokens, lookup, on_progress, ready_at=ready)
         with self._cond:
             self._queue.append(seq)
             self._cond.notify_all()
@@ -248,22 +396,7 @@ class Engine:
 
     def plan(self) -> tuple[list[Sequence_], list[tuple[Sequence_, int]]]:
         """The next step: decoding sequences, and (sequence, chunk) prefill pieces."""
-        gpu = self.gpu
-        running = self._queue[:gpu.max_num_seqs]
-        decode = [s for s in running if s.done >= s.prompt and s.produced < s.max_tokens]
-        budget = gpu.max_num_batched_tokens - len(decode)
-        chunks = []
-        for s in running:
-            if budget <= 0:
-                break
-            if s.lookup is not None:  # first scheduled: what is cached now
-                s.done = max(s.done, min(s.lookup(), s.prompt - 1))
-                s.lookup = None
-            if s.done < s.prompt:
-                n = min(budget, s.prompt - s.done)
-                chunks.append((s, n))
-                budget -= n
-        return decode, chunks
+        return plan_step(self._queue, self.gpu, time.perf_counter())
 
     def _run(self) -> None:
         while True:
@@ -272,21 +405,21 @@ class Engine:
                 if self._stop:
                     return
                 decode, chunks = self.plan()
+                if not decode and not chunks:  # only front-end waits: sleep to the first
+                    wake = min(s.ready_at for s in self._queue) - time.perf_counter()
+                    self._cond.wait(max(wake, 0.0005))
+                    continue
             seconds = self.gpu.step_seconds([s.context for s in decode],
                                             [(s.done, n) for s, n in chunks])
             time.sleep(seconds * self.time_scale)
             now = time.perf_counter()
             with self._cond:
                 self.steps += 1
-                for s in decode:
-                    s.produced += 1
-                    s.times.append(now)
-                for s, n in chunks:
-                    s.done += n
-                    if s.on_progress is not None:
-                        s.on_progress(s.done)
-                    if s.done >= s.prompt:  # the prefill's last step samples the first token
-                        s.produced += 1
-                        s.times.append(now)
+                apply_step(decode, chunks, now)
                 self._queue = [s for s in self._queue if s.produced < s.max_tokens]
                 self._cond.notify_all()
+
+
+def with_overrides(gpu: GpuProfile, **over: Any) -> GpuProfile:
+    """`gpu` with some fields changed (the A/B's shared-GPU servers, calibrated profiles)."""
+    return replace(gpu, **over)

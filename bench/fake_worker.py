@@ -612,6 +612,7 @@ class FakeWorker:
         kv_events_topic: str = "",
         profile: str | None = None,
         time_scale: float = 1.0,
+        virtual: Any = None,
     ) -> None:
         if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
             raise ValueError("timings must be >= 0")
@@ -641,6 +642,8 @@ class FakeWorker:
             self.engine = Engine(self.gpu, time_scale)
             cache_blocks = self.gpu.kv_tokens // block_size
         self.cache = PrefixCache(block_size, cache_blocks)
+        # bench.vtime: generation runs on a virtual clock (the hook serves and times it)
+        self.virtual = virtual
         self.healthy = True
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(max_num_seqs) if max_num_seqs > 0 else None
@@ -939,7 +942,20 @@ class FakeWorker:
             ):
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
                 lines += hist.lines(name, labels)
+        lines += self._cache_config_lines(labels)
+        if self.virtual is not None:
+            lines += self.virtual.metrics_lines(self, labels)
         return "\n".join(lines) + "\n"
+
+    def _cache_config_lines(self, labels: str) -> list[str]:
+        """vLLM's `vllm:cache_config_info` (an info gauge): the KV cache's size, which
+        `python -m tools calibrate` reads."""
+        name = "vllm:cache_config_info"
+        bs, blocks = self.cache.block_size, self.cache.capacity_blocks
+        return [f"# HELP {name} Information of the LLMEngine CacheConfig",
+                f"# TYPE {name} gauge",
+                f'{name}{{{labels},block_size="{bs}",enable_prefix_caching="True",'
+                f'num_gpu_blocks="{blocks}",kv_cache_size_tokens="{bs * blocks}"}} 1.0']
 
     # -- generation
 
@@ -1014,6 +1030,9 @@ class FakeWorker:
         """A function that returns once output token ``i`` exists: fixed rates, or the
         emulated GPU's steps (the prefix cache is looked up when the engine schedules the
         request, and fills chunk by chunk)."""
+        if self.virtual is not None:
+            self.virtual.serve(self, req)   # returns once it is done in virtual time
+            return lambda i: None
         if self.engine is not None:
             ids = req.prompts[0] if len(req.prompts) == 1 else \
                 [t for p in req.prompts for t in p]

@@ -202,7 +202,10 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
         port, prom = distinct_ports(2, taken | set(getattr(pool, "kv_ports", [])))
         args = localize_router_args(rendered, pool.urls, port, prom,
                                     kv_worker_map=kv_map, kv_endpoint_map=ep_map)
-        log = (log_dir / f"router-{strategy}.log") if log_dir else None
+        def log_for(r: int) -> Path | None:
+            """One router log per repeat: a restart would overwrite the last."""
+            return (log_dir / f"router-{strategy}-r{r}.log") if log_dir else None
+        log = log_for(0)
         binary, args = router_launch(implementation(strategy), args)
         def subscribed() -> None:
             if kv and not processes:
@@ -225,6 +228,8 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
                 sample it as invocations do)."""
                 if r:
                     pool.reset()
+                    if log_dir:
+                        router.log_path = log_for(r)
                     router.restart()
                     subscribed()
                     pids.append(router.pid)

@@ -31,8 +31,13 @@ MATRIX = STRATEGIES + (VLLM_CACHE_AWARE,)
 PROFILE = "g5.24xlarge"
 WORKERS = (4, 16)
 CONTEXTS = (2048, 8192, 65536)
-# Wall seconds per emulated second, per context: a repeat takes seconds, not minutes.
-TIME_SCALE = {2048: 0.5, 8192: 0.25, 65536: 0.04}
+# Wall seconds per emulated second, per context, for --real-time runs: a repeat takes seconds,
+# not minutes. The default runs on the virtual clock (bench.vtime): no scale, GPU time at life
+# size, routing by the real router in lockstep, the router's hop modelled.
+REAL_TIME_SCALE = {2048: 0.5, 8192: 0.25, 65536: 0.04}
+VIRTUAL_SCALE = {2048: 1.0, 8192: 1.0, 65536: 1.0}
+TIME_SCALE = dict(VIRTUAL_SCALE)
+VIRTUAL = True
 LOAD = 0.5           # arrivals at half of what the workers prefill with no cache hit
 BASELINE = "roundrobin"
 KEEP = ("ttft_s", "cache_hit_rate", "output_tokens_per_s", "cost_per_1k_output_tokens_usd",
@@ -40,6 +45,30 @@ KEEP = ("ttft_s", "cache_hit_rate", "output_tokens_per_s", "cost_per_1k_output_t
 # HyperPod's published gains, Llama-3.1-70B on 7 x p5.48xlarge (prefix-aware vs round robin)
 HYPERPOD = {"8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
+
+
+def use_profile_file(path: Path) -> str:
+    """Emulate the GPU of a profile written by `python -m tools calibrate` (here and in the
+    tiered benchmarks)."""
+    from bench import tiered
+    from bench.emulator import load_profile_file
+
+    global PROFILE
+    PROFILE = tiered.PROFILE = load_profile_file(path).name
+    return PROFILE
+
+
+def profile_file_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
+                   "`python -m tools calibrate`) instead of the built-in one")
+
+
+def apply_profile_file(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.profile_file:
+        try:
+            use_profile_file(a.profile_file)
+        except ValueError as exc:
+            p.error(str(exc))
 
 
 def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
@@ -54,6 +83,32 @@ def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
                     timeout_s=900, time_limit_s=900)
     c = open_loop(c, PROFILE, TIME_SCALE[ctx], workers, LOAD)
     return replace(c, think_s=2.0 * TIME_SCALE[ctx])
+
+
+def run_cells(strategies: list[str], c: BenchConfig, workers: int, out: Path) -> dict:
+    """Each strategy on `workers` emulated replicas: on the virtual clock through the real
+    router (default), or in real time at TIME_SCALE (--real-time)."""
+    if not VIRTUAL:
+        return run_strategies(strategies, c, workers=workers, profile=PROFILE,
+                              time_scale=TIME_SCALE[c.contexts[0]], out=out)
+    from bench.emulator import profile
+    from bench.tiers import no_tiers
+    from bench.vtime import FleetSpec, RunConfig, Req, RealRouter, run_arm
+
+    gpu = profile(PROFILE)
+    results = {}
+    for strategy in strategies:
+        r = run_arm(FleetSpec(gpu, workers, no_tiers()), strategy,
+                    RunConfig(c, hourly_usd=c.hourly_usd or 1.0, instances=c.instances),
+                    log_dir=out / "router-logs")
+        probe = Req(0, "", "", 0, [], [0] * c.overhead_prompt_words, 1)
+        hop = RealRouter(strategy, None).hop_for(probe, gpu)
+        r["router_overhead"] = {"added_ttft_s_p50": hop, "modelled": True}
+        r["meta"] |= {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loopback": {
+            "workers": workers, "strategy": strategy, "profile": PROFILE, "time_scale": 1.0,
+            "virtual": True}}
+        results[strategy] = r
+    return results
 
 
 def compact(result: dict) -> dict:
@@ -76,9 +131,8 @@ def run_matrix(out: Path, strategies: list[str], workers: list[int], contexts: l
                 if key in done:
                     continue
                 t0 = time.time()
-                cell = run_strategies([strategy], config(ctx, w, repeats, seed), workers=w,
-                                      profile=PROFILE, time_scale=TIME_SCALE[ctx],
-                                      out=out / f"w{w}-{ctx}")[strategy]
+                cell = run_cells([strategy], config(ctx, w, repeats, seed), w,
+                                 out / f"w{w}-{ctx}")[strategy]
                 done[key] = compact(cell) | {"seconds": round(time.time() - t0, 1)}
                 path.write_text(json.dumps(done, indent=1))
                 print(f"{key}: {done[key]['seconds']} s", file=sys.stderr, flush=True)
@@ -108,9 +162,8 @@ def run_stability(out: Path, invocations: int, repeats: int, seed: int,
                             session_header=header)
             c = replace(open_loop(c, PROFILE, TIME_SCALE[8192], 4, LOAD),
                         think_s=2.0 * TIME_SCALE[8192])
-            runs = run_strategies([BASELINE, candidate], c, workers=4, profile=PROFILE,
-                                  time_scale=TIME_SCALE[8192],
-                                  out=out / f"{candidate}-{key.replace('/', '-')}")
+            runs = run_cells([BASELINE, candidate], c, 4,
+                             out / f"{candidate}-{key.replace('/', '-')}")
             done[key] = {s: compact(r) for s, r in runs.items()}
             path.write_text(json.dumps(done, indent=1))
     return done
@@ -186,11 +239,15 @@ def matrix_tables(m: dict) -> tuple[list[str], list[dict]]:
             if (name, ctx) not in scenarios:
                 scenarios.append((name, ctx))
     for name, ctx in scenarios:
-        lines += ["", f"### {name} ({'2K-token system prompt, growing history' if name == 'multi-turn' else 'document Q&A'})",
-                  "", "| workers | strategy | TTFT P50 ms (wall, time-scaled) | P90 ms | P50 / round robin | "
-                  "P90 / round robin | P50 / rr at life size (est.) | hit rate | tok/s / rr | "
-                  "$/1K out / rr | router added ms (warm prompt of the context's size) | "
-                  "errors |", "|" + "---|" * 12]
+        what = "2K-token system prompt, growing history" if name == "multi-turn" \
+            else "document Q&A"
+        clock = "virtual, life size" if VIRTUAL else "wall, time-scaled"
+        hop = "modelled" if VIRTUAL else "warm prompt of the context's size"
+        lines += ["", f"### {name} ({what})",
+                  "", f"| workers | strategy | TTFT P50 ms ({clock}) | P90 ms | P50 / round "
+                  "robin | P90 / round robin | P50 / rr at life size (est.) | hit rate | "
+                  f"tok/s / rr | $/1K out / rr | router added ms ({hop}) | errors |",
+                  "|" + "---|" * 12]
         for w in WORKERS:
             base = m.get(f"{BASELINE}/{w}/{ctx}")
             for strategy in MATRIX:
@@ -300,8 +357,11 @@ def render_doc(doc: Path, out: Path) -> None:
         "emulated vLLM replicas (`bench/fake_worker.py` + `bench/emulator.py`), all on "
         "127.0.0.1.",
         f"- Workers emulate the `{PROFILE}` profile below: bounded KV cache (LRU), continuous "
-        "batching with chunked prefill, prefill and decode at roofline rates, render/tokenize "
-        "at a tokenizer's cost (what cache_aware's per-request fan-out waits for).",
+        "batching with chunked prefill, prefill and decode at fitted rates, a front end per "
+        "request, render/tokenize at a tokenizer's cost. Only the H100 figures were held "
+        "against real hardware ('Held against real hardware'); an A10G's are its published "
+        "specs with an assumed prefill efficiency (see the sources): `python -m tools "
+        "calibrate` on a real worker replaces them.",
         f"- Workload (`bench/benchmark.py`): seed 1, the same plan for every strategy; "
         "2 x workers + 5 multi-turn sessions x 5 turns (2K-token system prompt), workers + 1 "
         "documents x 4 questions per context (13 and 5 at 4 workers, 37 and 17 at 16); "
@@ -311,39 +371,47 @@ def render_doc(doc: Path, out: Path) -> None:
         "router's learned placement lives in its process, so repeats sample it as separate "
         "invocations do); 16 output tokens per request.",
         "- Every figure: the median of 3 repeats, min-max in brackets; a ratio's range is "
-        "the widest the repeats allow (min B / max A .. max B / min A). 'at life size "
-        "(est.)': both medians with the emulated part divided by the time scale and the "
-        "router's measured added latency kept as is.",
-        "- Time scale: emulated GPU time runs faster than life (2K: x"
-        f"{TIME_SCALE[2048]}, 8K: x{TIME_SCALE[8192]}, 64K: x{TIME_SCALE[65536]}); the "
-        "router's own hop and the workers' render/tokenize cost stay real time, so they weigh "
-        "1/scale times more in these ratios than they would on a GPU: a handicap for "
-        "strategies with a costly hop (cache_aware's render fan-out). Their real size is the "
-        "'router added ms' column: the same warm prompt, of the context's size, sent in turn "
-        "straight to one worker and through the router (median of 12 each way).",
+        "the widest the repeats allow (min B / max A .. max B / min A).",
+        (("- Virtual time (`bench.vtime`): emulated GPU time at life size on a discrete-event "
+          "clock, so CPU contention on this machine changes no figure. Every request still goes "
+          "through the real router, in lockstep: the clock waits at each arrival until the "
+          "router has chosen a worker and at each completion until the answer has passed back, "
+          "so the router decides on exactly the requests in flight it would see live. Its own "
+          "hop is modelled ('router added ms'): ~1 ms, plus for vllm-router's cache_aware and "
+          "kv_aware the prompt's render/tokenize on the workers (1 ms + 1.5 us per token). "
+          "Repeats differ only in their prompt salts, so their ranges are narrow. "
+          "`--real-time` runs the former real-time, time-scaled benchmark instead.") if VIRTUAL
+         else ("- Time scale: emulated GPU time runs faster than life (2K: x"
+               f"{TIME_SCALE[2048]}, 8K: x{TIME_SCALE[8192]}, 64K: x{TIME_SCALE[65536]}); the "
+               "router's own hop and the workers' render/tokenize cost stay real time. 'at life "
+               "size (est.)': both medians with the emulated part divided by the time scale.")),
         "- `session-noheader`: the session strategy (consistent_hash on X-Session-ID) while "
-        "the client sends no header.", "- The machine: 2 shared cores for the client, the "
-        "router and up to 16 worker processes; CPU contention adds noise, the spread shows it.",
+        "the client sends no header.",
         "", "## Emulator profiles", "",
         "| profile | replica | model | KV bytes/token | KV tokens per replica | prefill tok/s "
-        "(2K) | TTFT 2K / 8K / 64K s (alone, no cache) | decode ms/token (1 / 32 seqs) | "
-        "render 8K ms |", "|" + "---|" * 9]
+        "(2K) | TTFT 2K / 8K / 64K s (alone, no cache) | the same, all but 256 tokens cached | "
+        "decode ms/token (1 / 32 seqs) | render 8K ms |", "|" + "---|" * 10]
     for p in prof:
         text.append(f"| {p['profile']} | {p['replica']} | {p['model']} | "
                     f"{p['kv_bytes_per_token']:,} | {p['kv_tokens']:,} | "
                     f"{p['prefill_tokens_per_s_2k']:,} | {p['ttft_s']['2k']} / "
-                    f"{p['ttft_s']['8k']} / {p['ttft_s']['64k']} | "
+                    f"{p['ttft_s']['8k']} / {p['ttft_s']['64k']} | {p['hit_ttft_s']['2k']} / "
+                    f"{p['hit_ttft_s']['8k']} / {p['hit_ttft_s']['64k']} | "
                     f"{p['decode_ms_per_token']} / {p['decode_ms_per_token_batch_32']} | "
                     f"{p['render_ms_8k']} |")
     text += ["", "Sources of the profile figures:", ""] + [f"- {s}" for s in SOURCES]
+    text += held_against_hardware(out)
     text += ["", "## Every strategy (ratios against round robin at the same workers)"]
     text += lines or ["", "(no matrix results yet)"]
     if rows:
         text += ["", "![TTFT P50 ratio to round robin](benchmarks/ttft-p50-ratio.png)"]
     text += ["", "## Where cache_aware's render fan-out stops paying", "",
              "vllm-router 0.1.17's cache_aware renders every request on every worker and waits "
-             "for the slowest; the added latency below is measured (warm prompt of the "
-             "context's size, direct vs through the router, median of 12). A cache hit saves "
+             "for the slowest; the added latency below is "
+             + ("modelled (see above; FACTS.md has measured ones: 4 workers 6.6 / 39.6 ms at "
+                "8K / 64K on loopback)" if VIRTUAL else "measured (warm prompt of the "
+                "context's size, direct vs through the router, median of 12)")
+             + ". A cache hit saves "
              "the prefill of the prompt less 16 tokens, from each profile's model; the fan-out "
              "pays once the hit rate exceeds added / saved (every request pays it, only hits "
              "save). Caveat: "
@@ -353,7 +421,10 @@ def render_doc(doc: Path, out: Path) -> None:
     text += ["", "## Stability: the same compare, invoked three times", "",
              "prefixaware (the default: sglang-router's cache_aware) vs roundrobin, 4 workers, "
              "multi-turn and 8K document Q&A, each invocation with 3 repeats (fresh workers, "
-             "router and prompt salts)."]
+             "router and prompt salts)."
+             + (" On the virtual clock invocations can only differ by their salts: identical "
+                "figures show the harness is deterministic, not that a live system is." if VIRTUAL
+                else "")]
     text += stability_table(st) if st else ["", "(no stability results yet)"]
     if st_vllm:
         text += ["", "The same check with vllm-router's cache_aware as the candidate "
@@ -362,8 +433,100 @@ def render_doc(doc: Path, out: Path) -> None:
              "Llama-3.1-70B on 7 x p5.48xlarge, prefix-aware vs round robin: 8K context TTFT "
              "P50 -72% (ratio 0.28), P90 -40% (0.60), throughput +24%, cost -21%; 64K P50 -94% "
              "(0.06), P90 -35% (0.65), throughput +38%, cost -28%."]
+    from bench import tiered
+
+    tiered_dir = out.parent / "tiered"
+    text += tiered.render(tiered_dir) if tiered_dir.exists() else [
+        "", "(no tiered results yet: python -m bench.tiered)"]
     doc.write_text("\n".join(text + findings(m, st) + (
         _stability_findings(st_vllm) if st_vllm else [])) + "\n")
+
+
+def lmcache_rows(lmc: dict) -> list[str]:
+    """The tiers run (LMCache 0.5.0 as we used to configure it) beside the emulator, and the
+    configuration k8s/workers.py renders now in the same setting."""
+    from bench.emulator import measured
+
+    meas = measured()["lmcache_two_servers_one_gpu"]["arms"]
+    ref = {"A roundrobin, no LMCache": "r95-A-rr", "roundrobin + old (measured run)":
+           "r95-B-rr-lmc", "prefixaware + old (measured run)": "r95-C-pa-lmc"}
+    lines = ["", "The tiers run on that hardware (the same servers with 2,000-block GPU caches, "
+             "LMCache 0.5.0 as we used to configure it: L1 20 GiB, L2 `lm://` on the host, "
+             "lookup_timeout_ms 1000; 3.93 req/s) beside the emulator, and the configuration "
+             "k8s/workers.py renders now in the same setting (emulated only). TTFT in ms, "
+             "real in brackets:", "",
+             "| arm | scenario | P50 | P90 | out tok/s | cached share GPU / L1 / L2 | P50 / P90 vs "
+             "arm A | lookup timeouts |", "|---|---|---|---|---|---|---|---|"]
+    base = lmc.get("A roundrobin, no LMCache", {}).get("scenarios", {})
+    for name, arm in lmc.items():
+        for scen, x in arm["scenarios"].items():
+            m = meas.get(ref.get(name, ""), {}).get("scenarios", {}).get(scen)
+            real = (lambda k: f" ({m['ttft_ms'][k]:,.0f})") if m else (lambda k: "")
+            b = base.get(scen, {}).get("ttft_s") or {}
+            t = x["ttft_s"]
+            a = meas["r95-A-rr"]["scenarios"][scen]["ttft_ms"]
+            vs = (f"{t['p50'] / b['p50']:.2f} / {t['p90'] / b['p90']:.2f}"
+                  + (f" ({m['ttft_ms']['p50'] / a['p50']:.2f} / "
+                     f"{m['ttft_ms']['p90'] / a['p90']:.2f})" if m else "")) if b else "-"
+            tok = f" ({m['output_tokens_per_s']:.0f})" if m else ""
+            lines.append(f"| {name} | {scen} | {t['p50'] * 1e3:,.0f}{real('p50')} | "
+                         f"{t['p90'] * 1e3:,.0f}{real('p90')} | "
+                         f"{x['output_tokens_per_s']:.0f}{tok} | {x['gpu_hit_rate']:.0%} / "
+                         f"{x['l1_hit_rate']:.0%} / {x['l2_hit_rate']:.0%} | {vs} | "
+                         f"{x.get('lookup_timeouts') or 0} |")
+    return lines
+
+
+def held_against_hardware(out: Path) -> list[str]:
+    """The calibration's check (every H100 figure of issue 17's table beside the emulator's)
+    and the real A/B reproduced (`python -m bench.ab_check --json`), when it has run."""
+    from dataclasses import replace as _replace
+
+    from bench.emulator import measured, profile
+
+    h = profile("h100-8b")
+    m = measured()["single_server"]
+    lines = ["", "## Held against real hardware", "",
+             "Real vLLM 0.24.0 on one H100 80GB (Llama-3.1-8B shapes; bench/data/"
+             "h100_vllm_0_24.json, from ../shared/gpu/) beside the `h100-8b` profile "
+             "(tests/bench/test_emulator.py keeps every figure within 15%):", "",
+             "| figure | real vLLM | emulator |", "|---|---|---|"]
+    for n, v in m["ttft_ms"].items():
+        n_ = int(n)
+        lines.append(f"| TTFT cold / all but 256 cached, {n_ // 1024}K, ms | {v['cold']} / "
+                     f"{v['hit256']} | {h.prefill_seconds(n_) * 1e3:.1f} / "
+                     f"{h.prefill_seconds(n_, n_ - 256) * 1e3:.1f} |")
+    for b, v in m["decode_step_ms"].items():
+        lines.append(f"| decode step, 2K context, batch {b}, ms | {v} | "
+                     f"{h.decode_seconds(2048, int(b)) * 1e3:.2f} |")
+    lines.append(f"| KV tokens at utilization {m['gpu_memory_utilization']} | "
+                 f"{m['kv_cache_size_tokens']:,} | "
+                 f"{_replace(h, gpu_memory_utilization=m['gpu_memory_utilization']).kv_tokens:,} |")
+    ab = out.parent / "ab-check.json"
+    if ab.exists():
+        rows = json.loads(ab.read_text())["reproduction"]
+        lines += ["", "The product's A/B on that hardware (two vLLM servers sharing the H100, "
+                  "the routers k8s/router.py renders, this project's bench, 3 repeats), and the "
+                  "emulator set up the same way (`python -m bench.ab_check`: the same bench "
+                  "arguments, the same real routers in lockstep):", "",
+                  "| rate | scenario | TTFT P50 prefixaware / RR real | emulated | P90 real | "
+                  "emulated | hit RR real / emulated | hit prefixaware real / emulated |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['rate']} | {r['scenario']} | {r['p50_measured']:.2f} | "
+                         f"{r['p50_emulated']:.2f} | {r['p90_measured']:.2f} | "
+                         f"{r['p90_emulated']:.2f} | {r['hit_roundrobin'][0]:.0%} / "
+                         f"{r['hit_roundrobin'][1]:.0%} | {r['hit_prefixaware'][0]:.0%} / "
+                         f"{r['hit_prefixaware'][1]:.0%} |")
+        lmc = json.loads(ab.read_text()).get("lmcache")
+        if lmc:
+            lines += lmcache_rows(lmc)
+        bad = [f"{r['scenario']} at {r['rate']} req/s" for r in rows if not r["ok"]]
+        lines += ["", "Within 0.1 on every ratio and 5 points on every hit rate: "
+                  + ("all rows." if not bad else "all rows but " + ", ".join(bad)
+                     + " (round robin's P90 there: the emulator's misses queue longer behind "
+                       "one another than the real servers' did).")]
+    return lines
 
 
 def findings(m: dict, st: dict) -> list[str]:
@@ -506,7 +669,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidate", default="prefixaware", choices=MATRIX,
                    help="with --stability: the strategy compared with round robin")
     p.add_argument("--render-only", action="store_true", help="rewrite the doc from DIR")
+    profile_file_option(p)
+    p.add_argument("--real-time", action="store_true", help="the emulated GPUs in real time "
+                   "(time-scaled) and the router's hop measured, instead of the virtual clock")
     a = p.parse_args(argv)
+    if a.real_time:
+        global VIRTUAL
+        VIRTUAL = False
+        TIME_SCALE.update(REAL_TIME_SCALE)
+    apply_profile_file(p, a)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stability:
         run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False), a.candidate)

@@ -5,6 +5,7 @@
   preflight      check an account and region before `cdk deploy`
   bench          measure TTFT, throughput, cache hits and cost of an OpenAI-compatible endpoint
   bench-compare  put two `bench` runs side by side
+  calibrate      measure a vLLM worker and write an emulator profile (bench-routing --profile-file)
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from bench import benchmark
+from bench import benchmark, calibrate
 from config.errors import printable
 from tools import mirror, preflight, upload_model
 from tools.cli import run_command
@@ -29,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tools", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (upload_model, mirror, preflight, benchmark):
+    for module in (upload_model, mirror, preflight, benchmark, calibrate):
         module.register(sub)
     return p
 

@@ -303,15 +303,18 @@ def test_loopback_strategies_render_their_own_router_args():
 
 
 @pytest.mark.parametrize("strategy", ["prefixaware", "kvaware"])
-def test_every_repeat_gets_a_new_router_on_the_same_url(strategy):
+def test_every_repeat_gets_a_new_router_on_the_same_url(strategy, tmp_path):
     """A router's learned placement (prefix tree, KV index) lives in its process: each repeat
-    starts a new one, so repeats vary as separate invocations do."""
+    starts a new one, so repeats vary as separate invocations do; each keeps its own log."""
     result = run_policy(strategy, BenchConfig(
         "", scenarios=("multi-turn",), sessions=3, turns=2, prefix_words=16, user_words=4,
         max_tokens=2, concurrency=2, repeats=3, warmup=0), workers=2, worker_opts=FAST,
-        progress=False, processes=strategy == "kvaware")
+        progress=False, processes=strategy == "kvaware", log_dir=tmp_path)
     pids = result["meta"]["loopback"]["router_pids"]
     assert len(set(pids)) == 3 and None not in pids, pids
+    logs = sorted(p.name for p in tmp_path.glob("router-*.log"))
+    assert logs == [f"router-{strategy}-r{r}.log" for r in range(3)], logs
+    assert all((tmp_path / name).stat().st_size > 0 for name in logs)
     assert result["scenarios"]["multi-turn"]["errors"] == 0
 
 
@@ -358,3 +361,26 @@ def test_bench_starts_without_the_aws_sdk(tmp_path):
                          text=True, timeout=60)
     assert "boto" not in run.stderr, run.stderr
     assert run.returncode == 2 and run.stderr.startswith("error: "), run.stderr
+
+
+def test_peak_sweep_keeps_n_in_flight_and_stops_at_saturation():
+    """`bench --peak`: closed loop at 1, 2, 4, ... in flight (no jitter, no rate), stopping
+    once requests/s grow by less than 3%; the peak is the best point."""
+    from bench.benchmark import in_flight_config, peak_markdown, peak_sweep
+
+    seen = []
+
+    def run(cfg):   # a server that saturates at 10 req/s
+        seen.append((cfg.concurrency, cfg.jitter_s, cfg.request_rate))
+        rps = min(10.0, 3.0 * cfg.concurrency)
+        return {"scenarios": {"document-8k": {"request_throughput_rps": rps,
+                                              "output_tokens_per_s": 64 * rps,
+                                              "ttft_s": {"p50": cfg.concurrency / rps},
+                                              "errors": 0}}}
+    c = BenchConfig("http://x", request_rate=5.0, label="pa")
+    peak = peak_sweep(c, run=run)
+    assert seen == [(1, 0.0, None), (2, 0.0, None), (4, 0.0, None), (8, 0.0, None)]
+    best = peak["scenarios"]["document-8k"]["peak"]
+    assert (best["in_flight"], best["rps"]) == (4, 10.0)
+    assert "| document-8k | 4 (peak) | 10.00 |" in peak_markdown(peak)
+    assert in_flight_config(c, 3).concurrency == 3

@@ -38,7 +38,7 @@ def test_the_doc_holds_the_table_the_profiles_and_what_the_numbers_say(tmp_path)
     assert all(f"| {p} |" in text for p in PROFILES) and all(s in text for s in SOURCES)
     rows = [line for line in text.splitlines() if line.startswith("| 16 | ")]
     assert len(rows) == len(CONTEXTS) * len(MATRIX) + len(CONTEXTS)  # + fan-out rows
-    assert "| 4 | prefixaware | 100.0 (90.0-110.0) |" in text and "(wall, time-scaled)" in text
+    assert "| 4 | prefixaware | 100.0 (90.0-110.0) |" in text and "(virtual, life size)" in text
     assert "0.10 (0.08-0.12)" in text  # ratio of medians, widest range of the repeats
     # a 500 ms fan-out at 2K is more than a hit saves on p5: said, with the numbers
     assert "LOSES at any hit rate" in text and "costs more than a hit saves: 4, 2K" in text

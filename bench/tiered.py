@@ -1,0 +1,756 @@
+"""The tiered KV cache and routing, measured the way HyperPod and llm-d published theirs, on the
+emulator in virtual time through the real routers (`bench.vtime`): `make bench-routing`.
+
+    python -m bench.tiered --out bench-results/tiered                 # everything below
+    python -m bench.tiered --out DIR --only hyperpod|llmd|drill --quick
+    python -m bench.tiered --out DIR --render-only    # print the sections again
+
+- HyperPod-shaped: round robin without L1/L2 (the baseline) against L1 only, L1+L2, and the
+  routed strategies with L1+L2 (and prefixaware without, and the configuration the real tiers
+  run used), on 8K and 64K document Q&A and multi-turn chat, at 25-125% of the baseline's
+  capacity (its peak throughput, found by a closed-loop sweep), and every arm's own peak.
+- llm-d-shaped: their workload (customers' 6,000-token contexts, 5 users each, 1,200-token
+  queries, 1,000 output tokens) on their fleet shape (8 x Qwen3-32B TP 2 on H100), with the
+  number of customers sized so the contexts fill 73% of the fleet's KV, QPS swept past
+  saturation; printed beside their published numbers.
+- L2 outage drill: the Valkey holding L2 is stopped mid-run and started again; every request
+  must succeed, TTFT falls back to L1/recompute and recovers; the alert rules we ship
+  (observability/rules.py) are evaluated by promtool on the metrics the emulated workers
+  exported (scraped over HTTP every 15 s of virtual time).
+
+The tier configurations are what `k8s/workers.py` renders for the seed endpoint
+(tests/fixtures/endpoint-seed.yaml) with each L2 backend (`bench.tiers.rendered_tiers`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.benchmark import BenchConfig, Job, Phase, words
+from bench.emulator import GpuProfile, QWEN3_32B, profile
+from bench.tiers import (
+    L2Store, TierConfig, ValkeyServer, describe, no_tiers, tier_config,
+)
+from bench.vtime import FleetSpec, RunConfig, run_arm
+
+# The calibrated profile (held against real vLLM on an H100; HyperPod's published run is on
+# H100s too): one H100 serving Llama-3.1-8B per replica.
+PROFILE = "h100-8b"
+WORKERS = 4
+HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
+LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
+BASELINE = "rr"
+# arm -> (strategy, tier configuration)
+ARMS = {
+    "rr": ("roundrobin", "none"),
+    "rr+L1": ("roundrobin", "l1"),
+    "rr+L1+L2": ("roundrobin", "l1l2"),
+    "prefixaware": ("prefixaware", "none"),
+    "prefixaware+L1+L2": ("prefixaware", "l1l2"),
+    "session+L1+L2": ("session", "l1l2"),
+    "kvaware+L1+L2": ("kvaware", "l1l2"),
+    "rr+L1+L2 old config": ("roundrobin", "old"),
+}
+L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/cache.py)
+# HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
+HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
+            "document-64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
+# llm-d's published run: Qwen3-32B, 8 x vLLM TP 2 on 16 H100, round robin vs prefix-aware
+LLMD = {"customers": 150, "context": 6000, "users": 5, "query": 1200, "output": 1000,
+        "kv_demand": 0.73, "replicas": 8, "tp": 2,
+        "qps": (3, 10, 15, 20, 30, 40, 50, 60),
+        "published": {"rr_p50_s_60": 88.1, "pa_p50_s_60": 0.2, "rr_p90_s_60": 154.1,
+                      "pa_p90_s_60": 0.9, "rr_peak_out": 7049, "pa_peak_out": 14941,
+                      "equal_at_or_below_qps": 15, "pa_p90_worse_at_20": (4.2, 2.4)}}
+
+
+def _quiet_jsii() -> None:
+    import os
+
+    for var in ("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION",
+                "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION"):
+        os.environ.setdefault(var, "1")
+
+
+def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
+    """The configurations the arms use: rendered by the charts, except `old` (the real tiers
+    run's, from bench/data), with the instance's network per connection."""
+    from bench.ab_check import old_tiers
+
+    _quiet_jsii()
+    net = min(gpu.network_gbps / 8 / gpu.gpus, 5 / 8)   # per rank, per flow
+    l1l2 = tier_config(L2_BACKEND, network_gbs=net, label=f"L1 + L2 ({L2_BACKEND})")
+    old = replace(old_tiers(), put_gbs=min(old_tiers().put_gbs, net),
+                  get_gbs=min(old_tiers().get_gbs, net), l2_memory_limit_gib=24.0,
+                  l1_gib=l1l2.l1_gib, label="old config (L1 + lm:// L2, as the real run)")
+    return {"none": no_tiers(), "l1": tier_config("none", label="L1 only"), "l1l2": l1l2,
+            "old": old}
+
+
+def fleet(tiers: TierConfig, gpu: GpuProfile | None = None, workers: int = WORKERS
+          ) -> FleetSpec:
+    return FleetSpec(gpu or profile(PROFILE), workers, tiers)
+
+
+def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = False
+                    ) -> BenchConfig:
+    """Plans against the fleet's KV: 25 8K documents (~210K tokens: every replica's GPU cache
+    holds them all, the tiers have nothing to add: the small-working-set case), 9 64K
+    documents (~590K tokens: more than one replica holds, so round robin thrashes and L1 can
+    help), and a chat whose working set fits easily."""
+    base = BenchConfig("", concurrency=8, max_tokens=64, repeats=repeats, seed=seed, warmup=8,
+                       prefix_words=2000, user_words=40)
+    if scenario == "multi-turn":
+        return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
+    ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
+    docs = {8192: 25, 65536: 9}[ctx]
+    return replace(base, scenarios=("document",), contexts=(ctx,),
+                   documents=max(3, docs // (3 if quick else 1)), questions=4)
+
+
+SCENARIOS = ("document-8k", "document-64k", "multi-turn")
+
+
+class _L2:
+    """A fresh shared L2 (a redis-server) for one arm, or nothing."""
+
+    def __init__(self, cfg: TierConfig, gpu: GpuProfile) -> None:
+        self.cfg, self.gpu = cfg, gpu
+        self.server: ValkeyServer | None = None
+
+    def __enter__(self) -> L2Store | None:
+        if not self.cfg.l2:
+            return None
+        self.server = ValkeyServer(evict=self.cfg.l2 == "redis").start()
+        return L2Store(self.server, self.cfg.chunk_size * self.gpu.model.kv_bytes_per_token,
+                       self.cfg)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.server is not None:
+            self.server.__exit__(*exc)
+
+
+def arm_run(arm: str, cfgs: dict[str, TierConfig], c: BenchConfig, *, in_flight: int = 0,
+            gpu: GpuProfile | None = None, log_dir: Path | None = None) -> dict:
+    strategy, key = ARMS[arm]
+    gpu = gpu or profile(PROFILE)
+    with _L2(cfgs[key], gpu) as l2:
+        return run_arm(fleet(cfgs[key], gpu), strategy,
+                       RunConfig(c, in_flight=in_flight, hourly_usd=HOURLY_USD,
+                                 instances=WORKERS), l2=l2, log_dir=log_dir)
+
+
+def peak(arm: str, cfgs: dict, scenario: str, *, quick: bool, log_dir: Path | None) -> dict:
+    """Closed loop at 1, 2, 4, ... requests in flight until throughput stops growing (< 3%
+    more): the arm's peak request and output-token throughput, and TTFT there."""
+    c = scenario_config(scenario, 1, quick=quick)
+    points = []
+    for n in WIDTHS:
+        r = arm_run(arm, cfgs, replace(c, concurrency=n), in_flight=n, log_dir=log_dir)
+        s = next(iter(r["scenarios"].values()))
+        points.append({"in_flight": n, "rps": s["request_throughput_rps"],
+                       "out_tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_s"]["p50"],
+                       "ttft_p90": s["ttft_s"]["p90"],
+                       "cost": s["cost_per_1k_output_tokens_usd"], "errors": s["errors"]})
+        if len(points) > 1 and points[-1]["rps"] < 1.03 * max(p["rps"] for p in points[:-1]):
+            break
+    best = max(points, key=lambda p: p["rps"])
+    return {"points": points, "peak": best}
+
+
+def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str]) -> dict:
+    path = out / "hyperpod.json"
+    done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    gpu = profile(PROFILE)
+    cfgs = tier_configs(gpu)
+    done["configs"] = {k: describe(v) for k, v in cfgs.items()}
+    logs = out / "router-logs"
+    for scenario in SCENARIOS:
+        cell = done.setdefault(scenario, {"peaks": {}, "loads": {}})
+        for arm in arms:
+            if arm not in cell["peaks"]:
+                t0 = time.time()
+                cell["peaks"][arm] = peak(arm, cfgs, scenario, quick=quick,
+                                          log_dir=logs / f"{scenario}-{arm}-peak")
+                _save(path, done, f"{scenario} {arm} peak", t0)
+        capacity = cell["peaks"][BASELINE]["peak"]["rps"]
+        cell["capacity_rps"] = capacity
+        for load in LOADS:
+            key = f"{load:.2f}"
+            for arm in arms:
+                if arm in cell["loads"].get(key, {}):
+                    continue
+                t0 = time.time()
+                c = replace(scenario_config(scenario, repeats, quick=quick),
+                            request_rate=load * capacity, think_s=0.0)
+                r = arm_run(arm, cfgs, c, log_dir=logs / f"{scenario}-{arm}-{key}")
+                s = next(iter(r["scenarios"].values()))
+                cell["loads"].setdefault(key, {})[arm] = _compact(s) | {
+                    "wall_seconds": r["meta"]["wall_seconds"], "tiers": r["tiers"]}
+                _save(path, done, f"{scenario} {arm} load {key}", t0)
+    return done
+
+
+KEEP = ("ttft_s", "e2e_s", "itl_s", "cache_hit_rate", "gpu_hit_rate", "l1_hit_rate",
+        "l2_hit_rate", "output_tokens_per_s", "request_throughput_rps",
+        "cost_per_1k_output_tokens_usd", "cost_per_1k_tokens_usd", "errors", "requests",
+        "spread", "lookup_timeouts", "repeats")
+
+
+def _compact(s: dict) -> dict:
+    return {k: s.get(k) for k in KEEP}
+
+
+def _save(path: Path, done: dict, what: str, t0: float) -> None:
+    path.write_text(json.dumps(done, indent=1, default=str))
+    print(f"{what}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- llm-d
+
+
+def llmd_gpu() -> GpuProfile:
+    """One llm-d replica: Qwen3-32B on 2 x H100 (TP 2), the calibrated H100 figures."""
+    h = profile("h100-8b")
+    return replace(h, name="h100x2-qwen3-32b", gpus=2, model=QWEN3_32B, network_gbps=3200)
+
+
+def llmd_customers(gpu: GpuProfile, replicas: int) -> int:
+    """Customers whose contexts fill `kv_demand` of the fleet's KV (llm-d: 150 at theirs)."""
+    fleet_kv = gpu.kv_tokens * replicas
+    return max(1, round(LLMD["kv_demand"] * fleet_kv / LLMD["context"]))
+
+
+def llmd_phases(customers: int, stages: tuple[float, ...], stage_s: float, seed: int
+                ) -> Callable:
+    """One phase per QPS stage, run one after the other on warm caches as llm-d's harness
+    does: requests from random customers' users (the customer's 6,000-token context, a fresh
+    1,200-token query, 1,000 output tokens), Poisson arrivals at the stage's rate."""
+    def make(c: BenchConfig) -> list[Phase]:
+        phases = []
+        for qps in stages:
+            rng = random.Random(f"{seed}/llmd/{qps}")
+            jobs, t = [], 0.0
+            for i in range(int(qps * stage_s)):
+                t += rng.expovariate(qps)
+                cust, user = rng.randrange(customers), rng.randrange(LLMD["users"])
+                system = f"Customer {c.salt}-{cust}. " + words(f"{seed}-cust-{cust}",
+                                                                LLMD["context"])
+                query = f"User {user} asks {qps}-{i}: " + words(f"{c.salt}-q-{qps}-{i}",
+                                                                 LLMD["query"])
+                jobs.append(Job(f"{c.salt}-c{cust}-u{user}", system, (query,), delays=(0.0,),
+                                arrival_s=t))
+            phases.append(Phase(f"qps-{qps:g}", tuple(jobs), LLMD["context"] + LLMD["query"]))
+        return phases
+    return make
+
+
+def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = ("roundrobin",
+                                                                   "prefixaware")) -> dict:
+    path = out / "llmd.json"
+    done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    gpu = llmd_gpu()
+    replicas = LLMD["replicas"]
+    customers = llmd_customers(gpu, replicas)
+    stage_s = 8.0 if quick else 20.0
+    stages = LLMD["qps"][::2] if quick else LLMD["qps"]
+    done["setup"] = {"replicas": replicas, "gpu": gpu.describe(), "customers": customers,
+                     "fleet_kv_tokens": gpu.kv_tokens * replicas, "stage_s": stage_s,
+                     "context_kv_share": customers * LLMD["context"] / (gpu.kv_tokens *
+                                                                        replicas)}
+    for strategy in strategies:
+        if any(k.startswith(f"{strategy}/") for k in done):
+            continue
+        t0 = time.time()
+        c = BenchConfig("", max_tokens=LLMD["output"], repeats=1, seed=1, warmup=8)
+        r = run_arm(FleetSpec(gpu, replicas, no_tiers()), strategy,
+                    RunConfig(c, hourly_usd=98.32, instances=replicas / 4),
+                    phases=llmd_phases(customers, stages, stage_s, 1),
+                    log_dir=out / "router-logs" / f"llmd-{strategy}")
+        for name, s in r["scenarios"].items():
+            qps = float(name.split("-", 1)[1])
+            done[f"{strategy}/{qps:g}"] = _compact(s) | {"qps": qps}
+        done[f"{strategy}/wall_seconds"] = r["meta"]["wall_seconds"]
+        _save(path, done, f"llm-d {strategy}", t0)
+    return done
+
+
+# --------------------------------------------------------------------------- the drill
+
+
+DRILL = {"minutes": 20, "kill_at_min": 5, "restart_at_min": 12, "scrape_s": 15,
+         "load": 0.5, "questions": 4, "question_gap_s": 3.0, "sessions": 60,
+         "strategy": "roundrobin"}
+
+
+def drill(out: Path, *, quick: bool) -> dict:
+    """Round robin + L1 + L2 (the rendered Valkey configuration) under steady chat and
+    8K-document load, where L2 carries the reuse between workers (under prefixaware L2 serves
+    almost nothing here: each worker's GPU and L1 hold its share); the L2's redis-server is
+    stopped at minute 5 and started at minute 12 (it comes back empty: no persistence, as
+    deployed)."""
+    from bench.loopback import http_json
+
+    gpu = profile(PROFILE)
+    cfg = tier_configs(gpu)["l1l2"]
+    minutes = DRILL["minutes"] // (2 if quick else 1)
+    kill, back = DRILL["kill_at_min"] * 60, DRILL["restart_at_min"] * 60
+    if quick:
+        kill, back = kill // 2, back // 2
+    # the arrival rate: half of what the fleet prefills with no hit, per request mix
+    mix_prompt = (8192 + 2200) / 2
+    rate = DRILL["load"] * WORKERS / gpu.prefill_seconds(int(mix_prompt))
+    scrapes: list[dict] = []
+    state = {"valkey": 1}
+
+    def phases(c: BenchConfig) -> list[Phase]:
+        """New 8K documents keep arriving, each asked 4 questions over the next seconds (round
+        robin puts them on different workers: L2 carries the document between them), beside
+        chats on a fixed set of system prompts."""
+        rng = random.Random(f"drill/{c.salt}")
+        jobs: list[Job] = []
+        t, d = 0.0, 0
+        while t < minutes * 60:
+            t += rng.expovariate(rate / 2 / DRILL["questions"])
+            system = f"Document {c.salt}-{d}. " + words(f"drill-doc-{c.salt}-{d}", 8192)
+            q = t
+            for k in range(DRILL["questions"]):
+                q += rng.expovariate(1 / DRILL["question_gap_s"]) if k else 0.0
+                jobs.append(Job(f"doc{d}", system, (f"Question {d}-{k}: "
+                                                    + words(f"q{d}-{k}", 40),),
+                                delays=(0.0,), arrival_s=q))
+            d += 1
+        t = 0.0
+        while t < minutes * 60:
+            t += rng.expovariate(rate / 2)
+            s = rng.randrange(DRILL["sessions"])
+            system = f"You are assistant {c.salt}-{s}. " + words(f"drill-mt-{s}", 2000)
+            jobs.append(Job(f"mt{s}", system, (f"Turn {t:.3f}: " + words(f"u{t}", 40),),
+                            delays=(0.0,), arrival_s=t))
+        jobs.sort(key=lambda j: j.arrival_s)
+        return [Phase("drill", tuple(jobs), int(mix_prompt))]
+
+    with _L2(cfg, gpu) as l2:
+        server = l2.server
+
+        def stop(now: float) -> None:
+            l2.kill(now)
+            state["valkey"] = 0
+
+        def start(now: float) -> None:
+            server.start()
+            state["valkey"] = 1
+
+        def scrape(now: float, router: Any) -> None:
+            texts = {}
+            for w in getattr(router, "workers", []):
+                status, body = http_json("GET", w.url + "/metrics", timeout=10)
+                texts[w.worker_id] = body if isinstance(body, str) else str(body)
+            scrapes.append({"t": now, "valkey_ready": state["valkey"], "metrics": texts})
+
+        c = BenchConfig("", max_tokens=64, repeats=1, seed=1, warmup=8)
+        t0 = time.time()
+        r = run_arm(fleet(cfg, gpu), DRILL["strategy"], RunConfig(c, hourly_usd=HOURLY_USD,
+                                                                     instances=WORKERS),
+                    l2=l2, phases=phases, events=((kill, stop), (back, start)),
+                    ticker=(DRILL["scrape_s"], scrape),
+                    log_dir=out / "router-logs" / "drill")
+    samples = r["runs"][0]["drill"]["samples"]
+    timeline = _minutes(samples)
+    alerts = evaluate_alerts(scrapes, kill, back)
+    result = {"config": describe(cfg), "strategy": DRILL["strategy"], "rate_rps": rate, "requests": len(samples),
+              "errors": sum(1 for s in samples if s["error"]), "kill_s": kill, "restart_s": back,
+              "timeline": timeline, "alerts": alerts, "wall_seconds": round(time.time() - t0, 1),
+              "tiers": r["tiers"]}
+    (out / "drill.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def _minutes(samples: list[dict]) -> list[dict]:
+    by: dict[int, list[dict]] = {}
+    for s in samples:
+        if s["ttft_s"] is not None:
+            by.setdefault(int(s["start_s"] // 60), []).append(s)
+    rows = []
+    for m in sorted(by):
+        ss = by[m]
+        tt = sorted(s["ttft_s"] for s in ss)
+        prompt = sum(s["prompt_tokens"] for s in ss)
+        rows.append({"minute": m, "requests": len(ss), "ttft_p50": tt[len(tt) // 2],
+                     "ttft_p90": tt[min(len(tt) - 1, int(0.9 * len(tt)))],
+                     "gpu": sum(s["gpu_hit"] for s in ss) / prompt,
+                     "l1": sum(s["l1"] for s in ss) / prompt,
+                     "l2": sum(s["l2"] for s in ss) / prompt,
+                     "errors": sum(1 for s in ss if s["error"])})
+    return rows
+
+
+L2_ALERTS = ("KvcacheL2Unhealthy", "KvcacheL2Slow", "KvcacheL2ReadsFailing",
+             "KvcacheSharedCacheDown", "KvcacheTtftP90AboveObjective")
+# Not shipped: a rule on LMCache's own ping counter (lmcache/observability.py exports it in
+# 0.5.x), evaluated beside the shipped ones to show what would see an L2 outage.
+PROPOSED = {"alert": "KvcacheL2PingFailing",
+            "expr": 'sum by (kvcache_endpoint) (rate(lmcache:remote_ping_errors_total'
+                    '{job="kvcache-workers"}[2m])) > 0', "for": "2m",
+            "labels": {"severity": "critical"}}
+
+
+def drill_series(scrapes: list[dict]) -> tuple[list[dict], int]:
+    """promtool input series from the scrapes: every sample of the workers' /metrics (job and
+    endpoint labels added as the scrape config adds them), and kube-state-metrics' ready
+    replicas of the Valkey StatefulSet from whether the process ran."""
+    from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
+    from observability.metrics import ENDPOINT_LABEL, WORKERS_JOB
+
+    series: dict[str, list[str]] = {}
+    for i, sc in enumerate(scrapes):
+        seen = set()
+        for wid, text in sc["metrics"].items():
+            for line in text.splitlines():
+                if not line or line.startswith("#"):
+                    continue
+                name_labels, value = line.rsplit(" ", 1)
+                name, _, labels = name_labels.partition("{")
+                labels = labels.rstrip("}")
+                extra = (f'job="{WORKERS_JOB}",{ENDPOINT_LABEL}="bench",pod="bench-{wid}"')
+                key = f"{name}{{{extra}{',' + labels if labels else ''}}}"
+                seen.add(key)
+                series.setdefault(key, ["_"] * i).append(repr(float(value)))
+        ksm = (f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
+               f'statefulset="{SHARED_CACHE_NAME}"}}')
+        series.setdefault(ksm, ["_"] * i).append(str(sc["valkey_ready"]))
+        seen.add(ksm)
+        for key, vals in series.items():
+            if key not in seen:
+                vals.append("_")
+    return [{"series": k, "values": " ".join(v)} for k, v in series.items()], len(scrapes)
+
+
+def evaluate_alerts(scrapes: list[dict], kill: float, back: float) -> dict:
+    """For every L2 alert we ship: does promtool say it fires at each minute of the drill
+    (before the outage, during it, after it)? Returns {alert: [minutes it fired]}."""
+    import yaml
+
+    from config import resolve_environment
+    from config.context import ROOT, cdk_json_context
+    from observability.rules import render
+
+    promtool = shutil.which("promtool")
+    if not promtool or not scrapes:
+        return {"error": "promtool not found (Debian prometheus)" if not promtool else
+                "no scrapes"}
+    _quiet_jsii()
+    ctx = cdk_json_context(ROOT)
+    ctx["env"] = "dev"
+    rules = yaml.safe_load(render(resolve_environment(ctx)))
+    for group in rules["groups"]:
+        group["rules"] = [dict(r, annotations={}) for r in group["rules"]
+                          if r.get("alert") in L2_ALERTS]
+    rules["groups"] = [g for g in rules["groups"] if g["rules"]]
+    rules["groups"].append({"name": "proposed", "rules": [PROPOSED]})
+    series, n = drill_series(scrapes)
+    step = scrapes[1]["t"] - scrapes[0]["t"] if len(scrapes) > 1 else 15.0
+    minutes = int(n * step // 60)
+    names = L2_ALERTS + (PROPOSED["alert"],)
+    fired: dict[str, list[int]] = {a: [] for a in names}
+    with tempfile.TemporaryDirectory(prefix="drill-alerts-") as tmp:
+        Path(tmp, "rules.yaml").write_text(yaml.safe_dump(rules))
+        for alert in names:
+            for m in range(1, minutes + 1):
+                test = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s",
+                        "tests": [{"interval": f"{int(step)}s", "input_series": series,
+                                   "alert_rule_test": [{"eval_time": f"{m}m",
+                                                        "alertname": alert,
+                                                        "exp_alerts": []}]}]}
+                Path(tmp, "t.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+                proc = subprocess.run([promtool, "test", "rules", "t.yaml"], cwd=tmp,
+                                      capture_output=True, text=True, timeout=60)
+                if proc.returncode != 0:   # something fired where nothing was expected
+                    fired[alert].append(m)
+    return {"fired_minutes": fired, "outage_minutes": [kill / 60, back / 60],
+            "scrape_every_s": step}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:,.0f}"
+
+
+def _r(a: float | None, b: float | None) -> str:
+    return "-" if not a or b is None else f"{b / a:.2f}"
+
+
+def render_hyperpod(h: dict) -> list[str]:
+    lines = ["", "## HyperPod-shaped: tiers and routing at 25-125% of capacity", "",
+             f"{WORKERS} emulated `{PROFILE}` replicas (one H100 serving Llama-3.1-8B each: the "
+             "calibrated profile), virtual time, the real routers (`bench.vtime`). "
+             "Capacity = round robin without L1/L2's peak request rate, found closed loop "
+             "(1, 2, 4, ... requests in flight until throughput grows < 3%). Median of the "
+             "repeats. Hit rate per tier: the share of prompt tokens served from the GPU prefix "
+             "cache, L1 (CPU) and L2. Tier configurations as k8s/workers.py renders them:", ""]
+    lines += [f"- `{k}`: {v}" for k, v in h.get("configs", {}).items()]
+    for scenario in SCENARIOS:
+        cell = h.get(scenario)
+        if not cell or "loads" not in cell:
+            continue
+        cap = cell.get("capacity_rps")
+        lines += ["", f"### {scenario}", "",
+                  f"Baseline capacity {cap:.2f} req/s." if cap else "",
+                  "", "| load | arm | TTFT P50 ms | P90 | P99 | P50 / rr | P90 / rr | out tok/s "
+                  "| $/1K out | hit GPU / L1 / L2 | lookup timeouts | errors |",
+                  "|" + "---|" * 12]
+        for load, arms in cell["loads"].items():
+            base = arms.get(BASELINE)
+            for arm, s in arms.items():
+                t = s["ttft_s"]
+                b = base["ttft_s"] if base else {}
+                lines.append("| " + " | ".join([
+                    f"{float(load):.0%}", arm, _ms(t.get("p50")), _ms(t.get("p90")),
+                    _ms(t.get("p99")), _r(b.get("p50"), t.get("p50")),
+                    _r(b.get("p90"), t.get("p90")), f"{s['output_tokens_per_s']:.0f}",
+                    f"{s['cost_per_1k_output_tokens_usd'] or 0:.4f}",
+                    f"{s['gpu_hit_rate'] or 0:.0%} / {s['l1_hit_rate'] or 0:.0%} / "
+                    f"{s['l2_hit_rate'] or 0:.0%}", str(s.get("lookup_timeouts") or 0),
+                    str(s["errors"])]) + " |")
+        lines += ["", "Peak throughput (closed loop):", "",
+                  "| arm | peak req/s | out tok/s | / rr | $/1K out | / rr | TTFT P50 at the peak ms "
+                  "| in flight |", "|---|---|---|---|---|---|---|---|"]
+        base = cell["peaks"].get(BASELINE, {}).get("peak")
+        for arm, p in cell["peaks"].items():
+            pk = p["peak"]
+            lines.append(f"| {arm} | {pk['rps']:.2f} | {pk['out_tok_s']:.0f} | "
+                         f"{_r(base and base['out_tok_s'], pk['out_tok_s'])} | "
+                         f"{pk['cost'] or 0:.4f} | {_r(base and base['cost'], pk['cost'])} | "
+                         f"{_ms(pk['ttft_p50'])} | {pk['in_flight']} |")
+    lines += break_even() + hyperpod_findings(h)
+    return lines
+
+
+def break_even() -> list[str]:
+    """Where a tier can pay at all: a hit must move a token's KV faster than the GPU
+    recomputes it. Per token of an 8K prompt, from each profile's model and the measured
+    rates (per TP rank, ranks in parallel)."""
+    from bench.emulator import PROFILES
+    from bench.tiers import LM_SERVER_GET_GBS, LMCACHE_CPU_TO_GPU_GBS, REDIS_GET_GBS
+
+    lines = ["", "### Where a tier can pay at all", "",
+             "A hit only helps if moving a token's KV costs less than recomputing it. Per "
+             "token of an 8K prompt, microseconds (every TP rank moves its shard in parallel):",
+             "", "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
+             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read at the redis client's measured "
+             f"{REDIS_GET_GBS:g} GB/s/rank | L2 read at {LM_SERVER_GET_GBS:g} GB/s/rank (lm:// "
+             "measured; a C reply parser) |", "|---|---|---|---|---|"]
+    for p in PROFILES.values():
+        recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
+        per_rank = p.model.kv_bytes_per_token / p.gpus
+        cells = [per_rank / (r * 1e9) * 1e6 for r in (LMCACHE_CPU_TO_GPU_GBS, REDIS_GET_GBS,
+                                                       LM_SERVER_GET_GBS)]
+        lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {recompute:.0f} | "
+                     + " | ".join(f"{c:.0f}{' (loses)' if c > recompute else ''}"
+                                  for c in cells) + " |")
+    return lines
+
+
+def hyperpod_findings(h: dict) -> list[str]:
+    """Where each arm wins and loses against its own no-tier twin and the baseline, computed
+    from the figures."""
+    out = ["", "### What these figures say", ""]
+    pairs = (("rr+L1+L2", "rr"), ("prefixaware+L1+L2", "prefixaware"), ("rr+L1", "rr"),
+             ("rr+L1+L2 old config", "rr"))
+    for scenario in SCENARIOS:
+        cell = h.get(scenario)
+        if not cell or "loads" not in cell:
+            continue
+        for with_, without in pairs:
+            worse, better = [], []
+            for load, arms in cell["loads"].items():
+                a, b = arms.get(without), arms.get(with_)
+                if not a or not b:
+                    continue
+                for k in ("p50", "p90"):
+                    r = b["ttft_s"][k] / a["ttft_s"][k]
+                    (worse if r > 1.05 else better if r < 0.95 else []).append(
+                        f"{float(load):.0%} {k.upper()} {r:.2f}")
+            if worse or better:
+                out.append(f"- {scenario}, {with_} vs {without}: "
+                           + (f"SLOWER at {', '.join(worse)}" if worse else "never slower "
+                              "(within 5%)")
+                           + (f"; faster at {', '.join(better)}" if better else
+                              "; no faster anywhere"))
+        sat = max(cell["loads"], key=float)
+        arms = cell["loads"][sat]
+        base = arms.get(BASELINE)
+        pa = arms.get("prefixaware+L1+L2")
+        if base and pa:
+            hp = HYPERPOD.get(scenario)
+            yard = (f" (HyperPod at saturation: P50 {hp['p50']}, P90 {hp['p90']}, throughput "
+                    f"{hp['throughput']}, cost {hp['cost']})") if hp else ""
+            pk = cell["peaks"]
+            thr = _r(pk.get(BASELINE, {}).get("peak", {}).get("out_tok_s"),
+                     pk.get("prefixaware+L1+L2", {}).get("peak", {}).get("out_tok_s"))
+            cost = _r(pk.get(BASELINE, {}).get("peak", {}).get("cost"),
+                      pk.get("prefixaware+L1+L2", {}).get("peak", {}).get("cost"))
+            out.append(f"- {scenario}, the default (prefixaware + L1 + L2) against round robin "
+                       f"without tiers at {float(sat):.0%} load: TTFT P50 "
+                       f"{_r(base['ttft_s']['p50'], pa['ttft_s']['p50'])}, P90 "
+                       f"{_r(base['ttft_s']['p90'], pa['ttft_s']['p90'])}; peak throughput "
+                       f"{thr}, cost per 1K output tokens {cost}{yard}.")
+    return out
+
+
+def render_llmd(d: dict) -> list[str]:
+    if "setup" not in d:
+        return []
+    st, pub = d["setup"], LLMD["published"]
+    lines = ["", "## llm-d-shaped: prefix-aware vs round robin past saturation", "",
+             f"Their workload and fleet shape, emulated: {st['replicas']} x Qwen3-32B TP 2 on "
+             f"H100 (calibrated H100 figures; {st['gpu']['kv_tokens']:,} KV tokens per "
+             f"replica), {LLMD['users']} users per customer, {LLMD['context']:,}-token "
+             f"customer contexts, {LLMD['query']:,}-token queries, {LLMD['output']:,} output "
+             f"tokens, Poisson arrivals. Customers: {st['customers']} (llm-d: 150), so that "
+             f"the contexts fill {st['context_kv_share']:.0%} of the fleet's KV (llm-d: 73%). "
+             "No L1/L2 (llm-d's run had none).", "",
+             "| QPS | rr TTFT P50 s | P90 | prefix-aware P50 s | P90 | rr out tok/s | "
+             "prefix-aware out tok/s | hit rr / pa |", "|---|---|---|---|---|---|---|---|"]
+    for qps in LLMD["qps"]:
+        a, b = d.get(f"roundrobin/{qps}"), d.get(f"prefixaware/{qps}")
+        if not a or not b:
+            continue
+        lines.append(f"| {qps} | {a['ttft_s']['p50']:.2f} | {a['ttft_s']['p90']:.2f} | "
+                     f"{b['ttft_s']['p50']:.2f} | {b['ttft_s']['p90']:.2f} | "
+                     f"{a['output_tokens_per_s']:.0f} | {b['output_tokens_per_s']:.0f} | "
+                     f"{a['cache_hit_rate']:.0%} / {b['cache_hit_rate']:.0%} |")
+    peak_rr = max((v["output_tokens_per_s"] for k, v in d.items()
+                   if k.startswith("roundrobin/") and isinstance(v, dict)), default=0)
+    peak_pa = max((v["output_tokens_per_s"] for k, v in d.items()
+                   if k.startswith("prefixaware/") and isinstance(v, dict)), default=0)
+    last = max((q for q in LLMD["qps"] if f"prefixaware/{q}" in d), default=None)
+    lines += ["", "Beside llm-d's published figures (Qwen3-32B, 8 x vLLM TP 2, 16 H100):", "",
+              "| figure | llm-d round robin | llm-d prefix-aware | ours round robin | ours "
+              "prefix-aware |", "|---|---|---|---|---|"]
+    if last:
+        a, b = d[f"roundrobin/{last}"], d[f"prefixaware/{last}"]
+        lines += [f"| TTFT P50 at {last} QPS (llm-d: 60) | {pub['rr_p50_s_60']} s | "
+                  f"{pub['pa_p50_s_60']} s | {a['ttft_s']['p50']:.2f} s | "
+                  f"{b['ttft_s']['p50']:.2f} s |",
+                  f"| TTFT P90 at {last} QPS | {pub['rr_p90_s_60']} s | {pub['pa_p90_s_60']} s "
+                  f"| {a['ttft_s']['p90']:.2f} s | {b['ttft_s']['p90']:.2f} s |"]
+    lines.append(f"| peak output tok/s | {pub['rr_peak_out']:,} | {pub['pa_peak_out']:,} | "
+                 f"{peak_rr:,.0f} | {peak_pa:,.0f} |")
+    eq = [q for q in LLMD["qps"] if f"roundrobin/{q}" in d and f"prefixaware/{q}" in d
+          and abs(d[f"prefixaware/{q}"]["ttft_s"]["p50"] / d[f"roundrobin/{q}"]["ttft_s"]["p50"]
+                  - 1) <= 0.1]
+    worse = [q for q in LLMD["qps"] if f"roundrobin/{q}" in d and f"prefixaware/{q}" in d
+             and d[f"prefixaware/{q}"]["ttft_s"]["p90"] > 1.05 * d[f"roundrobin/{q}"][
+                 "ttft_s"]["p90"]]
+    lines += ["", f"- llm-d: equal at <= {pub['equal_at_or_below_qps']} QPS; ours: P50 within "
+              f"10% at {', '.join(map(str, eq)) or 'no'} QPS.",
+              f"- llm-d: prefix-aware's P90 worse at 20 QPS ({pub['pa_p90_worse_at_20'][0]} vs "
+              f"{pub['pa_p90_worse_at_20'][1]} s); ours: prefix-aware's P90 worse than round "
+              f"robin's at {', '.join(map(str, worse)) or 'no'} QPS."]
+    return lines
+
+
+def render_drill(dr: dict) -> list[str]:
+    if not dr:
+        return []
+    a = dr["alerts"]
+    lines = ["", "## L2 outage drill", "",
+             f"{dr.get('strategy', 'roundrobin')} + L1 + L2 ({dr['config']}), {WORKERS} x "
+             f"`{PROFILE}`, "
+             f"{dr['rate_rps']:.2f} req/s (half of what the fleet prefills cold): new 8K "
+             f"documents keep arriving, each asked {DRILL['questions']} questions within "
+             f"seconds (round robin spreads them: L2 carries a document between workers), and "
+             "chats on 60 2K-token system prompts; virtual time. The L2's redis-server is "
+             "stopped at "
+             f"{dr['kill_s'] / 60:.0f} min and started again at {dr['restart_s'] / 60:.0f} min "
+             "(it comes back empty, as the deployed Valkey has no persistence). "
+             f"{dr['requests']} requests, {dr['errors']} failed.", "",
+             "| minute | requests | TTFT P50 ms | P90 | hit GPU / L1 / L2 | errors |",
+             "|---|---|---|---|---|---|"]
+    for row in dr["timeline"]:
+        mark = " (L2 down)" if dr["kill_s"] / 60 <= row["minute"] < dr["restart_s"] / 60 \
+            else ""
+        lines.append(f"| {row['minute']}{mark} | {row['requests']} | {_ms(row['ttft_p50'])} "
+                     f"| {_ms(row['ttft_p90'])} | {row['gpu']:.0%} / {row['l1']:.0%} / "
+                     f"{row['l2']:.0%} | {row['errors']} |")
+    lines += ["", "The alerts we ship (observability/rules.py), evaluated by promtool on the "
+              "series the emulated workers exported (and kube-state-metrics' ready replicas of "
+              "the Valkey StatefulSet):", ""]
+    for alert, mins in (a.get("fired_minutes") or {}).items():
+        what = (f" (NOT shipped: `{PROPOSED['expr']}` for {PROPOSED['for']}, on LMCache's "
+                "own ping counter)") if alert == PROPOSED["alert"] else ""
+        lines.append(f"- {alert}{what}: " + (f"fires at minutes {_spans(mins)}" if mins else
+                                              "never fires"))
+    if "error" in a:
+        lines.append(f"- not evaluated: {a['error']}")
+    return lines
+
+
+def _spans(mins: list[int]) -> str:
+    out, start, prev = [], None, None
+    for m in mins:
+        if start is None:
+            start = prev = m
+        elif m == prev + 1:
+            prev = m
+        else:
+            out.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = m
+    if start is not None:
+        out.append(f"{start}-{prev}" if start != prev else str(start))
+    return ", ".join(out)
+
+
+def render(out: Path) -> list[str]:
+    def load(name: str) -> dict:
+        p = out / name
+        return json.loads(p.read_text()) if p.exists() else {}
+    lines = render_hyperpod(load("hyperpod.json")) if (out / "hyperpod.json").exists() else []
+    lines += render_llmd(load("llmd.json"))
+    lines += render_drill(load("drill.json"))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.tiered", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("bench-results/tiered"))
+    p.add_argument("--only", choices=("hyperpod", "llmd", "drill"), action="append")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument("--repeats", type=int, default=1, help="repeats per cell (virtual time: "
+                   "new salts give the same figures, so one is the default)")
+    p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")
+    p.add_argument("--render-only", action="store_true")
+    from bench.routing import apply_profile_file, profile_file_option
+
+    profile_file_option(p)
+    a = p.parse_args(argv)
+    apply_profile_file(p, a)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if not a.render_only:
+        todo = a.only or ["hyperpod", "llmd", "drill"]
+        if "hyperpod" in todo:
+            hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=a.arms)
+        if "llmd" in todo:
+            llmd(a.out, quick=a.quick)
+        if "drill" in todo:
+            drill(a.out, quick=a.quick)
+    print("\n".join(render(a.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

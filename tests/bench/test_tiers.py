@@ -1,0 +1,186 @@
+"""LMCache's tiers in the emulated worker (bench/tiers.py): the configuration is read from what
+the charts render, lookups go GPU -> L1 -> L2 in 256-token chunks, stores happen on compute, and
+the harm seen on real vLLM (L2 writes over one socket, lookups behind them until the timeout,
+the engine stalled) follows from the old configuration. Virtual times and counts only; the L2
+index is a real redis-server on 127.0.0.1."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bench.emulator import measured, profile
+from bench.tiers import (
+    L2Store, LMCacheWorker, MODELLED, NO_TIMING_EFFECT, SOCKET_RECREATE_S, TierConfig,
+    ValkeyServer, chunk_keys, rendered_tiers,
+)
+
+H100 = profile("h100-8b")
+CHUNK_BYTES = 256 * H100.model.kv_bytes_per_token
+OLD = measured()["lmcache_two_servers_one_gpu"]["setup"]["config"]
+
+
+@pytest.fixture(scope="module")
+def valkey():
+    with ValkeyServer(evict=True) as server:
+        yield server
+
+
+def _l2(server: ValkeyServer, cfg: TierConfig) -> L2Store:
+    store = L2Store(server, CHUNK_BYTES, cfg)
+    store.clear()
+    return store
+
+
+def _ids(n: int, seed: int = 0) -> list[int]:
+    return [(seed * 1_000_003 + i * 7919) % 50_000 for i in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["valkey", "tieredstorage", "redis", "none"])
+def test_the_rendered_configuration_is_one_the_model_can_judge(backend):
+    """Every key k8s/workers.py renders is modelled or known to change no timing: a new key
+    must be modelled before its configuration is judged. Every L2 it renders speaks Redis
+    (a pool, evicting, bounded), never LMCache's own one-socket server."""
+    r = rendered_tiers(backend)
+    assert set(r.lmcache) <= MODELLED | NO_TIMING_EFFECT, sorted(r.lmcache)
+    cfg = TierConfig.from_lmcache(r.lmcache, l2_capacity_gib=r.l2_capacity_gib,
+                                  l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url)
+    assert cfg.l1_gib == r.lmcache["max_local_cpu_size"] > 0
+    assert cfg.l2 == (None if backend == "none" else "redis")
+    if cfg.l2:                # sized from the cache we deploy, with eviction
+        assert 0 < r.l2_capacity_gib < r.l2_memory_limit_gib
+
+
+def test_keys_the_model_does_not_know_are_refused():
+    with pytest.raises(ValueError, match="does not model: use_blending"):
+        TierConfig.from_lmcache({**OLD, "use_blending": True})
+    with pytest.raises(ValueError, match="scheme 's3' is not modelled"):
+        TierConfig.from_lmcache({**OLD, "remote_url": "s3://bucket/kv"})
+
+
+def test_the_old_configuration_reads_as_the_real_run_had_it():
+    cfg = TierConfig.from_lmcache(OLD, network_gbs=1e9)
+    assert (cfg.l1_gib, cfg.l2, cfg.lookup_timeout_s, cfg.async_lookup) == (20.0, "lm", 1.0,
+                                                                          False)
+    assert cfg.put_gbs == 0.5 and cfg.fallback == "local_cpu" and cfg.chunk_size == 256
+
+
+def test_chunks_are_full_256_token_pieces_chained_on_their_prefix():
+    ids = _ids(1000)
+    keys = chunk_keys(ids, 256)
+    assert len(keys) == 3                                   # 1000 // 256, the tail not stored
+    assert chunk_keys(ids[:512] + _ids(488, 1), 256)[:2] == keys[:2]
+    assert chunk_keys(_ids(256, 2) + ids[256:], 256)[1] != keys[1]   # chained on the prefix
+
+
+def test_lookups_go_gpu_then_l1_then_l2_and_l2_hits_are_promoted(valkey):
+    cfg = TierConfig.from_lmcache({**OLD, "remote_url": "redis://l2:6379"}, network_gbs=0.625)
+    l2 = _l2(valkey, cfg)
+    a, b = LMCacheWorker(cfg, H100, l2), LMCacheWorker(cfg, H100, l2)
+    ids = _ids(4096 + 100)
+    assert a.lookup(ids, 0, 0.0).cached == 0
+    store_s = a.store(1, ids, len(ids), 0.0, 0)             # computed on worker a
+    assert store_s == pytest.approx(16 * CHUNK_BYTES / (H100.gpu_to_cpu_gbs * 1e9))
+    first, land = a.link.put_s, a.link.tail                 # its writes land one by one
+    assert b.lookup(ids, 0, first - 1e-4).cached == 0       # not in L2 before a write lands
+    assert b.lookup(ids, 0, 2.5 * first).cached == 2 * 256
+    res = b.lookup(ids, 1024, land + 1.0)                   # b: 1,024 tokens on its GPU
+    assert (res.gpu_hit, res.l1_tokens, res.l2_tokens) == (1024, 0, 4096 - 1024)
+    assert res.load_s > (4096 - 1024) * H100.model.kv_bytes_per_token / (28e9)
+    # what b fetched (chunks 0-1, then 4-15) was promoted into its L1; chunks 2-3 were on
+    # its GPU, so they still come from L2
+    again = b.lookup(ids, 0, land + 2.0)
+    assert (again.l1_tokens, again.l2_tokens) == (14 * 256, 2 * 256)
+    own = a.lookup(ids, 4096, land + 2.0)                   # the GPU has it all: no load
+    assert own.cached == 4096 and own.load_s == 0
+    assert a.counters.remote_write_requests == 16
+    assert b.counters.remote_read_requests == 2 + 12 + 2
+
+
+def test_old_config_lm_lookups_wait_behind_writes_time_out_and_stall_the_engine(valkey):
+    """The harm on real vLLM: 8K prefills queue 1 GB each on the worker's one lm:// socket at
+    0.5 GB/s; the next lookup waits behind them past lookup_timeout_ms, answers 0, and the
+    scheduler (synchronous lookup) is stalled ~1.2 s."""
+    cfg = TierConfig.from_lmcache(OLD, network_gbs=1e9)
+    l2 = _l2(valkey, replace(cfg, l2="lm"))
+    w = LMCacheWorker(cfg, H100, l2)
+    for i in range(2):
+        w.store(i, _ids(8192, i), 8192, 0.0, 0)
+    assert w.link.backlog(0.0) == pytest.approx(64 * w.link.put_s)   # ~4.3 s of writes
+    res = w.lookup(_ids(8192, 9), 0, 0.1)
+    assert res.timed_out and res.cached == 0
+    assert res.stall_s == pytest.approx(cfg.lookup_timeout_s + SOCKET_RECREATE_S)
+    # the same with redis:// (a pool behind a priority executor): the lookup goes ahead of
+    # the queued writes, after at most the chunk on the wire
+    pool = TierConfig.from_lmcache({**OLD, "remote_url": "redis://l2:6379"}, network_gbs=1e9)
+    p = LMCacheWorker(pool, H100, _l2(valkey, pool))
+    for i in range(2):
+        p.store(i, _ids(8192, i), 8192, 0.0, 0)
+    res = p.lookup(_ids(8192, 9), 0, 0.1)
+    assert not res.timed_out and res.stall_s == pytest.approx(p.link.put_s + 0.0005)
+    assert res.stall_s < 0.05
+    # asynchronous lookups: the request waits, the engine does not
+    asy = replace(cfg, async_lookup=True)
+    q = LMCacheWorker(asy, H100, _l2(valkey, replace(asy, l2="lm")))
+    q.store(0, _ids(8192, 0), 8192, 0.0, 0)
+    q.store(1, _ids(8192, 1), 8192, 0.0, 0)
+    res = q.lookup(_ids(8192, 9), 0, 0.1)
+    assert res.timed_out and res.stall_s == 0 and res.wait_s == pytest.approx(1.0)
+
+
+def test_chunks_waiting_for_their_l2_write_are_pinned_and_l1_fills(valkey):
+    cfg = replace(TierConfig.from_lmcache(OLD, network_gbs=1e9), l1_gib=1.0)   # 32 chunks
+    w = LMCacheWorker(cfg, H100, _l2(valkey, cfg))
+    assert w.l1_capacity == 32
+    w.store(0, _ids(8192, 0), 8192, 0.0, 0)                 # 32 chunks, all pinned
+    w.store(1, _ids(8192, 1), 8192, 0.01, 0)                # nothing evictable: dropped
+    assert w.counters.l1_alloc_failures == 1 and w.counters.stored_tokens == 8192
+    later = w.link.tail + 0.1                               # the writes done: evictable again
+    w.store(2, _ids(8192, 2), 8192, later, 0)
+    assert w.counters.stored_tokens == 2 * 8192 and w.counters.l1_evictions == 32
+
+
+def test_health_monitor_local_cpu_bypasses_l2_and_keeps_reporting_healthy(valkey):
+    """LMCache 0.5.x: with fallback_policy local_cpu a failed ping bypasses L2 while
+    lmcache:lmcache_is_healthy stays 1; with recompute it reports 0 and skips everything. The
+    store comes back empty and bounded as before (the pod's args)."""
+    cfg = TierConfig.from_lmcache({**OLD, "remote_url": "redis://l2:6379"}, network_gbs=1e9,
+                                  l2_capacity_gib=1.0)
+    server = ValkeyServer(evict=True).start()
+    try:
+        w = LMCacheWorker(cfg, H100, _l2(server, cfg))
+        ids = _ids(2048 + 10)
+        w.store(0, ids, len(ids), 0.0, 0)
+        w.l2.kill(0.5)                                       # its writes landed by then
+        assert w.lookup(ids, 0, 1.0).l1_tokens == 2048      # L1 still answers
+        w.tick(cfg.ping_interval_s + 1)
+        assert w.bypass_l2 and w.healthy_gauge == 1
+        line = next(x for x in w.metrics_lines('engine="0"')
+                    if x.startswith("lmcache:lmcache_is_healthy{"))
+        assert line.endswith(" 1.0")
+        rec = LMCacheWorker(replace(cfg, fallback="recompute"), H100, w.l2)
+        rec.tick(cfg.ping_interval_s + 1)
+        assert rec.healthy_gauge == 0 and rec.lookup(ids, 0, 11.0).cached == 0
+        server.start()                                       # back, empty, still bounded
+        bound = int(w.l2.client.config_get("maxmemory")["maxmemory"])
+        assert bound == server.maxmemory_bytes > 0
+        w.tick(2 * cfg.ping_interval_s + 1)
+        assert not w.bypass_l2 and w.l2.contains_prefix(chunk_keys(ids, 256), 30.0) == 0
+    finally:
+        server.__exit__()
+
+
+def test_drill_scrapes_become_promtool_series_with_the_scrape_configs_labels():
+    from bench.tiered import drill_series
+
+    w = 'lmcache:lmcache_is_healthy{engine="0"} 1.0\n# TYPE x gauge\n'
+    scrapes = [{"t": 0, "valkey_ready": 1, "metrics": {"w0": w}},
+               {"t": 15, "valkey_ready": 0, "metrics": {"w0": w.replace("1.0", "0.0")}},
+               {"t": 30, "valkey_ready": 1, "metrics": {}}]   # w0 not scraped: a gap
+    series, n = drill_series(scrapes)
+    by = {s["series"]: s["values"] for s in series}
+    assert n == 3
+    assert by['lmcache:lmcache_is_healthy{job="kvcache-workers",kvcache_endpoint="bench",'
+              'pod="bench-w0",engine="0"}'] == "1.0 0.0 _"
+    assert by['kube_statefulset_status_replicas_ready{namespace="kvcache-serving",'
+              'statefulset="kvcache-valkey"}'] == "1 0 1"

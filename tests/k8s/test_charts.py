@@ -30,9 +30,11 @@ def _env(name: str, **over):
     return resolve_environment(ctx)
 
 
-def _spec(cfg, strategy="prefixaware", backend="redis", **spec_over):
+def _spec(cfg, strategy="prefixaware", backend="redis", image=None, **spec_over):
     raw = copy.deepcopy(SEED)
     raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    if image:
+        raw["spec"]["worker"]["image"] = image
     if backend is None:
         raw["spec"]["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": False}
     else:

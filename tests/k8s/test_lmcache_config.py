@@ -9,7 +9,6 @@ token, exactly as it would write the file in the pod.
 """
 from __future__ import annotations
 
-import copy
 import os
 import stat
 import subprocess
@@ -22,7 +21,6 @@ from config.images import image_for, lmcache_version
 from k8s.workers import tier_settings
 from tests.k8s.lmcache_parse import LMCACHE_PY, NEWEST, PARSERS, parse, parser_versions
 from tests.k8s.test_charts import SEED, _env, _spec, render
-from k8s.endpoint_spec import parse_endpoint
 
 
 def _worker_pod(docs):
@@ -93,13 +91,7 @@ def parsed(tmp_path_factory) -> dict:
     cfg = _env("dev")
     files, rendered = {}, {}
     for i, (image, backend) in enumerate(CASES):
-        raw = copy.deepcopy(SEED)
-        raw["spec"]["worker"]["image"] = image
-        if backend is None:
-            raw["spec"]["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": False}
-        else:
-            raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend
-        docs = render(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", raw))
+        docs = render(cfg, _spec(cfg, backend=backend, image=image))
         path = _config_file(docs, tmp_path_factory.mktemp(f"case{i}"))
         files[(image, backend)] = str(path)
         rendered[(image, backend)] = (yaml.safe_load(path.read_text()), docs)

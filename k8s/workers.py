@@ -191,7 +191,7 @@ L2_SCHEMES = ("redis://", "rediss://")
 # Whether an L2 can pay at all, decided at synth time (issue 17). An L2 hit moves a token's KV
 # from the L2 server instead of recomputing it; it helps only if the read is faster. The read
 # is bound by LMCache's Redis client: redis.asyncio with redis-py's pure-Python reply parser
-# (the images carry no hiredis; with it, no faster in our measurement), 4 requests in flight:
+# (the images carry no hiredis; with it 0.47-0.49 GB/s, still far too slow), 4 in flight:
 # 0.38 GB/s per rank for 8-10 MB chunks (bench/data/lmcache_rates.json, measured on loopback
 # by bench/lmcache_rates.py, medians of 3; 0.23 GB/s for the 33.5 MB chunks of an 8B model on
 # one GPU). Per token and rank: read = KV bytes / (TP x rate), recompute = 2 x parameters /

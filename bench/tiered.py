@@ -47,6 +47,9 @@ from bench.vtime import FleetSpec, RunConfig, run_arm
 PROFILE = "h100-8b"
 WORKERS = 4
 HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
+# per replica of each profile the sweeps run: one H100 of a p5.48xlarge, a whole g5.24xlarge
+# (on-demand, us-east-1; cdk.json's dev prices it 8.144 in us-west-2)
+REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144}
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
 BASELINE = "rr"
@@ -163,7 +166,8 @@ def arm_run(arm: str, cfgs: dict[str, TierConfig], c: BenchConfig, *, in_flight:
     gpu = gpu or profile(PROFILE)
     with _L2(cfgs[key], gpu) as l2:
         return run_arm(fleet(cfgs[key], gpu), strategy,
-                       RunConfig(c, in_flight=in_flight, hourly_usd=HOURLY_USD,
+                       RunConfig(c, in_flight=in_flight,
+                                 hourly_usd=REPLICA_USD.get(gpu.name, HOURLY_USD),
                                  instances=WORKERS), l2=l2, log_dir=log_dir)
 
 
@@ -336,15 +340,15 @@ DRILL = {"minutes": 20, "kill_at_min": 5, "restart_at_min": 12, "scrape_s": 15,
 
 
 def drill(out: Path, *, quick: bool) -> dict:
-    """Round robin + L1 + L2 (the rendered Valkey configuration) under steady chat and
-    8K-document load, where L2 carries the reuse between workers (under prefixaware L2 serves
-    almost nothing here: each worker's GPU and L1 hold its share); the L2's redis-server is
-    stopped at minute 5 and started at minute 12 (it comes back empty: no persistence, as
-    deployed)."""
+    """Round robin + L1 + L2 (the rendered Valkey configuration) on `L2_PROFILE`, where k8s
+    deploys an L2, under steady chat and 8K-document load, where L2 carries the reuse between
+    workers (under prefixaware L2 serves almost nothing here: each worker's GPU and L1 hold
+    its share); the L2's redis-server is stopped at minute 5 and started at minute 12 (it
+    comes back empty: no persistence, as deployed)."""
     from bench.loopback import http_json
 
-    gpu = profile(PROFILE)
-    cfg = tier_configs(gpu)["l1l2-forced"]   # on an H100 k8s renders an L2 only when forced
+    gpu = profile(L2_PROFILE)
+    cfg = tier_configs(gpu)["l1l2"]
     minutes = DRILL["minutes"] // (2 if quick else 1)
     kill, back = DRILL["kill_at_min"] * 60, DRILL["restart_at_min"] * 60
     if quick:
@@ -402,15 +406,16 @@ def drill(out: Path, *, quick: bool) -> dict:
 
         c = BenchConfig("", max_tokens=64, repeats=1, seed=1, warmup=8)
         t0 = time.time()
-        r = run_arm(fleet(cfg, gpu), DRILL["strategy"], RunConfig(c, hourly_usd=HOURLY_USD,
-                                                                     instances=WORKERS),
+        run = RunConfig(c, hourly_usd=REPLICA_USD.get(gpu.name, HOURLY_USD), instances=WORKERS)
+        r = run_arm(fleet(cfg, gpu), DRILL["strategy"], run,
                     l2=l2, phases=phases, events=((kill, stop), (back, start)),
                     ticker=(DRILL["scrape_s"], scrape),
                     log_dir=out / "router-logs" / "drill")
     samples = r["runs"][0]["drill"]["samples"]
     timeline = _minutes(samples)
     alerts = evaluate_alerts(scrapes, kill, back)
-    result = {"config": describe(cfg), "strategy": DRILL["strategy"], "rate_rps": rate, "requests": len(samples),
+    result = {"config": describe(cfg), "strategy": DRILL["strategy"], "rate_rps": rate,
+              "profile": gpu.name, "requests": len(samples),
               "errors": sum(1 for s in samples if s["error"]), "kill_s": kill, "restart_s": back,
               "timeline": timeline, "alerts": alerts, "wall_seconds": round(time.time() - t0, 1),
               "tiers": r["tiers"]}
@@ -774,7 +779,7 @@ def render_drill(dr: dict) -> list[str]:
     a = dr["alerts"]
     lines = ["", "## L2 outage drill", "",
              f"{dr.get('strategy', 'roundrobin')} + L1 + L2 ({dr['config']}), {WORKERS} x "
-             f"`{PROFILE}`, "
+             f"`{dr.get('profile', PROFILE)}` (where k8s deploys an L2), "
              f"{dr['rate_rps']:.2f} req/s (half of what the fleet prefills cold): new 8K "
              f"documents keep arriving, each asked {DRILL['questions']} questions within "
              f"seconds (round robin spreads them: L2 carries a document between workers), and "

@@ -125,15 +125,17 @@ def fleet(tiers: TierConfig, gpu: GpuProfile | None = None, workers: int = WORKE
 def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = False
                     ) -> BenchConfig:
     """Plans against the fleet's KV: 25 8K documents (~210K tokens: every replica's GPU cache
-    holds them all, the tiers have nothing to add: the small-working-set case), 9 64K
-    documents (~590K tokens: more than one replica holds, so round robin thrashes and L1 can
-    help), and a chat whose working set fits easily."""
+    holds them all, the tiers have nothing to add: the small-working-set case), 36 64K
+    documents (~2.4M tokens: under prefix-aware routing each replica's share, ~590K, is more
+    than its GPU holds (450K on an H100) and less than its GPU and L1 do, so L1 can pay; round
+    robin sends every document everywhere, more than GPU and L1 hold), and a chat whose
+    working set fits easily."""
     base = BenchConfig("", concurrency=8, max_tokens=64, repeats=repeats, seed=seed, warmup=8,
                        prefix_words=2000, user_words=40)
     if scenario == "multi-turn":
         return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
     ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
-    docs = {8192: 25, 65536: 9}[ctx]
+    docs = {8192: 25, 65536: 36}[ctx]
     return replace(base, scenarios=("document",), contexts=(ctx,),
                    documents=max(3, docs // (3 if quick else 1)), questions=4)
 

@@ -128,11 +128,13 @@ def old_tiers() -> TierConfig:
     return TierConfig.from_lmcache(cfg, network_gbs=1e9, label="old (measured run)")
 
 
-def current_tiers(backend: str = "valkey") -> TierConfig:
-    """What k8s/workers.py renders today for `backend` (the L2 on the same host as in the real
-    run: no network between), L1 sized as in the real run."""
-    return replace(tier_config(backend, network_gbs=1e9), l1_gib=20.0,
-                   label=f"rendered now ({backend})")
+def current_tiers(backend: str = "valkey", force_l2: bool = False) -> TierConfig:
+    """What k8s/workers.py renders today for `backend` on the A/B's GPU (an H100, one per
+    worker: no L2 there unless forced, k8s/serving.py fit_endpoint), the L2 on the same host
+    as in the real run (no network between), L1 sized as in the real run."""
+    return replace(tier_config(backend, network_gbs=1e9, gpu=profile("h100-8b"),
+                               force_l2=force_l2), l1_gib=20.0,
+                   label=f"rendered now ({backend}{', forceL2Cache' if force_l2 else ''})")
 
 
 def print_reproduction(rows: list[dict]) -> None:
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         tiers = {"old (measured run)": old_tiers()}
         try:
             tiers["rendered now"] = current_tiers()
+            tiers["rendered, L2 forced"] = current_tiers(force_l2=True)
         except ValueError as exc:
             print(f"\nthe configuration k8s/workers.py renders cannot be judged: {exc}")
         for label, cfg in tiers.items():

@@ -47,20 +47,37 @@ from bench.vtime import FleetSpec, RunConfig, run_arm
 PROFILE = "h100-8b"
 WORKERS = 4
 HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
+# per replica of each profile the sweeps run: one H100 of a p5.48xlarge, a whole g5.24xlarge
+# (on-demand, us-east-1; cdk.json's dev prices it 8.144 in us-west-2)
+REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144}
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
 BASELINE = "rr"
-# arm -> (strategy, tier configuration)
+# arm -> (strategy, tier configuration). `l1l2`: a file asking for L1 and L2, as k8s renders
+# it for the profile's instance type (on an H100 no L2: a read cannot beat recompute, so the
+# same as `l1`); `l1l2-forced`: the same file with kvCacheSpec.forceL2Cache.
 ARMS = {
     "rr": ("roundrobin", "none"),
     "rr+L1": ("roundrobin", "l1"),
     "rr+L1+L2": ("roundrobin", "l1l2"),
     "prefixaware": ("prefixaware", "none"),
     "prefixaware+L1+L2": ("prefixaware", "l1l2"),
+    "session": ("session", "none"),
     "session+L1+L2": ("session", "l1l2"),
+    "kvaware": ("kvaware", "none"),
     "kvaware+L1+L2": ("kvaware", "l1l2"),
+    "rr+L1+L2 forced": ("roundrobin", "l1l2-forced"),
+    "prefixaware+L1+L2 forced": ("prefixaware", "l1l2-forced"),
     "rr+L1+L2 old config": ("roundrobin", "old"),
 }
+# each tiered arm against the same strategy without tiers (issue 17's bar)
+TWINS = {"rr+L1": "rr", "rr+L1+L2": "rr", "prefixaware+L1+L2": "prefixaware",
+         "session+L1+L2": "session", "kvaware+L1+L2": "kvaware", "rr+L1+L2 forced": "rr",
+         "prefixaware+L1+L2 forced": "prefixaware", "rr+L1+L2 old config": "rr"}
+# where k8s renders an L2 (an A10G: a read beats recompute), a smaller sweep shows what it does
+L2_PROFILE = "g5.24xlarge"
+L2_SCENARIOS = ("document-8k", "multi-turn")
+L2_ARMS = ("rr", "rr+L1", "rr+L1+L2", "prefixaware", "prefixaware+L1+L2")
 L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/cache.py)
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
@@ -83,18 +100,21 @@ def _quiet_jsii() -> None:
 
 
 def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
-    """The configurations the arms use: rendered by the charts, except `old` (the real tiers
-    run's, from bench/data), with the instance's network per connection."""
+    """The configurations the arms use: rendered by the charts for the seed file on `gpu`'s
+    instance type and TP, except `old` (the real tiers run's, from bench/data), with the
+    instance's network per connection."""
     from bench.ab_check import old_tiers
 
     _quiet_jsii()
     net = min(gpu.network_gbps / 8 / gpu.gpus, 5 / 8)   # per rank, per flow
-    l1l2 = tier_config(L2_BACKEND, network_gbs=net, label=f"L1 + L2 ({L2_BACKEND})")
+    l1l2 = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, label=f"L1 + L2 ({L2_BACKEND})")
+    forced = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, force_l2=True,
+                         label=f"L1 + L2 ({L2_BACKEND}), forceL2Cache")
     old = replace(old_tiers(), put_gbs=min(old_tiers().put_gbs, net),
                   get_gbs=min(old_tiers().get_gbs, net), l2_memory_limit_gib=24.0,
-                  l1_gib=l1l2.l1_gib, label="old config (L1 + lm:// L2, as the real run)")
-    return {"none": no_tiers(), "l1": tier_config("none", label="L1 only"), "l1l2": l1l2,
-            "old": old}
+                  l1_gib=forced.l1_gib, label="old config (L1 + lm:// L2, as the real run)")
+    return {"none": no_tiers(), "l1": tier_config("none", gpu=gpu, label="L1 only"),
+            "l1l2": l1l2, "l1l2-forced": forced, "old": old}
 
 
 def fleet(tiers: TierConfig, gpu: GpuProfile | None = None, workers: int = WORKERS
@@ -105,15 +125,17 @@ def fleet(tiers: TierConfig, gpu: GpuProfile | None = None, workers: int = WORKE
 def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = False
                     ) -> BenchConfig:
     """Plans against the fleet's KV: 25 8K documents (~210K tokens: every replica's GPU cache
-    holds them all, the tiers have nothing to add: the small-working-set case), 9 64K
-    documents (~590K tokens: more than one replica holds, so round robin thrashes and L1 can
-    help), and a chat whose working set fits easily."""
+    holds them all, the tiers have nothing to add: the small-working-set case), 36 64K
+    documents (~2.4M tokens: under prefix-aware routing each replica's share, ~590K, is more
+    than its GPU holds (450K on an H100) and less than its GPU and L1 do, so L1 can pay; round
+    robin sends every document everywhere, more than GPU and L1 hold), and a chat whose
+    working set fits easily."""
     base = BenchConfig("", concurrency=8, max_tokens=64, repeats=repeats, seed=seed, warmup=8,
                        prefix_words=2000, user_words=40)
     if scenario == "multi-turn":
         return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
     ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
-    docs = {8192: 25, 65536: 9}[ctx]
+    docs = {8192: 25, 65536: 36}[ctx]
     return replace(base, scenarios=("document",), contexts=(ctx,),
                    documents=max(3, docs // (3 if quick else 1)), questions=4)
 
@@ -146,17 +168,20 @@ def arm_run(arm: str, cfgs: dict[str, TierConfig], c: BenchConfig, *, in_flight:
     gpu = gpu or profile(PROFILE)
     with _L2(cfgs[key], gpu) as l2:
         return run_arm(fleet(cfgs[key], gpu), strategy,
-                       RunConfig(c, in_flight=in_flight, hourly_usd=HOURLY_USD,
+                       RunConfig(c, in_flight=in_flight,
+                                 hourly_usd=REPLICA_USD.get(gpu.name, HOURLY_USD),
                                  instances=WORKERS), l2=l2, log_dir=log_dir)
 
 
-def peak(arm: str, cfgs: dict, scenario: str, *, quick: bool, log_dir: Path | None) -> dict:
+def peak(arm: str, cfgs: dict, scenario: str, *, quick: bool, log_dir: Path | None,
+         gpu: GpuProfile | None = None) -> dict:
     """Closed loop at 1, 2, 4, ... requests in flight until throughput stops growing (< 3%
     more): the arm's peak request and output-token throughput, and TTFT there."""
     c = scenario_config(scenario, 1, quick=quick)
     points = []
     for n in WIDTHS:
-        r = arm_run(arm, cfgs, replace(c, concurrency=n), in_flight=n, log_dir=log_dir)
+        r = arm_run(arm, cfgs, replace(c, concurrency=n), in_flight=n, log_dir=log_dir,
+                    gpu=gpu)
         s = next(iter(r["scenarios"].values()))
         points.append({"in_flight": n, "rps": s["request_throughput_rps"],
                        "out_tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_s"]["p50"],
@@ -168,20 +193,38 @@ def peak(arm: str, cfgs: dict, scenario: str, *, quick: bool, log_dir: Path | No
     return {"points": points, "peak": best}
 
 
-def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str]) -> dict:
-    path = out / "hyperpod.json"
+def _same_as(arm: str, arms: list[str], cfgs: dict) -> str | None:
+    """An earlier arm with the same strategy and an identical tier configuration (on an H100
+    the rendered L1+L2 is L1 alone): its figures are this arm's, not run twice."""
+    strategy, key = ARMS[arm]
+    for other in arms[:arms.index(arm)]:
+        s2, k2 = ARMS[other]
+        if s2 == strategy and replace(cfgs[k2], label="") == replace(cfgs[key], label=""):
+            return other
+    return None
+
+
+def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
+             profile_name: str = "", scenarios: tuple[str, ...] = (),
+             name: str = "hyperpod.json") -> dict:
+    path = out / name
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    gpu = profile(PROFILE)
+    gpu = profile(profile_name or PROFILE)
     cfgs = tier_configs(gpu)
+    done["profile"] = gpu.name
     done["configs"] = {k: describe(v) for k, v in cfgs.items()}
+    done["arms"] = {a: {"strategy": ARMS[a][0], "config": ARMS[a][1],
+                        "same_as": _same_as(a, arms, cfgs)} for a in arms}
     logs = out / "router-logs"
-    for scenario in SCENARIOS:
+    for scenario in scenarios or SCENARIOS:
         cell = done.setdefault(scenario, {"peaks": {}, "loads": {}})
         for arm in arms:
             if arm not in cell["peaks"]:
                 t0 = time.time()
-                cell["peaks"][arm] = peak(arm, cfgs, scenario, quick=quick,
-                                          log_dir=logs / f"{scenario}-{arm}-peak")
+                twin = done["arms"][arm]["same_as"]
+                cell["peaks"][arm] = cell["peaks"][twin] if twin else peak(
+                    arm, cfgs, scenario, quick=quick, gpu=gpu,
+                    log_dir=logs / f"{gpu.name}-{scenario}-{arm}-peak")
                 _save(path, done, f"{scenario} {arm} peak", t0)
         capacity = cell["peaks"][BASELINE]["peak"]["rps"]
         cell["capacity_rps"] = capacity
@@ -191,9 +234,14 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str]) -> dict:
                 if arm in cell["loads"].get(key, {}):
                     continue
                 t0 = time.time()
+                twin = done["arms"][arm]["same_as"]
+                if twin:
+                    cell["loads"][key][arm] = cell["loads"][key][twin]
+                    continue
                 c = replace(scenario_config(scenario, repeats, quick=quick),
                             request_rate=load * capacity, think_s=0.0)
-                r = arm_run(arm, cfgs, c, log_dir=logs / f"{scenario}-{arm}-{key}")
+                r = arm_run(arm, cfgs, c, gpu=gpu,
+                            log_dir=logs / f"{gpu.name}-{scenario}-{arm}-{key}")
                 s = next(iter(r["scenarios"].values()))
                 cell["loads"].setdefault(key, {})[arm] = _compact(s) | {
                     "wall_seconds": r["meta"]["wall_seconds"], "tiers": r["tiers"]}
@@ -294,14 +342,14 @@ DRILL = {"minutes": 20, "kill_at_min": 5, "restart_at_min": 12, "scrape_s": 15,
 
 
 def drill(out: Path, *, quick: bool) -> dict:
-    """Round robin + L1 + L2 (the rendered Valkey configuration) under steady chat and
-    8K-document load, where L2 carries the reuse between workers (under prefixaware L2 serves
-    almost nothing here: each worker's GPU and L1 hold its share); the L2's redis-server is
-    stopped at minute 5 and started at minute 12 (it comes back empty: no persistence, as
-    deployed)."""
+    """Round robin + L1 + L2 (the rendered Valkey configuration) on `L2_PROFILE`, where k8s
+    deploys an L2, under steady chat and 8K-document load, where L2 carries the reuse between
+    workers (under prefixaware L2 serves almost nothing here: each worker's GPU and L1 hold
+    its share); the L2's redis-server is stopped at minute 5 and started at minute 12 (it
+    comes back empty: no persistence, as deployed)."""
     from bench.loopback import http_json
 
-    gpu = profile(PROFILE)
+    gpu = profile(L2_PROFILE)
     cfg = tier_configs(gpu)["l1l2"]
     minutes = DRILL["minutes"] // (2 if quick else 1)
     kill, back = DRILL["kill_at_min"] * 60, DRILL["restart_at_min"] * 60
@@ -360,15 +408,16 @@ def drill(out: Path, *, quick: bool) -> dict:
 
         c = BenchConfig("", max_tokens=64, repeats=1, seed=1, warmup=8)
         t0 = time.time()
-        r = run_arm(fleet(cfg, gpu), DRILL["strategy"], RunConfig(c, hourly_usd=HOURLY_USD,
-                                                                     instances=WORKERS),
+        run = RunConfig(c, hourly_usd=REPLICA_USD.get(gpu.name, HOURLY_USD), instances=WORKERS)
+        r = run_arm(fleet(cfg, gpu), DRILL["strategy"], run,
                     l2=l2, phases=phases, events=((kill, stop), (back, start)),
                     ticker=(DRILL["scrape_s"], scrape),
                     log_dir=out / "router-logs" / "drill")
     samples = r["runs"][0]["drill"]["samples"]
     timeline = _minutes(samples)
     alerts = evaluate_alerts(scrapes, kill, back)
-    result = {"config": describe(cfg), "strategy": DRILL["strategy"], "rate_rps": rate, "requests": len(samples),
+    result = {"config": describe(cfg), "strategy": DRILL["strategy"], "rate_rps": rate,
+              "profile": gpu.name, "requests": len(samples),
               "errors": sum(1 for s in samples if s["error"]), "kill_s": kill, "restart_s": back,
               "timeline": timeline, "alerts": alerts, "wall_seconds": round(time.time() - t0, 1),
               "tiers": r["tiers"]}
@@ -397,20 +446,15 @@ def _minutes(samples: list[dict]) -> list[dict]:
 
 L2_ALERTS = ("KvcacheL2Unhealthy", "KvcacheL2Slow", "KvcacheL2ReadsFailing",
              "KvcacheSharedCacheDown", "KvcacheTtftP90AboveObjective")
-# Not shipped: a rule on LMCache's own ping counter (lmcache/observability.py exports it in
-# 0.5.x), evaluated beside the shipped ones to show what would see an L2 outage.
-PROPOSED = {"alert": "KvcacheL2PingFailing",
-            "expr": 'sum by (kvcache_endpoint) (rate(lmcache:remote_ping_errors_total'
-                    '{job="kvcache-workers"}[2m])) > 0', "for": "2m",
-            "labels": {"severity": "critical"}}
 
 
 def drill_series(scrapes: list[dict]) -> tuple[list[dict], int]:
     """promtool input series from the scrapes: every sample of the workers' /metrics (job and
-    endpoint labels added as the scrape config adds them), and kube-state-metrics' ready
-    replicas of the Valkey StatefulSet from whether the process ran."""
+    endpoint labels added as the scrape config adds them), and from whether the Valkey
+    process ran: kube-state-metrics' ready replicas of its StatefulSet and its exporter
+    sidecar's redis_up (the sidecar lives on in the pod while Valkey restarts)."""
     from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
-    from observability.metrics import ENDPOINT_LABEL, WORKERS_JOB
+    from observability.metrics import ENDPOINT_LABEL, VALKEY_JOB, WORKERS_JOB
 
     series: dict[str, list[str]] = {}
     for i, sc in enumerate(scrapes):
@@ -428,8 +472,11 @@ def drill_series(scrapes: list[dict]) -> tuple[list[dict], int]:
                 series.setdefault(key, ["_"] * i).append(repr(float(value)))
         ksm = (f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
                f'statefulset="{SHARED_CACHE_NAME}"}}')
-        series.setdefault(ksm, ["_"] * i).append(str(sc["valkey_ready"]))
-        seen.add(ksm)
+        up = (f'redis_up{{job="{VALKEY_JOB}",namespace="{SERVING_NAMESPACE}",'
+              f'pod="{SHARED_CACHE_NAME}-0"}}')
+        for key in (ksm, up):
+            series.setdefault(key, ["_"] * i).append(str(sc["valkey_ready"]))
+            seen.add(key)
         for key, vals in series.items():
             if key not in seen:
                 vals.append("_")
@@ -457,11 +504,10 @@ def evaluate_alerts(scrapes: list[dict], kill: float, back: float) -> dict:
         group["rules"] = [dict(r, annotations={}) for r in group["rules"]
                           if r.get("alert") in L2_ALERTS]
     rules["groups"] = [g for g in rules["groups"] if g["rules"]]
-    rules["groups"].append({"name": "proposed", "rules": [PROPOSED]})
     series, n = drill_series(scrapes)
     step = scrapes[1]["t"] - scrapes[0]["t"] if len(scrapes) > 1 else 15.0
     minutes = int(n * step // 60)
-    names = L2_ALERTS + (PROPOSED["alert"],)
+    names = L2_ALERTS
     fired: dict[str, list[int]] = {a: [] for a in names}
     with tempfile.TemporaryDirectory(prefix="drill-alerts-") as tmp:
         Path(tmp, "rules.yaml").write_text(yaml.safe_dump(rules))
@@ -492,38 +538,52 @@ def _r(a: float | None, b: float | None) -> str:
     return "-" if not a or b is None else f"{b / a:.2f}"
 
 
-def render_hyperpod(h: dict) -> list[str]:
-    lines = ["", "## HyperPod-shaped: tiers and routing at 25-125% of capacity", "",
-             f"{WORKERS} emulated `{PROFILE}` replicas (one H100 serving Llama-3.1-8B each: the "
-             "calibrated profile), virtual time, the real routers (`bench.vtime`). "
-             "Capacity = round robin without L1/L2's peak request rate, found closed loop "
-             "(1, 2, 4, ... requests in flight until throughput grows < 3%). Median of the "
-             "repeats. Hit rate per tier: the share of prompt tokens served from the GPU prefix "
-             "cache, L1 (CPU) and L2. Tier configurations as k8s/workers.py renders them:", ""]
+def render_hyperpod(h: dict, title: str = "## HyperPod-shaped: tiers and routing at 25-125% "
+                    "of capacity", findings: bool = True) -> list[str]:
+    from bench.emulator import PROFILES
+
+    gpu = PROFILES.get(h.get("profile", PROFILE))
+    what = (f"{gpu.gpus} x {gpu.gpu} serving {gpu.model.name} each (`{gpu.instance_type}`)"
+            if gpu else h.get("profile", PROFILE))
+    lines = ["", title, "",
+             f"{WORKERS} emulated `{h.get('profile', PROFILE)}` replicas ({what}), virtual "
+             "time, the real routers (`bench.vtime`). Capacity = round robin without L1/L2's "
+             "peak request rate, found closed loop (1, 2, 4, ... requests in flight until "
+             "throughput grows < 3%). Median of the repeats. Hit rate per tier: the share of "
+             "prompt tokens served from the GPU prefix cache, L1 (CPU) and L2. Tier "
+             "configurations as k8s/workers.py renders them for the seed file on that "
+             "instance type (`bench.tiers.rendered_tiers`):", ""]
     lines += [f"- `{k}`: {v}" for k, v in h.get("configs", {}).items()]
+    same = {a: v["same_as"] for a, v in h.get("arms", {}).items() if v.get("same_as")}
+    if same:
+        lines += [""] + [f"- `{a}` renders exactly what `{b}` does (no L2 on this GPU): its "
+                         "figures are that arm's." for a, b in same.items()]
     for scenario in SCENARIOS:
         cell = h.get(scenario)
         if not cell or "loads" not in cell:
             continue
         cap = cell.get("capacity_rps")
-        lines += ["", f"### {scenario}", "",
+        lines += ["", f"### {scenario}" + (f" ({h['profile']})" if not findings else ""), "",
                   f"Baseline capacity {cap:.2f} req/s." if cap else "",
-                  "", "| load | arm | TTFT P50 ms | P90 | P99 | P50 / rr | P90 / rr | out tok/s "
-                  "| $/1K out | hit GPU / L1 / L2 | lookup timeouts | errors |",
-                  "|" + "---|" * 12]
+                  "", "| load | arm | TTFT P50 ms | P90 | P99 | P50 / rr | P90 / rr | P50 / P90 "
+                  "vs the arm without tiers | out tok/s | $/1K out | hit GPU / L1 / L2 | "
+                  "lookup timeouts | errors |", "|" + "---|" * 13]
         for load, arms in cell["loads"].items():
             base = arms.get(BASELINE)
-            for arm, s in arms.items():
-                t = s["ttft_s"]
+            for arm, x in arms.items():
+                t = x["ttft_s"]
                 b = base["ttft_s"] if base else {}
+                twin = arms.get(TWINS.get(arm, ""), {}).get("ttft_s", {})
                 lines.append("| " + " | ".join([
                     f"{float(load):.0%}", arm, _ms(t.get("p50")), _ms(t.get("p90")),
                     _ms(t.get("p99")), _r(b.get("p50"), t.get("p50")),
-                    _r(b.get("p90"), t.get("p90")), f"{s['output_tokens_per_s']:.0f}",
-                    f"{s['cost_per_1k_output_tokens_usd'] or 0:.4f}",
-                    f"{s['gpu_hit_rate'] or 0:.0%} / {s['l1_hit_rate'] or 0:.0%} / "
-                    f"{s['l2_hit_rate'] or 0:.0%}", str(s.get("lookup_timeouts") or 0),
-                    str(s["errors"])]) + " |")
+                    _r(b.get("p90"), t.get("p90")),
+                    f"{_r(twin.get('p50'), t.get('p50'))} / {_r(twin.get('p90'), t.get('p90'))}"
+                    if twin else "-", f"{x['output_tokens_per_s']:.0f}",
+                    f"{x['cost_per_1k_output_tokens_usd'] or 0:.4f}",
+                    f"{x['gpu_hit_rate'] or 0:.0%} / {x['l1_hit_rate'] or 0:.0%} / "
+                    f"{x['l2_hit_rate'] or 0:.0%}", str(x.get("lookup_timeouts") or 0),
+                    str(x["errors"])]) + " |")
         lines += ["", "Peak throughput (closed loop):", "",
                   "| arm | peak req/s | out tok/s | / rr | $/1K out | / rr | TTFT P50 at the peak ms "
                   "| in flight |", "|---|---|---|---|---|---|---|---|"]
@@ -534,61 +594,113 @@ def render_hyperpod(h: dict) -> list[str]:
                          f"{_r(base and base['out_tok_s'], pk['out_tok_s'])} | "
                          f"{pk['cost'] or 0:.4f} | {_r(base and base['cost'], pk['cost'])} | "
                          f"{_ms(pk['ttft_p50'])} | {pk['in_flight']} |")
-    lines += break_even() + hyperpod_findings(h)
+    lines += verdict_table(h)
+    if findings:
+        lines += break_even() + hyperpod_findings(h)
+    return lines
+
+
+# the arms the product renders (a file asking for tiers, as k8s/workers.py deploys it): the
+# bar holds for these; the forced and old ones show what it avoids
+RENDERED = ("rr+L1", "rr+L1+L2", "prefixaware+L1+L2", "session+L1+L2", "kvaware+L1+L2")
+BAR = 1.05
+
+
+def verdict(h: dict) -> dict[str, dict]:
+    """Issue 17's bar per tiered arm: its TTFT P50 and P90 against the same strategy without
+    tiers at every load of every scenario (slower: > 5% more), and where it is faster."""
+    out: dict[str, dict] = {}
+    for scenario in SCENARIOS:
+        cell = h.get(scenario) or {}
+        for load, arms in (cell.get("loads") or {}).items():
+            for arm, twin in TWINS.items():
+                a, b = arms.get(twin), arms.get(arm)
+                if not a or not b:
+                    continue
+                v = out.setdefault(arm, {"slower": [], "faster": [], "cells": {}})
+                r = {k: b["ttft_s"][k] / a["ttft_s"][k] for k in ("p50", "p90")}
+                v["cells"][f"{scenario}/{load}"] = r
+                for k, x in r.items():
+                    where = f"{scenario} {float(load):.0%} {k.upper()} {x:.2f}"
+                    if x > BAR:
+                        v["slower"].append(where)
+                    elif x < 1 / BAR:
+                        v["faster"].append(where)
+    return out
+
+
+def verdict_table(h: dict) -> list[str]:
+    v = verdict(h)
+    if not v:
+        return []
+    cols = [(sc, ld) for sc in SCENARIOS for ld in (h.get(sc) or {}).get("loads", {})]
+    lines = ["", f"### The bar, {h.get('profile', PROFILE)}: every tiered arm against the same "
+             "arm without tiers", "", "TTFT P50 / P90 ratios (with / without); within 5% "
+             "passes, a ratio above 1.05 is marked **slower**.", "",
+             "| arm | " + " | ".join(f"{sc} {float(ld):.0%}" for sc, ld in cols) + " | holds |",
+             "|" + "---|" * (len(cols) + 2)]
+    for arm, x in v.items():
+        cells = []
+        for sc, ld in cols:
+            r = x["cells"].get(f"{sc}/{ld}")
+            cells.append("-" if r is None else " / ".join(
+                f"**{r[k]:.2f}**" if r[k] > BAR else f"{r[k]:.2f}" for k in ("p50", "p90")))
+        holds = "yes" if not x["slower"] else "no"
+        tag = "" if arm in RENDERED else " (not rendered)"
+        lines.append(f"| {arm}{tag} | " + " | ".join(cells) + f" | {holds} |")
     return lines
 
 
 def break_even() -> list[str]:
     """Where a tier can pay at all: a hit must move a token's KV faster than the GPU
     recomputes it. Per token of an 8K prompt, from each profile's model and the measured
-    rates (per TP rank, ranks in parallel)."""
+    rates (per TP rank, ranks in parallel), beside what k8s renders on that instance type."""
     from bench.emulator import PROFILES
-    from bench.tiers import LM_SERVER_GET_GBS, LMCACHE_CPU_TO_GPU_GBS, REDIS_GET_GBS
+    from bench.tiers import LMCACHE_CPU_TO_GPU_GBS, measured_rates, redis_rates
+    from k8s.workers import l2_verdict
 
+    resp = measured_rates()["clients"].get("resp-native-8t")
     lines = ["", "### Where a tier can pay at all", "",
              "A hit only helps if moving a token's KV costs less than recomputing it. Per "
-             "token of an 8K prompt, microseconds (every TP rank moves its shard in parallel):",
-             "", "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
-             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read at the redis client's measured "
-             f"{REDIS_GET_GBS:g} GB/s/rank | L2 read at {LM_SERVER_GET_GBS:g} GB/s/rank (lm:// "
-             "measured; a C reply parser) |", "|---|---|---|---|---|"]
+             "token of an 8K prompt, microseconds (every TP rank moves its shard in parallel). "
+             "L2 reads at the GET rate measured here for that profile's chunk per rank "
+             "(bench/data/lmcache_rates.json, `python bench/lmcache_rates.py`, loopback, "
+             "medians of 3): LMCache's `redis://` client (redis.asyncio, pure-Python parser: "
+             "what the images run), and LMCache 0.5.4's C++ `resp://` client:", "",
+             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
+             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read, redis:// | L2 read, resp:// | "
+             "L2 rendered by k8s on this instance type |", "|---|---|---|---|---|---|"]
     for p in PROFILES.values():
         recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
         per_rank = p.model.kv_bytes_per_token / p.gpus
-        cells = [per_rank / (r * 1e9) * 1e6 for r in (LMCACHE_CPU_TO_GPU_GBS, REDIS_GET_GBS,
-                                                       LM_SERVER_GET_GBS)]
+        chunk = 256 * per_rank
+        rates = [(LMCACHE_CPU_TO_GPU_GBS, ""), (redis_rates(chunk)[1], "")]
+        if resp:
+            rates.append((redis_rates(chunk, "resp-native-8t")[1], ""))
+        cells = [f"{per_rank / (r * 1e9) * 1e6:.0f}"
+                 + (" (loses)" if per_rank / (r * 1e9) * 1e6 > recompute else "")
+                 + f" at {r:.2f} GB/s" for r, _ in rates]
+        v = l2_verdict(p.instance_type)
         lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {recompute:.0f} | "
-                     + " | ".join(f"{c:.0f}{' (loses)' if c > recompute else ''}"
-                                  for c in cells) + " |")
+                     + " | ".join(cells) + f" | {'yes' if v.pays else 'no'} ({v.gpu}) |")
     return lines
 
 
 def hyperpod_findings(h: dict) -> list[str]:
-    """Where each arm wins and loses against its own no-tier twin and the baseline, computed
-    from the figures."""
+    """The bar's verdict in words, and the default against round robin without tiers at the
+    highest load beside HyperPod's published ratios, computed from the figures."""
     out = ["", "### What these figures say", ""]
-    pairs = (("rr+L1+L2", "rr"), ("prefixaware+L1+L2", "prefixaware"), ("rr+L1", "rr"),
-             ("rr+L1+L2 old config", "rr"))
+    for arm, v in verdict(h).items():
+        tag = "" if arm in RENDERED else " (not what k8s renders: shown for what it avoids)"
+        out.append(f"- {arm} vs {TWINS[arm]}{tag}: "
+                   + (f"SLOWER at {', '.join(v['slower'])}" if v["slower"] else
+                      "never slower than 5%")
+                   + (f"; faster at {', '.join(v['faster'])}" if v["faster"] else
+                      "; faster nowhere"))
     for scenario in SCENARIOS:
         cell = h.get(scenario)
         if not cell or "loads" not in cell:
             continue
-        for with_, without in pairs:
-            worse, better = [], []
-            for load, arms in cell["loads"].items():
-                a, b = arms.get(without), arms.get(with_)
-                if not a or not b:
-                    continue
-                for k in ("p50", "p90"):
-                    r = b["ttft_s"][k] / a["ttft_s"][k]
-                    (worse if r > 1.05 else better if r < 0.95 else []).append(
-                        f"{float(load):.0%} {k.upper()} {r:.2f}")
-            if worse or better:
-                out.append(f"- {scenario}, {with_} vs {without}: "
-                           + (f"SLOWER at {', '.join(worse)}" if worse else "never slower "
-                              "(within 5%)")
-                           + (f"; faster at {', '.join(better)}" if better else
-                              "; no faster anywhere"))
         sat = max(cell["loads"], key=float)
         arms = cell["loads"][sat]
         base = arms.get(BASELINE)
@@ -602,8 +714,8 @@ def hyperpod_findings(h: dict) -> list[str]:
                      pk.get("prefixaware+L1+L2", {}).get("peak", {}).get("out_tok_s"))
             cost = _r(pk.get(BASELINE, {}).get("peak", {}).get("cost"),
                       pk.get("prefixaware+L1+L2", {}).get("peak", {}).get("cost"))
-            out.append(f"- {scenario}, the default (prefixaware + L1 + L2) against round robin "
-                       f"without tiers at {float(sat):.0%} load: TTFT P50 "
+            out.append(f"- {scenario}, the default (prefixaware + L1 + L2 as rendered) against "
+                       f"round robin without tiers at {float(sat):.0%} load: TTFT P50 "
                        f"{_r(base['ttft_s']['p50'], pa['ttft_s']['p50'])}, P90 "
                        f"{_r(base['ttft_s']['p90'], pa['ttft_s']['p90'])}; peak throughput "
                        f"{thr}, cost per 1K output tokens {cost}{yard}.")
@@ -669,7 +781,7 @@ def render_drill(dr: dict) -> list[str]:
     a = dr["alerts"]
     lines = ["", "## L2 outage drill", "",
              f"{dr.get('strategy', 'roundrobin')} + L1 + L2 ({dr['config']}), {WORKERS} x "
-             f"`{PROFILE}`, "
+             f"`{dr.get('profile', PROFILE)}` (where k8s deploys an L2), "
              f"{dr['rate_rps']:.2f} req/s (half of what the fleet prefills cold): new 8K "
              f"documents keep arriving, each asked {DRILL['questions']} questions within "
              f"seconds (round robin spreads them: L2 carries a document between workers), and "
@@ -690,10 +802,15 @@ def render_drill(dr: dict) -> list[str]:
               "series the emulated workers exported (and kube-state-metrics' ready replicas of "
               "the Valkey StatefulSet):", ""]
     for alert, mins in (a.get("fired_minutes") or {}).items():
-        what = (f" (NOT shipped: `{PROPOSED['expr']}` for {PROPOSED['for']}, on LMCache's "
-                "own ping counter)") if alert == PROPOSED["alert"] else ""
-        lines.append(f"- {alert}{what}: " + (f"fires at minutes {_spans(mins)}" if mins else
-                                              "never fires"))
+        lines.append(f"- {alert}: " + (f"fires at minutes {_spans(mins)}" if mins else
+                                       "never fires"))
+    lines += ["", "Why only the cache's own state sees it: LMCache's redis:// connector has no "
+              "ping (base_connector.support_ping), a dead L2 answers no lookup so nothing is "
+              "ever fetched (no failed get), and its batched puts fail silently "
+              "(InstrumentedRemoteConnector.batched_put logs the error and counts the bytes "
+              "as written; RemoteBackend.batched_put_callback never reads the result): "
+              "lmcache_is_healthy stays 1 with fallback_policy local_cpu, and every LMCache "
+              "counter looks as before. The emulated workers export what LMCache does."]
     if "error" in a:
         lines.append(f"- not evaluated: {a['error']}")
     return lines
@@ -719,6 +836,9 @@ def render(out: Path) -> list[str]:
         p = out / name
         return json.loads(p.read_text()) if p.exists() else {}
     lines = render_hyperpod(load("hyperpod.json")) if (out / "hyperpod.json").exists() else []
+    if (out / "hyperpod-l2.json").exists():
+        lines += render_hyperpod(load("hyperpod-l2.json"), findings=False, title=(
+            f"## Where k8s renders an L2: {L2_PROFILE}, the same sweep, smaller"))
     lines += render_llmd(load("llmd.json"))
     lines += render_drill(load("drill.json"))
     return lines
@@ -728,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tiered", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results/tiered"))
-    p.add_argument("--only", choices=("hyperpod", "llmd", "drill"), action="append")
+    p.add_argument("--only", choices=("hyperpod", "l2", "llmd", "drill"), action="append")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     p.add_argument("--repeats", type=int, default=1, help="repeats per cell (virtual time: "
                    "new salts give the same figures, so one is the default)")
@@ -741,9 +861,12 @@ def main(argv: list[str] | None = None) -> int:
     apply_profile_file(p, a)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.render_only:
-        todo = a.only or ["hyperpod", "llmd", "drill"]
+        todo = a.only or ["hyperpod", "l2", "llmd", "drill"]
         if "hyperpod" in todo:
             hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=a.arms)
+        if "l2" in todo:
+            hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=list(L2_ARMS),
+                     profile_name=L2_PROFILE, scenarios=L2_SCENARIOS, name="hyperpod-l2.json")
         if "llmd" in todo:
             llmd(a.out, quick=a.quick)
         if "drill" in todo:

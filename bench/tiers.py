@@ -18,19 +18,27 @@ What is modelled (LMCache 0.5.x code: `lmcache/v1/cache_engine.py`, `storage_bac
 - Retrieve (the tokens LMCache has beyond the GPU prefix cache): L2 chunks are fetched (a
   blocking get, bounded by `blocking_timeout_secs`) and promoted into L1, then everything is
   copied CPU->GPU before the step's forward: the step takes that long.
+- Lookup cost at scheduling: hashing the prompt's chunks and one ZMQ round trip to the
+  worker's lookup server, as LMCache 0.5.4's own classes took on this machine
+  (bench/lmcache_rates.py: 0.16 ms at 2K, 0.25 ms at 8K, 1.2 ms at 64K tokens).
 - Store on compute: every newly computed full chunk is copied GPU->CPU at the end of its step
   (`wait_for_save` calls `LMCacheEngine.store` synchronously, integration/vllm/
   vllm_v1_adapter.py: the step takes that long; measured 10.4 ms per ~2K tokens on the H100),
-  kept in L1 (LRU), and queued for L2. A chunk waiting for its L2
+  or with `use_layerwise` layer by layer beside the forward, the step waiting for the last
+  layer and what the compute cannot hide (`pipelined`); loads pipeline the same way. Kept in
+  L1 (LRU), and queued for L2. A chunk waiting for its L2
   write is pinned in L1; when L1 holds nothing evictable, allocation fails and the rest of
   that store is dropped (LMCache logs "Failed to allocate memory block").
 - The L2 connection per worker (and per TP rank; ranks move in lockstep, so one stands for
   all): `lm://` is ONE socket under one asyncio lock for puts, gets and exists, FIFO, so a
   lookup waits behind queued writes; `redis://`/`valkey://` run on a pool through a priority
   executor of 4 workers (redis_connector.py, job_executor/pq_executor.py): an EXISTS or a GET
-  goes ahead of every queued PUT and waits at most for a chunk already on the wire. Rates: the
-  store's measured throughput, capped by the network (AWS: 5 Gbps per flow outside a placement
-  group; the redis executor runs 4 flows).
+  goes ahead of every queued PUT and waits at most for a chunk already on the wire. Rates:
+  LMCache's client measured here for the chunk size of the model and TP (redis.asyncio with
+  redis-py's pure-Python parser, bench/data/lmcache_rates.json), capped by the network (AWS:
+  5 Gbps per flow outside a placement group; the redis executor runs 4 flows), and the L2
+  server shared: a transfer gets at most the server's rate (one Valkey thread, measured, or
+  its node's NIC) over every busy connection.
 - The L2 itself: a real redis-server on 127.0.0.1 holds the index (one key per chunk, its value
   the chunk's size divided by `SCALE`, `maxmemory` the cache's bound divided by `SCALE`), so
   Valkey's own LRU evicts and a drill can kill it. LMCache's own server (`lm://`) has no
@@ -43,12 +51,16 @@ What is modelled (LMCache 0.5.x code: `lmcache/v1/cache_engine.py`, `storage_bac
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
+import json
+import math
 import shutil
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 from bench.fake_worker import _Histogram
@@ -60,18 +72,50 @@ REMOTE_MS_BUCKETS = (1, 5, 10, 20, 40, 60, 80, 100, 250, 500, 750, 1000, 2500, 5
 PER_FLOW_GBS = 5 / 8   # AWS: 5 Gbps per TCP flow between instances outside a placement group
 
 # Measured figures the tiers rest on (bench/data/h100_vllm_0_24.json, "lmcache" section, and
-# `measure_store` on this machine).
+# bench/data/lmcache_rates.json, measured here by bench/lmcache_rates.py).
 LM_SERVER_PUT_GBS = 0.5        # lm:// puts per socket (remote_time_to_put: 67 ms per 33.5 MB)
 LM_SERVER_GET_GBS = 2.9        # lm:// gets (15.1 GB read in 55 gets of 95.6 ms)
-REDIS_PUT_GBS = 1.2            # redis-server 7.0, valkey-py SET of 33.5 MB over loopback
-REDIS_GET_GBS = 0.34           # ... GET of the same: the pure-Python reply parser is the bound
-                               # (LMCache requires `redis`, not hiredis; its asyncio client
-                               # measured 0.1 GB/s here)
+RATES_FILE = Path(__file__).parent / "data" / "lmcache_rates.json"
+# LMCache's redis:// connector (redis_connector.py, 0.3.7 and 0.5.4) is redis.asyncio through
+# AsyncPQExecutor's 4 workers; the images carry no hiredis (LMCache requires `redis`, vLLM no
+# redis at all), so redis-py parses replies in Python: its measured row.
+REDIS_CLIENT = "redis-py-pure"
+REDIS_MODE = "asyncio"
+L2_NODE_GBS = 12.5 / 8         # the L2 node's NIC: m6i.xlarge and cache.r7g.large burst 12.5 Gbps
 RTT_S = 0.0005                 # one in-VPC round trip (+ a small command)
 SOCKET_RECREATE_S = 0.2        # a timed-out lookup stalled ~1.2 s at lookup_timeout_ms 1000
 LMCACHE_CPU_TO_GPU_GBS = 28.0  # LMCache 0.5.0's retrieve_to_gpu_time (318 MB in 11.3 ms)
 REFUSED_S = 0.001              # an op against a dead L2 (its Service has no endpoint: refused)
 L2_RESTART_S = 20.0            # an OOM-killed lmcache_server pod back (container restart)
+
+
+@functools.lru_cache(maxsize=1)
+def measured_rates() -> dict:
+    return json.loads(RATES_FILE.read_text())
+
+
+def redis_rates(value_bytes: int, client: str = REDIS_CLIENT, mode: str = REDIS_MODE
+                ) -> tuple[float, float, float]:
+    """(SET, GET, server) GB/s of LMCache's Redis client for values nearest `value_bytes`
+    (medians of the repeats, bench/data/lmcache_rates.json): SET and GET end to end on this
+    machine; `server`: what the redis-server moved per second of its own CPU (one thread)."""
+    cells = [c for c in measured_rates()["clients"][client]["cells"].values()
+             if c["mode"] == mode]
+    c = min(cells, key=lambda c: abs(math.log(c["value_bytes"] / value_bytes)))
+    return c["set_gbs_median"], c["get_gbs_median"], c["get_server_cpu_gbs_median"]
+
+
+def lookup_seconds(tokens: int) -> float:
+    """LMCache's scheduler-side lookup of a prompt (hash its chunks, one ZMQ round trip to the
+    worker's lookup server): the line through what bench/lmcache_rates.py measured with
+    LMCache 0.5.4's own classes."""
+    cells = sorted(measured_rates()["clients"]["lookup"]["cells"].values(),
+                   key=lambda c: c["prompt_tokens"])
+    (n0, t0), (n1, t1) = [(c["prompt_tokens"], c["lookup_ms_median"] / 1e3)
+                          for c in (cells[0], cells[-1])]
+    slope = (t1 - t0) / (n1 - n0)
+    return t0 + slope * (tokens - n0)
+
 
 # LMCache config keys and what the model does with them. A key in neither set is an error:
 # a configuration the model cannot judge must not be judged.
@@ -115,6 +159,8 @@ class TierConfig:
     recovery_wait_s: float = 300.0
     put_gbs: float = 0.0                 # per connection, network cap included
     get_gbs: float = 0.0
+    server_gbs: float = 0.0              # the L2 server's own bound, shared by every connection
+    layerwise: bool = False              # use_layerwise: per-layer stores and loads, pipelined
     cpu_to_gpu_gbs: float = LMCACHE_CPU_TO_GPU_GBS
     label: str = ""
 
@@ -125,9 +171,12 @@ class TierConfig:
     @classmethod
     def from_lmcache(cls, cfg: dict, *, l2_capacity_gib: float | None = None,
                      l2_memory_limit_gib: float | None = None, l2_url: str | None = None,
-                     network_gbs: float | None = None, label: str = "") -> "TierConfig":
+                     network_gbs: float | None = None, label: str = "",
+                     rank_chunk_bytes: int = 256 * 131072) -> "TierConfig":
         """From LMCache's config keys (the ConfigMap `k8s/workers.py` renders). `l2_url`: where
-        the URL is only known at pod start (a secret appended to it)."""
+        the URL is only known at pod start (a secret appended to it). `rank_chunk_bytes`: what
+        one rank stores per chunk (the model's KV per token x chunk / TP), which picks the
+        measured client rates (default: Llama-3.1-8B on one GPU)."""
         unknown = sorted(set(cfg) - MODELLED - NO_TIMING_EFFECT)
         if unknown:
             raise ValueError(f"LMCache config key(s) the emulator does not model: "
@@ -138,7 +187,6 @@ class TierConfig:
             raise ValueError(f"LMCache extra_config key(s) the emulator does not model: "
                              f"{', '.join(unknown)}")
         for key, ok in (("local_disk", lambda v: not v), ("max_local_disk_size", lambda v: not v),
-                        ("use_layerwise", lambda v: not v),
                         ("cache_policy", lambda v: v in (None, "LRU"))):
             if key in cfg and not ok(cfg[key]):
                 raise ValueError(f"LMCache {key} = {cfg[key]!r} is not modelled")
@@ -150,10 +198,21 @@ class TierConfig:
             if kind is None:
                 raise ValueError(f"LMCache remote_url scheme {scheme!r} is not modelled")
         net = network_gbs if network_gbs is not None else PER_FLOW_GBS
+        layerwise = bool(cfg.get("use_layerwise", False))
+        if layerwise and kind:
+            # 0.3.7 retrieve_layer reads L1 only (storage_manager.layerwise_batched_get:
+            # location None -> LocalCPUBackend); 0.5.4 asserts that every chunk of a layerwise
+            # retrieve comes from one location (cache_engine.py retrieve_layer). k8s/workers.py
+            # renders use_layerwise only without an L2.
+            raise ValueError("LMCache use_layerwise with an L2 is not modelled (LMCache "
+                             "retrieves layerwise from one location only)")
+        server = 0.0
         if kind == "lm":     # one socket: one flow
             put, get = min(LM_SERVER_PUT_GBS, net), min(LM_SERVER_GET_GBS, net)
         else:                # the priority executor's 4 workers: 4 flows
-            put, get = min(REDIS_PUT_GBS, 4 * net), min(REDIS_GET_GBS, 4 * net)
+            set_gbs, get_gbs, server = redis_rates(rank_chunk_bytes)
+            put, get = min(set_gbs, 4 * net), min(get_gbs, 4 * net)
+            server = min(server, L2_NODE_GBS)
         l1 = float(cfg.get("max_local_cpu_size", 5.0)) if cfg.get("local_cpu", True) else 0.0
         return cls(
             chunk_size=int(cfg.get("chunk_size", 256)), l1_gib=l1, l2=kind,
@@ -171,7 +230,7 @@ class TierConfig:
             get_failed_threshold=int(extra.get("get_blocking_failed_threshold", 10)),
             recovery_wait_s=float(extra.get("waiting_time_for_recovery", 300.0)),
             put_gbs=put if kind else 0.0, get_gbs=get if kind else 0.0,
-            label=label)
+            server_gbs=server if kind else 0.0, layerwise=layerwise, label=label)
 
 
 def no_tiers() -> TierConfig:
@@ -190,6 +249,7 @@ class RenderedTiers:
     l2_capacity_gib: float | None      # Valkey maxmemory (self-hosted) or node memory x 0.75
     l2_memory_limit_gib: float | None  # the cache pod's memory limit
     source: str
+    warnings: tuple[str, ...] = ()
 
 
 # ElastiCache node memory (GiB) the managed L2 may run on, from AWS's node-type table;
@@ -199,10 +259,16 @@ ELASTICACHE_GIB = {"cache.r7g.large": 13.07, "cache.r7g.xlarge": 26.32,
                    "cache.m7g.large": 6.38}
 
 
-def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None) -> RenderedTiers:
+def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
+                   instance_type: str | None = None, gpus: int | None = None,
+                   force_l2: bool = False) -> RenderedTiers:
     """Render the serving charts for a HyperPod endpoint file with L1 and L2 `backend`
     (`valkey`, `lmcache-server`, `redis` = the environment's managed cache, or `none`) and
-    read back what the workers and the cache get. Imports cdk8s: seconds, once per run."""
+    read back what the workers and the cache get. `instance_type`/`gpus`: the seed file served
+    on that type with that many GPUs (tensor parallel) per worker, through the same checks as
+    `cdk synth` (k8s/serving.py fit_endpoint: where an L2 read cannot beat recompute on that
+    GPU, no L2, unless `force_l2` = the file's kvCacheSpec.forceL2Cache). Imports cdk8s:
+    seconds, once per run."""
     import copy
 
     import cdk8s
@@ -211,13 +277,25 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None)
     from config import resolve_environment
     from config.context import ROOT, cdk_json_context
     from k8s.endpoint_spec import parse_endpoint
-    from k8s.serving import build_charts, placeholder_facts
+    from k8s.serving import build_charts, fit_endpoint, placeholder_facts
 
     ctx = cdk_json_context(ROOT)
     ctx["env"] = env
     cfg = resolve_environment(ctx)
     raw = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
     raw = copy.deepcopy(raw)
+    if instance_type:
+        raw["spec"]["instanceType"] = f"ml.{instance_type}"
+        if cfg.gpu_group_for(instance_type) is None:
+            group = replace(cfg.gpu_node_groups[0], name="bench",
+                            instance_types=(instance_type,))
+            cfg = replace(cfg, gpu_node_groups=(*cfg.gpu_node_groups, group))
+    if gpus:
+        w = raw["spec"]["worker"]
+        w["args"] = [a for a in w["args"] if not a.startswith("--tensor-parallel-size")] + [
+            f"--tensor-parallel-size={gpus}"]
+        for part in ("limits", "requests"):
+            w["resources"][part]["nvidia.com/gpu"] = gpus
     kv = raw["spec"].setdefault("kvCacheSpec", {})
     kv["enableL1Cache"] = True
     if backend == "none":
@@ -225,7 +303,12 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None)
     else:
         kv["enableL2Cache"] = True
         kv.setdefault("l2CacheSpec", {})["l2CacheBackend"] = backend
-    spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw)
+        if force_l2:
+            kv["forceL2Cache"] = True
+    spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw,
+                          node_instance_types=tuple(
+                              t for g in cfg.gpu_node_groups for t in g.instance_types))
+    spec = fit_endpoint(cfg, spec)
     if l1_gib is not None:
         spec = replace(spec, l1_size_gib=l1_gib)
     docs = [d for chart in build_charts(cdk8s.App(), cfg, (spec,),
@@ -244,7 +327,10 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None)
         args = c.get("args", [])
         if "--maxmemory" in args:
             cap = _mib(args[args.index("--maxmemory") + 1]) / 1024
-    if backend != "none" and url is None:   # managed ElastiCache: URL and secret at pod start
+    if backend != "none" and url is None and any(   # managed ElastiCache: URL at pod start
+            c["name"] == "fetch-l2-secret" for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")
+            for c in d["spec"]["template"]["spec"].get("initContainers", [])):
         init = [c for d in docs if d["kind"] in ("Deployment", "StatefulSet")
                 for c in d["spec"]["template"]["spec"].get("initContainers", [])
                 if c["name"] == "fetch-l2-secret"]
@@ -256,7 +342,8 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None)
                          l2_memory_limit_gib=limit,
                          source=f"k8s/serving.py charts, environment {env}, "
                                 f"tests/fixtures/endpoint-seed.yaml with l2CacheBackend "
-                                f"{backend}")
+                                f"{backend}" + (f" on {instance_type}" if instance_type else ""),
+                         warnings=spec.warnings)
 
 
 def _gib(quantity: str) -> float:
@@ -274,11 +361,19 @@ def _mib(value: str) -> float:
 
 
 def tier_config(backend: str, *, env: str = "dev", l1_gib: int | None = None,
-                network_gbs: float | None = None, label: str = "") -> TierConfig:
-    r = rendered_tiers(backend, env=env, l1_gib=l1_gib)
+                network_gbs: float | None = None, label: str = "", gpu: Any = None,
+                force_l2: bool = False) -> TierConfig:
+    """What the emulated LMCache does with the configuration the charts render for the seed
+    file on `gpu`'s instance type and tensor parallel size (a `bench.emulator.GpuProfile`)."""
+    r = rendered_tiers(backend, env=env, l1_gib=l1_gib,
+                       instance_type=gpu.instance_type if gpu else None,
+                       gpus=gpu.gpus if gpu else None, force_l2=force_l2)
+    chunk = {} if gpu is None else {
+        "rank_chunk_bytes": int(r.lmcache.get("chunk_size", 256))
+        * gpu.model.kv_bytes_per_token // gpu.gpus}
     return TierConfig.from_lmcache(r.lmcache, l2_capacity_gib=r.l2_capacity_gib,
                                    l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url,
-                                   network_gbs=network_gbs, label=label or backend)
+                                   network_gbs=network_gbs, label=label or backend, **chunk)
 
 
 # --------------------------------------------------------------------------- the L2 store
@@ -363,6 +458,7 @@ class L2Store:
         self.oom_kills = 0
         self.down_until = 0.0          # an OOM-killed lm server restarting (virtual time)
         self.puts = self.failed_puts = 0
+        self.links: list[_Link] = []   # every worker's connection (the server is shared)
         self._pending: list[tuple[float, int]] = []   # (lands at, key)
 
     def _run_id(self) -> str:
@@ -462,12 +558,36 @@ class L2Store:
 
 class _Link:
     """One worker's (one rank's) connection to L2. `lm`: one FIFO socket for everything;
-    `redis`: a pool, so reads and lookups do not wait behind writes."""
+    `redis`: a pool, so reads and lookups do not wait behind writes.
 
-    def __init__(self, cfg: TierConfig, chunk_bytes: int) -> None:
+    The L2 server is shared: a transfer that starts while other workers' links are busy gets
+    its share of the server's own rate (`server_gbs`, one Valkey thread, or the node's NIC),
+    counted over every rank's connection (`ranks`; ranks move in lockstep)."""
+
+    def __init__(self, cfg: TierConfig, chunk_bytes: int, l2: "L2Store | None" = None,
+                 ranks: int = 1) -> None:
         self.cfg, self.chunk_bytes = cfg, chunk_bytes
         self.fifo = cfg.l2 == "lm"
         self.tail = 0.0               # when the last queued write finishes
+        self.busy_until = 0.0         # when its last transfer (read or write) finishes
+        self.l2, self.ranks = l2, ranks
+        if l2 is not None:
+            l2.links.append(self)
+
+    def _rate(self, now: float, own_gbs: float) -> float:
+        """GB/s a transfer started at `now` moves at: its connection's rate, or its share of
+        the server where that is less."""
+        if not self.cfg.server_gbs or self.l2 is None:
+            return own_gbs
+        busy = 1 + sum(1 for x in self.l2.links
+                       if x is not self and max(x.tail, x.busy_until) > now)
+        return min(own_gbs, self.cfg.server_gbs / (busy * self.ranks))
+
+    def put_at(self, now: float) -> float:
+        return RTT_S + self.chunk_bytes / (self._rate(now, self.cfg.put_gbs) * 1e9)
+
+    def get_at(self, now: float) -> float:
+        return RTT_S + self.chunk_bytes / (self._rate(now, self.cfg.get_gbs) * 1e9)
 
     @property
     def put_s(self) -> float:
@@ -484,7 +604,7 @@ class _Link:
         """Completion times of `n` chunk writes queued now."""
         out, t = [], max(now, self.tail)
         for _ in range(n):
-            t += self.put_s
+            t += self.put_at(t)
             out.append(t)
         self.tail = t
         return out
@@ -503,9 +623,12 @@ class _Link:
     def get_time(self, now: float, chunks: int) -> float:
         if self.fifo:
             backlog = self.backlog(now)
-            per = self.get_s + (self.put_s if backlog > 0 else 0.0)
-            return backlog + chunks * per
-        return (self.put_s if self.backlog(now) > 0 else 0.0) + chunks * self.get_s
+            per = self.get_at(now) + (self.put_s if backlog > 0 else 0.0)
+            took = backlog + chunks * per
+        else:
+            took = (self.put_s if self.backlog(now) > 0 else 0.0) + chunks * self.get_at(now)
+        self.busy_until = max(self.busy_until, now + took)
+        return took
 
 
 @dataclass
@@ -516,6 +639,7 @@ class LookupResult:
     stall_s: float = 0.0      # the scheduler blocked (synchronous lookup)
     wait_s: float = 0.0       # the request waits (asynchronous lookup), the engine does not
     load_s: float = 0.0       # the step's forward waits for the KV copy (and L2 gets)
+    copy_s: float = 0.0       # of which the CPU->GPU copy (pipelined with use_layerwise)
     timed_out: bool = False
     lmcache_hit: int = 0      # tokens LMCache said it has (what it will not store again)
 
@@ -552,6 +676,17 @@ class TierCounters:
     put_ms: _Histogram = field(default_factory=lambda: _Histogram(REMOTE_MS_BUCKETS))
 
 
+def pipelined(transfer_s: float, compute_s: float, layers: int) -> float:
+    """What a KV transfer adds to a step when it runs layer by layer beside the forward, as
+    LMCache's `use_layerwise` does (0.3.7 and 0.5.4): store_layer copies layer i out on a side
+    CUDA stream after layer i's attention and waits for it only when layer i+1 saves
+    (gpu_connector VLLMPagedMemLayerwiseGPUConnector.batched_from_gpu, store_stream), and
+    wait_for_save waits for the last layer; retrieve_layer loads layer i+1 while layer i
+    computes. With per-layer transfer d and compute c over L layers the step takes
+    L max(c, d) + d instead of L c: one layer's transfer, plus what the compute cannot hide."""
+    return transfer_s / layers + max(0.0, transfer_s - compute_s)
+
+
 def chunk_keys(ids: Sequence[int], chunk: int, upto: int | None = None,
                unfull: bool = False) -> list[int]:
     """LMCache's chunk keys of `ids[:upto]`: each hash chained on the previous chunk's."""
@@ -576,7 +711,7 @@ class LMCacheWorker:
         self.l1_capacity = int(cfg.l1_gib * GIB // self.rank_chunk_bytes) if cfg.l1_gib else 0
         self.l1: "collections.OrderedDict[int, float]" = collections.OrderedDict()
         self.l2 = l2
-        self.link = _Link(cfg, self.rank_chunk_bytes) if cfg.l2 else None
+        self.link = _Link(cfg, self.rank_chunk_bytes, l2, ranks) if cfg.l2 else None
         self.counters = TierCounters()
         self.bypass_l2 = False          # local_cpu fallback applied
         self.unhealthy = False          # recompute fallback: LMCache skips everything
@@ -606,21 +741,22 @@ class LMCacheWorker:
     def _check(self, now: float) -> None:
         ok = True
         if self.failure_time is not None:
+            # recovery: a test put and get (_put_and_get_check), after the waiting time
             if now - self.failure_time > self.cfg.recovery_wait_s and self.l2.ping(now):
                 self.failure_time = None
             else:
                 ok = False
         if ok:
+            # RemoteBackendHealthCheck.check (health_monitor/checks/remote_backend_check.py):
+            # failed blocking gets in the interval, then a ping only where the connector
+            # supports one, which redis:// and lm:// do not (base_connector.support_ping: False;
+            # only s3, bigtable, hfbucket and sagemaker-hyperpod ping): so an L2 that is down
+            # is noticed only through gets, and a get happens only after a lookup found the
+            # chunk, which a down L2 never answers
             failed = self.counters.get_blocking_failed - self._failed_at_last_check
             self._failed_at_last_check = self.counters.get_blocking_failed
             if failed >= self.cfg.get_failed_threshold:
                 self.failure_time, ok = now, False
-            else:
-                ok = self.l2.ping(now)
-                c = self.counters
-                c.ping_successes += ok
-                c.ping_errors += not ok
-                c.ping_error_code = 0 if ok else -2   # LMCache's PING_GENERIC_ERROR_CODE
         if self.cfg.fallback == "local_cpu":
             self.bypass_l2 = not ok
         else:
@@ -741,8 +877,9 @@ class LMCacheWorker:
         res.l1_tokens = min(loaded_tokens, l1_chunks * cfg.chunk_size - (
             gpu_hit % cfg.chunk_size if in_l1[first] else 0))
         res.l2_tokens = loaded_tokens - res.l1_tokens
-        res.load_s = load + loaded_tokens * self.gpu.model.kv_bytes_per_token / (
+        res.copy_s = loaded_tokens * self.gpu.model.kv_bytes_per_token / (
             self.gpu.gpus * cfg.cpu_to_gpu_gbs * 1e9)
+        res.load_s = load + res.copy_s
         c.hit_tokens += loaded_tokens
         c.l1_hit_tokens += res.l1_tokens
         c.l2_hit_tokens += res.l2_tokens
@@ -794,7 +931,14 @@ class LMCacheWorker:
                 for p in pins:
                     c.put_ms.observe((p - now) * 1e3)
             except L2Down:
-                c.put_failed += stored
+                # LMCache 0.5.4 counts a failed batch as written and not as failed: the redis
+                # connector puts in batches (support_batched_put), InstrumentedRemoteConnector
+                # .batched_put swallows the error and still records the bytes, and
+                # RemoteBackend.batched_put_callback never looks at the result (put_failed_count
+                # grows only on the one-by-one path, remote_backend.py put_callback)
+                c.remote_write_requests += stored
+                c.remote_write_bytes += stored * self.chunk_bytes
+                c.put_ms.observe(REFUSED_S * 1e3)
                 self.link.tail = tail
                 for k in new[:stored]:   # unpinned: the write failed
                     if k in self.l1:
@@ -848,40 +992,17 @@ class LMCacheWorker:
         return lines
 
 
-def measure_store(server: ValkeyServer, chunk_bytes: int = 256 * 131072, n: int = 12) -> dict:
-    """SET/GET throughput of 33.5 MB values and EXISTS latency against `server` (loopback,
-    this machine): the store's own figures, printed beside the results."""
-    import os
-
-    import valkey
-
-    r = valkey.Valkey(port=server.port)
-    v = os.urandom(chunk_bytes)
-    t = time.perf_counter()
-    for i in range(n):
-        r.set(f"m{i}", v)
-    put = n * chunk_bytes / (time.perf_counter() - t) / 1e9
-    t = time.perf_counter()
-    for i in range(n):
-        r.get(f"m{i}")
-    get = n * chunk_bytes / (time.perf_counter() - t) / 1e9
-    t = time.perf_counter()
-    for _ in range(200):
-        r.exists("m0", "m1", "m2")
-    exists_us = (time.perf_counter() - t) / 200 * 1e6
-    r.delete(*[f"m{i}" for i in range(n)])
-    return {"set_gbs": round(put, 2), "get_gbs": round(get, 2), "exists_us": round(exists_us, 1),
-            "value_mb": round(chunk_bytes / 1e6, 1)}
-
-
 def describe(cfg: TierConfig) -> str:
     if not cfg.enabled:
         return "no L1/L2"
-    parts = [f"L1 {cfg.l1_gib:g} GiB/rank" if cfg.l1_gib else "no L1"]
+    parts = [(f"L1 {cfg.l1_gib:g} GiB/rank" + (", layerwise" if cfg.layerwise else ""))
+             if cfg.l1_gib else "no L1"]
     if cfg.l2:
         cap = f"{cfg.l2_capacity_gib:.1f} GiB LRU" if cfg.l2_capacity_gib else "no eviction"
+        server = (f", the server {cfg.server_gbs:.2f} GB/s shared"
+                  if cfg.server_gbs else "")
         parts.append(f"L2 {cfg.l2}:// ({cap}, put {cfg.put_gbs:.2f} GB/s, get "
-                     f"{cfg.get_gbs:.2f} GB/s per connection)")
+                     f"{cfg.get_gbs:.2f} GB/s per connection{server})")
         parts.append(f"{'async' if cfg.async_lookup else 'sync'} lookup, timeout "
                      f"{cfg.lookup_timeout_s * 1000:.0f} ms")
     return ", ".join(parts)

@@ -38,7 +38,9 @@ from typing import Any, Callable, Sequence
 from bench.benchmark import BenchConfig, Phase, aggregate, build_phases, percentiles, words
 from bench.emulator import GpuProfile, Sequence_, apply_step, plan_step
 from bench.fake_worker import PrefixCache, generate_words, render_chat, word_token
-from bench.tiers import L2Store, LMCacheWorker, LookupResult, TierConfig
+from bench.tiers import (
+    L2Store, LMCacheWorker, LookupResult, TierConfig, lookup_seconds, pipelined,
+)
 
 ROUTER_HOP_S = 0.001   # round_robin / consistent_hash / sglang cache_aware add ~1 ms (FACTS.md)
 
@@ -177,6 +179,7 @@ class VirtualWorker:
         self._wake_at: float | None = None
         self._stall = 0.0
         self._load = 0.0
+        self._copy = 0.0
         self.reqs: dict[int, Req] = {}
         self.steps = 0
         self.stall_s = 0.0
@@ -188,8 +191,8 @@ class VirtualWorker:
         wait = self.gpu.frontend_seconds(len(req.ids))
         if self.chat_render:   # the API server tokenizes the chat request (its CPU)
             wait += self.gpu.render_seconds(len(req.ids))
-        if self.lmc is not None:
-            wait += self.gpu.connector_seconds(len(req.ids))
+        if self.lmc is not None:   # LMCache's lookup at scheduling (measured, its own code)
+            wait += lookup_seconds(len(req.ids))
         seq = Sequence_(len(req.ids), 0, req.max_tokens, ready_at=now + wait)
         seq.lookup = self._lookup_fn(req, seq)
         seq.on_progress = lambda done, r=req: self.cache.insert(r.ids[:done])
@@ -220,13 +223,14 @@ class VirtualWorker:
 
     def _loaded(self, res: LookupResult, cached: int) -> int:
         self._load += res.load_s
+        self._copy += res.copy_s
         return cached
 
     def _kick(self) -> None:
         if self.busy:
             return
         now = self.sim.now
-        self._stall = self._load = 0.0
+        self._stall = self._load = self._copy = 0.0
         decode, chunks = plan_step(self.queue, self.gpu, now)
         if not decode and not chunks:
             later = [s.ready_at for s in self.queue if s.ready_at > now]
@@ -241,18 +245,26 @@ class VirtualWorker:
         cpu = self.gpu.step_overhead_ms / 1e3
         compute = self.gpu.step_seconds([s.context for s in decode],
                                         [(s.done, n) for s, n in chunks]) - cpu
-        before = self._stall + self._load + cpu
+        load = self._load
+        if self.lmc is not None and self.lmc.cfg.layerwise:   # the copy beside the layers
+            load += pipelined(self._copy, compute, self.gpu.model.layers) - self._copy
+        before = self._stall + load + cpu
         self.stall_s += self._stall
         self.sim.after(before, lambda: self.shared.run(
-            self.index, compute, lambda: self._computed(decode, chunks), prefill=bool(chunks)))
+            self.index, compute, lambda: self._computed(decode, chunks, compute),
+            prefill=bool(chunks)))
 
-    def _computed(self, decode: list, chunks: list) -> None:
+    def _computed(self, decode: list, chunks: list, compute: float) -> None:
+        """LMCache's store at the end of the step (wait_for_save): the step waits for the
+        GPU->CPU copy, all of it (a synchronous store) or what the layers could not hide."""
         store_s = 0.0
         if self.lmc is not None:
             for s, n in chunks:
                 req = self.reqs[id(s)]
                 store_s += self.lmc.store(req.rid, req.ids, s.done + n, self.sim.now,
                                           req.lmcache_hit)
+            if self.lmc.cfg.layerwise and store_s:
+                store_s = pipelined(store_s, compute, self.gpu.model.layers)
         self.sim.after(store_s, lambda: self._step_done(decode, chunks))
 
     def _step_done(self, decode: list, chunks: list) -> None:
@@ -522,6 +534,8 @@ class Fleet:
         self.lock = threading.Lock()
         self.pending: dict[str, Req] = {}
         blocks = spec.gpu_blocks or spec.gpu.kv_tokens // 16
+        if l2 is not None:     # a new clock: the last fleet's connections are gone
+            l2.links.clear()
         gpus = [SharedGpu(sim, spec.share_efficiency, spec.prefill_weight)
                 for _ in range(-(-spec.workers // spec.gpus_shared_by))]
         self.workers = [VirtualWorker(sim, i, f"w{i}", spec.gpu, PrefixCache(16, blocks),

@@ -44,6 +44,14 @@ _FAMILIES: dict[str, dict[str, GpuShape]] = {
     "p5": _family(80, {"48xlarge": (8, 192, 2048)}),
 }
 
+# Each family's GPU and its dense BF16/FP16 tensor throughput per GPU, TFLOPS (NVIDIA's
+# datasheets; A10G as bench/emulator.py's profile has it): what prefill computes at. Used to
+# judge at synth time whether reading KV from L2 can beat recomputing it (k8s/workers.py).
+GPU_MODELS: dict[str, tuple[str, float]] = {
+    "g4dn": ("T4", 65), "g5": ("A10G", 70), "g6": ("L4", 121), "g6e": ("L40S", 362),
+    "p3": ("V100", 125), "p4d": ("A100", 312), "p5": ("H100", 989),
+}
+
 GPU_SHAPES: dict[str, GpuShape] = {
     f"{fam}.{size}": shape for fam, sizes in _FAMILIES.items() for size, shape in sizes.items()
 }
@@ -51,6 +59,11 @@ GPU_SHAPES: dict[str, GpuShape] = {
 
 def gpu_shape(instance_type: str) -> GpuShape | None:
     return GPU_SHAPES.get(instance_type)
+
+
+def gpu_model(instance_type: str) -> tuple[str, float] | None:
+    """(GPU name, dense TFLOPS per GPU) of a GPU instance type we know."""
+    return GPU_MODELS.get(instance_type.split(".", 1)[0])
 
 
 def ec2_type(instance_type: str) -> str:

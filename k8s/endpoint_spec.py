@@ -107,6 +107,7 @@ class EndpointSpec:
     worker_command: tuple[str, ...] = ()
     working_dir: str | None = None
     l2_url: str | None = None     # l2CacheLocalUrl: the endpoint's own L2, no credentials
+    l2_forced: bool = False       # forceL2Cache: even where a read cannot beat recompute
     tls_certificate_arn: str | None = None
     autoscaling: AutoScaling | None = None
     warnings: tuple[str, ...] = field(default=())
@@ -233,8 +234,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
 
     kv = spec.child("kvCacheSpec", {})
     l1 = kv.get("enableL1Cache", bool, True)
-    l1_size = kv.get("l1CacheSizeGiB", int, 0)  # our one extension; sized below if unset
+    l1_size = kv.get("l1CacheSizeGiB", int, 0)  # our extension; sized below if unset
     l2 = kv.get("enableL2Cache", bool, False)
+    l2_forced = kv.get("forceL2Cache", bool, False)   # our extension (k8s/workers.py)
     backend = l2_url = None
     if l2:
         l2spec = kv.child("l2CacheSpec", {})
@@ -249,7 +251,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                             "tieredstorage is HyperPod-only; using the in-cluster Valkey "
                             "(bounded, LRU), the self-hosted equivalent")
             backend = "valkey"
-    elif "l2CacheSpec" in kv.data:
+    if l2_forced and not l2:
+        warnings.append(f"{file}: spec.kvCacheSpec.forceL2Cache: ignored: enableL2Cache is "
+                        "false")
+    if not l2 and "l2CacheSpec" in kv.data:
         kv.used.add("l2CacheSpec")
         warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec: ignored: enableL2Cache is "
                         "false")
@@ -406,7 +411,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     return EndpointSpec(
         name=name, model_name=model_name, instance_type=itype,
         replicas=replicas, model_location=location,
-        l1_enabled=l1, l1_size_gib=l1_size, l2_enabled=l2, l2_backend=backend,
+        l1_enabled=l1, l1_size_gib=l1_size, l2_enabled=l2, l2_backend=backend, l2_forced=l2_forced,
         routing_strategy=strategy, metrics_enabled=metrics_enabled, health_check_path=health,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,

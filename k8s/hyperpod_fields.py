@@ -76,7 +76,11 @@ _ROWS = (
     Field("spec.kvCacheSpec.l1CacheSizeGiB", USED, "this project's extension: "
           "the worker's whole L1, split over its GPU processes into max_local_cpu_size "
           "(default: the memory vLLM and /dev/shm leave)"),
-    Field("spec.kvCacheSpec.enableL2Cache", USED, "LMCache remote_url (L2 shared by workers)"),
+    Field("spec.kvCacheSpec.enableL2Cache", USED, "LMCache remote_url (L2 shared by workers), "
+          "where a read from it can beat recomputing on the instance type's GPU (otherwise "
+          "not deployed, with a warning: docs/serving.md)"),
+    Field("spec.kvCacheSpec.forceL2Cache", USED, "this project's extension: true deploys the "
+          "L2 even where reading from it is slower than recomputing"),
     Field("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", USED, "redis: the environment's "
           "cache (ElastiCache over TLS, or the in-cluster Valkey); tieredstorage: the "
           "in-cluster Valkey; also valkey and lmcache-server (this project's names; "

@@ -21,8 +21,9 @@ from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
 from k8s.endpoint_spec import _gib
 from k8s.workers import (
-    KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection, MetricsSource, WorkerScaling,
-    WorkerProps, WorkersChart, kv_event_endpoints, l1_budget, parallel_ranks, worker_urls,
+    KV_BLOCK_SIZE, L2_READ_GBS_PER_RANK, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
+    MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, l1_budget,
+    l2_verdict, parallel_ranks, worker_urls,
 )
 
 
@@ -35,10 +36,10 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
-    return tuple(_fit(cfg, s) for s in specs)
+    return tuple(fit_endpoint(cfg, s) for s in specs)
 
 
-def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
+def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     """What can only be judged with the environment; returns the spec with its warnings."""
     where = f"{s.source_file}: spec"
     warnings = list(s.warnings)
@@ -47,6 +48,16 @@ def _fit(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
+    if s.l2_enabled and not s.l2_forced and not (verdict := l2_verdict(s.instance_type)).pays:
+        warnings.append(
+            f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
+            f"{s.instance_type} ({verdict.gpu}) recomputing a token's KV (~"
+            f"{verdict.recompute_us:.0f} us for an 8B-shaped model) is faster than LMCache's "
+            f"Redis client reads it (~{verdict.read_us:.0f} us at "
+            f"{L2_READ_GBS_PER_RANK} GB/s per GPU, measured), so every L2 hit would slow the "
+            "request down; L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
+            "(docs/serving.md, 'The tier configuration, and why')")
+        s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
     family = next((f for f in NOT_VLLM if f in s.image.source), None)
     if family:
         raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,

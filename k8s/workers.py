@@ -120,6 +120,7 @@ class TierSetting:
     since: LMCacheVersion      # first LMCache release (of those we read) that acts on it
     why: str
     l2_only: bool = False      # rendered only where an L2 is configured
+    l1_only: bool = False      # rendered only where there is none
 
 
 TIER_POLICY: tuple[TierSetting, ...] = (
@@ -130,6 +131,19 @@ TIER_POLICY: tuple[TierSetting, ...] = (
                 "L1 in pinned CPU memory: lookups are local dict checks that never wait on the "
                 "network; a 32K request with 61% of its KV loaded from CPU took 129-134 ms "
                 "against 1,242 ms cold on the H100 (../shared/gpu/README.md)"),
+    TierSetting("use_layerwise", True, OLDEST_KNOWN_LMCACHE,
+                "takes the store off the engine's critical path: by default LMCache copies a "
+                "step's new KV GPU->CPU in wait_for_save and the step waits for all of it "
+                "(vllm_v1_adapter.py wait_for_save -> LMCacheEngine.store -> "
+                "VLLMPagedMemGPUConnectorV2.from_gpu, store_stream.synchronize(); 10.4 ms per "
+                "~2K tokens on the H100, +19% on a cold 8B prefill); layerwise, each layer's "
+                "KV is copied on a side stream while the next layer computes and the step "
+                "waits for the last layer only (cache_engine.py store_layer, "
+                "VLLMPagedMemLayerwiseGPUConnector.batched_from_gpu); loads pipeline the "
+                "same way (retrieve_layer). Not with an L2: 0.3.7 retrieves layerwise from L1 "
+                "only (storage_manager.layerwise_batched_get) and 0.5.4 asserts a retrieve "
+                "comes from one location, so a prefix split between L1 and L2 cannot load",
+                l1_only=True),
     TierSetting("save_unfull_chunk", False, OLDEST_KNOWN_LMCACHE,
                 "only whole 256-token chunks are stored: a partial tail is never looked up "
                 "again by a longer prompt, so writing it is pure cost"),
@@ -173,6 +187,52 @@ TIER_POLICY: tuple[TierSetting, ...] = (
 # group (constructs/kv_cache.py); LMCache sets no TTL on its keys, so a `volatile-*` policy (the
 # ElastiCache default) would evict nothing and refuse writes once full.
 L2_SCHEMES = ("redis://", "rediss://")
+
+# Whether an L2 can pay at all, decided at synth time (issue 17). An L2 hit moves a token's KV
+# from the L2 server instead of recomputing it; it helps only if the read is faster. The read
+# is bound by LMCache's Redis client: redis.asyncio with redis-py's pure-Python reply parser
+# (the images carry no hiredis; with it 0.47-0.49 GB/s, still far too slow), 4 in flight:
+# 0.38 GB/s per rank for 8-10 MB chunks (bench/data/lmcache_rates.json, measured on loopback
+# by bench/lmcache_rates.py, medians of 3; 0.23 GB/s for the 33.5 MB chunks of an 8B model on
+# one GPU). Per token and rank: read = KV bytes / (TP x rate), recompute = 2 x parameters /
+# (TP x TFLOPS x efficiency); TP cancels, the model enters as KV bytes per parameter. The
+# endpoint file does not say the model's shape, so we assume the one that makes reads dearest
+# of those we model: Llama-3.1-8B's (131,072 bytes per token for 8.03 B parameters; a 70B
+# Llama has 3.5x less KV per parameter, so where an 8B's reads pay, a 70B's do too), and prefill
+# at half of the GPU's dense throughput (0.78 measured on the H100, 0.3 assumed on A10G TP 4).
+# Not counted, and all against L2: the one L2 server every worker shares (one Valkey thread
+# moved ~1 GB/s here; its node's NIC 12.5 Gbps at burst), LMCache's blocking fetch stalling the
+# whole engine, and the writes.
+L2_READ_GBS_PER_RANK = 0.38
+REFERENCE_KV_BYTES_PER_TOKEN = 131072
+REFERENCE_PARAMS = 8.03e9
+PREFILL_EFFICIENCY = 0.5
+
+
+@dataclass(frozen=True)
+class L2Verdict:
+    instance_type: str
+    gpu: str | None
+    read_us: float            # per token of the reference model, one GPU
+    recompute_us: float | None
+
+    @property
+    def pays(self) -> bool:
+        """Unknown GPUs keep what the file asks (nothing to judge with)."""
+        return self.recompute_us is None or self.read_us < self.recompute_us
+
+
+def l2_verdict(instance_type: str) -> L2Verdict:
+    """Can an L2 read beat recomputing on this instance type's GPU (see above)?"""
+    from config.instances import gpu_model
+
+    read = REFERENCE_KV_BYTES_PER_TOKEN / (L2_READ_GBS_PER_RANK * 1e9) * 1e6
+    model = gpu_model(instance_type)
+    if model is None:
+        return L2Verdict(instance_type, None, read, None)
+    gpu, tflops = model
+    recompute = 2 * REFERENCE_PARAMS / (tflops * 1e12 * PREFILL_EFFICIENCY) * 1e6
+    return L2Verdict(instance_type, gpu, read, recompute)
 REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
 
 
@@ -181,7 +241,7 @@ def tier_settings(lmcache: LMCacheVersion | None, l2: bool) -> dict[str, Any]:
     release we know reads (LMCache ignores unknown keys with a warning, so less is safer)."""
     version = lmcache or OLDEST_KNOWN_LMCACHE
     return {t.key: t.value for t in TIER_POLICY
-            if version >= t.since and (l2 or not t.l2_only)}
+            if version >= t.since and (l2 or not t.l2_only) and not (l2 and t.l1_only)}
 
 
 # L1 against the container's memory. LMCache runs one engine per GPU process (tensor x

@@ -22,6 +22,9 @@ from observability.metrics import (
 TTFT_P90_OBJECTIVE_SECONDS = 2.5
 # L2 get latency (P90) above which fetching KV from L2 stops paying off (LMCache buckets, ms).
 L2_GET_P90_SLOW_MS = 500
+# LMCache's health monitor takes L2 out after this many failed gets in one check interval
+# (k8s/workers.py TIER_POLICY extra_config get_blocking_failed_threshold).
+L2_GETS_FAILED_TO_BYPASS = 5
 # Hit rate collapse: the last 30 minutes fall below this share of the day's hit rate.
 HIT_RATE_COLLAPSE_RATIO = 0.5
 # Below this many queried prompt tokens/s per endpoint a hit rate says nothing.
@@ -102,28 +105,45 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   "10m", "warning", f"Router routes {ep} without token ids",
                   "More than half the prefix-aware decisions fell back to least-load because "
                   "workers did not answer render/tokenize: prefix affinity is lost."),
+            # LMCache 0.5.x sets lmcache_is_healthy to 0 only with fallback_policy recompute;
+            # with local_cpu (what k8s/workers.py renders) it bypasses L2 and stays at 1
+            # (health_monitor/base.py), and it takes L2 out only after failed gets, the one
+            # failure its redis:// connector reports (no ping: base_connector.support_ping).
+            # So: unhealthy, or as many failed gets in a minute as make LMCache take L2 out.
             Alert("KvcacheL2Unhealthy",
-                  f"min by ({ENDPOINT_LABEL}) (lmcache:lmcache_is_healthy{{{_W}}}) == 0",
-                  "5m", "critical", f"LMCache reports its L2 unreachable on {ep}",
-                  "LMCache's health monitor took L2 out (failed gets or pings). Workers keep "
-                  "serving from L1 (fallback_policy local_cpu) and recomputation: expect "
-                  "higher TTFT until a recovery probe succeeds."),
+                  f"min by ({ENDPOINT_LABEL}) (lmcache:lmcache_is_healthy{{{_W}}}) == 0 or "
+                  f"max by ({ENDPOINT_LABEL}) (delta(lmcache:get_blocking_failed_count"
+                  f"{{{_W}}}[1m])) >= {L2_GETS_FAILED_TO_BYPASS}",
+                  "30s", "critical", f"LMCache took its L2 out on {ep}",
+                  "LMCache's health monitor took L2 out after failed gets (or reports itself "
+                  "unhealthy). Workers keep serving from L1 (fallback_policy local_cpu) and "
+                  "recomputation: expect higher TTFT until its recovery probe succeeds."),
             Alert("KvcacheL2Slow",
                   f"histogram_quantile(0.9, sum by ({ENDPOINT_LABEL}, le) "
                   f"(rate(lmcache:remote_time_to_get_bucket{{{_W}}}[5m]))) > {L2_GET_P90_SLOW_MS}",
                   "10m", "warning", f"L2 reads slow on {ep}",
                   f"P90 L2 get latency on {ep} is {{{{ $value }}}} ms (limit "
                   f"{L2_GET_P90_SLOW_MS} ms): recomputing may be faster than fetching."),
+            # get_blocking_failed_count is a cumulative count exported as a gauge
+            # (remote_backend.py): its change over the window, so the alert clears
             Alert("KvcacheL2ReadsFailing",
-                  f"max by ({ENDPOINT_LABEL}) (lmcache:get_blocking_failed_count{{{_W}}}) > 0",
-                  "10m", "warning", f"LMCache L2 gets failing on {ep}",
-                  "Blocking gets from L2 keep failing (timeouts or errors); they count as "
-                  "misses."),
+                  f"max by ({ENDPOINT_LABEL}) (delta(lmcache:get_blocking_failed_count"
+                  f"{{{_W}}}[5m])) > 0",
+                  "2m", "warning", f"LMCache L2 gets failing on {ep}",
+                  "Blocking gets from L2 failed in the last 5 minutes (timeouts or errors); "
+                  "they count as misses."),
+            # A dead L2 answers no lookup, so LMCache never gets, and its redis:// puts fail
+            # silently (InstrumentedRemoteConnector.batched_put logs and counts them as
+            # written): no worker metric sees it. The cache's own state does: the
+            # StatefulSet's ready replica and the exporter sidecar's redis_up.
             Alert("KvcacheSharedCacheDown",
-                  f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
-                  f'statefulset="{SHARED_CACHE_NAME}"}} < 1',
-                  "5m", "critical", "Self-hosted L2 cache {{ $labels.statefulset }} not ready",
-                  "The in-cluster L2 cache has no ready replica: every L2 read misses."),
+                  f'min by (namespace) (kube_statefulset_status_replicas_ready{{'
+                  f'namespace="{SERVING_NAMESPACE}",statefulset="{SHARED_CACHE_NAME}"}}) < 1 or '
+                  f'min by (namespace) (redis_up{{{_V},namespace="{SERVING_NAMESPACE}"}}) == 0',
+                  "1m", "critical", "Self-hosted L2 cache down in {{ $labels.namespace }}",
+                  f"The in-cluster L2 cache ({SHARED_CACHE_NAME}) has no ready replica or "
+                  "does not answer its exporter: every L2 lookup misses and every write is "
+                  "lost; workers serve from L1 and recompute."),
         ),
         "kvcache.valkey": (
             Alert("KvcacheValkeyExporterDown",

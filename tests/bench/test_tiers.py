@@ -118,7 +118,7 @@ def test_old_config_lm_lookups_wait_behind_writes_time_out_and_stall_the_engine(
         p.store(i, _ids(8192, i), 8192, 0.0, 0)
     res = p.lookup(_ids(8192, 9), 0, 0.1)
     assert not res.timed_out and res.stall_s == pytest.approx(p.link.put_s + 0.0005)
-    assert res.stall_s < 0.05
+    assert res.stall_s < p.link.backlog(0.1) / 20          # not behind the queued writes
     # asynchronous lookups: the request waits, the engine does not
     asy = replace(cfg, async_lookup=True)
     q = LMCacheWorker(asy, H100, _l2(valkey, replace(asy, l2="lm")))
@@ -140,8 +140,10 @@ def test_chunks_waiting_for_their_l2_write_are_pinned_and_l1_fills(valkey):
     assert w.counters.stored_tokens == 2 * 8192 and w.counters.l1_evictions == 32
 
 
-def test_health_monitor_local_cpu_bypasses_l2_and_keeps_reporting_healthy(valkey):
-    """LMCache 0.5.x: with fallback_policy local_cpu a failed ping bypasses L2 while
+def test_health_monitor_sees_failed_gets_only_and_local_cpu_keeps_reporting_healthy(valkey):
+    """LMCache 0.5.x's health check on redis:// (remote_backend_check.py): no ping (the
+    connector has none), so a dead L2 goes unnoticed (lookups just miss); failed blocking gets
+    past the threshold take L2 out. With fallback_policy local_cpu L2 is bypassed while
     lmcache:lmcache_is_healthy stays 1; with recompute it reports 0 and skips everything. The
     store comes back empty and bounded as before (the pod's args)."""
     cfg = TierConfig.from_lmcache({**OLD, "remote_url": "redis://l2:6379"}, network_gbs=1e9,
@@ -153,18 +155,26 @@ def test_health_monitor_local_cpu_bypasses_l2_and_keeps_reporting_healthy(valkey
         w.store(0, ids, len(ids), 0.0, 0)
         w.l2.kill(0.5)                                       # its writes landed by then
         assert w.lookup(ids, 0, 1.0).l1_tokens == 2048      # L1 still answers
+        before = w.counters.remote_write_requests
+        w.store(1, _ids(2048 + 10, 1), 2058, 2.0, 0)        # a write into the dead L2 ...
+        assert w.counters.remote_write_requests > before    # ... counted as written
+        assert w.counters.put_failed == 0
         w.tick(cfg.ping_interval_s + 1)
+        assert not w.bypass_l2 and w.healthy_gauge == 1     # blind: nothing failed a get
+        w.counters.get_blocking_failed += cfg.get_failed_threshold
+        w.tick(2 * cfg.ping_interval_s + 1)
         assert w.bypass_l2 and w.healthy_gauge == 1
         line = next(x for x in w.metrics_lines('engine="0"')
                     if x.startswith("lmcache:lmcache_is_healthy{"))
         assert line.endswith(" 1.0")
         rec = LMCacheWorker(replace(cfg, fallback="recompute"), H100, w.l2)
+        rec.counters.get_blocking_failed += cfg.get_failed_threshold
         rec.tick(cfg.ping_interval_s + 1)
         assert rec.healthy_gauge == 0 and rec.lookup(ids, 0, 11.0).cached == 0
         server.start()                                       # back, empty, still bounded
         bound = int(w.l2.client.config_get("maxmemory")["maxmemory"])
         assert bound == server.maxmemory_bytes > 0
-        w.tick(2 * cfg.ping_interval_s + 1)
+        w.tick(3 * cfg.ping_interval_s + cfg.recovery_wait_s + 1)   # the recovery probe
         assert not w.bypass_l2 and w.l2.contains_prefix(chunk_keys(ids, 256), 30.0) == 0
     finally:
         server.__exit__()

@@ -113,9 +113,10 @@ def test_the_images_lmcache_reads_the_values_we_render(parsed, case):
         values = got["values"]
         assert values["local_cpu"] is True and values["max_local_cpu_size"] == 20.0  # (96-12-4)/4
         assert values["chunk_size"] == 256 and values["save_unfull_chunk"] is False
-        if backend is None:
-            assert values["remote_url"] is None
+        if backend is None:   # L1 alone: stored layer by layer beside the forward
+            assert values["remote_url"] is None and values["use_layerwise"] is True
             continue
+        assert values["use_layerwise"] is False   # LMCache retrieves layerwise from L1 only
         assert values["blocking_timeout_secs"] == 2 and values["lookup_timeout_ms"] == 200
         expected = {"redis": "rediss://:s3cretT0ken@l2.example.internal:6379?socket_timeout=1",
                     "valkey": "redis://kvcache-valkey."}

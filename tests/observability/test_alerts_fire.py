@@ -104,11 +104,48 @@ def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
                                                     "worker": "http://w1:8000"}),
             _silent("KvcacheSharedCacheDown", "9m"),
             _fires("KvcacheSharedCacheDown", "16m", {
-                "severity": "critical", "namespace": SERVING_NAMESPACE,
-                "statefulset": SHARED_CACHE_NAME}),
+                "severity": "critical", "namespace": SERVING_NAMESPACE}),
             _silent("KvcacheRouterDown", "19m"),
             _fires("KvcacheRouterDown", "26m", {
                 "severity": "critical", "job": ROUTERS_JOB, ENDPOINT_LABEL: EP,
                 "pod": "llama-router-0"}),
         ]}]}
     _promtool_test(promtool, tmp_path, tests)
+
+
+def test_l2_outage_alerts_fire_and_clear_on_what_lmcache_and_the_cache_really_export(dev,
+                                                                                     tmp_path):
+    """The L2 outage drill's lesson (docs/benchmarks.md): with redis:// LMCache exports nothing
+    when its L2 is down (no ping, no get without a lookup hit, failed batched puts counted as
+    written), so the cache's own state pages; failed gets (a sick, not dead, L2) page from the
+    workers; every alert clears once the cause is gone."""
+    promtool = _rules_without_annotations(dev, tmp_path)
+    V = f'{{job="kvcache-valkey",namespace="{SERVING_NAMESPACE}",pod="{SHARED_CACHE_NAME}-0"}}'
+    series = [   # 15 s scrapes, as k8s/monitoring.py's
+        # the Valkey container dies after minute 10 and is back after minute 20: not ready,
+        # and its exporter sidecar (same pod, still scraped) reports redis_up 0
+        {"series": f'kube_statefulset_status_replicas_ready{{namespace="{SERVING_NAMESPACE}",'
+                   f'statefulset="{SHARED_CACHE_NAME}"}}', "values": "1x40 0x40 1x80"},
+        {"series": f"redis_up{V}", "values": "1x40 0x40 1x80"},
+        # LMCache stays "healthy" (local_cpu) and counts no failure throughout the outage
+        {"series": f"lmcache:lmcache_is_healthy{W}", "values": "1x160"},
+        # later, gets start failing (a slow L2): 6 after minute 25, then none
+        {"series": f"lmcache:get_blocking_failed_count{W}", "values": "0x100 6x60"},
+    ]
+    down = {"severity": "critical", "namespace": SERVING_NAMESPACE}
+    _promtool_test(promtool, tmp_path, {
+        "rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": [{
+            "interval": "15s", "input_series": series, "alert_rule_test": [
+                _silent("KvcacheSharedCacheDown", "10m"),
+                _fires("KvcacheSharedCacheDown", "12m", dict(down)),
+                _fires("KvcacheSharedCacheDown", "20m", dict(down)),
+                _silent("KvcacheSharedCacheDown", "21m"),           # cleared after recovery
+                _silent("KvcacheL2Unhealthy", "20m"),                # blind to the outage
+                _silent("KvcacheL2ReadsFailing", "20m"),
+                _fires("KvcacheL2Unhealthy", "26m", {"severity": "critical",
+                                                     ENDPOINT_LABEL: EP}),
+                _silent("KvcacheL2Unhealthy", "28m"),
+                _fires("KvcacheL2ReadsFailing", "29m", {"severity": "warning",
+                                                        ENDPOINT_LABEL: EP}),
+                _silent("KvcacheL2ReadsFailing", "32m"),            # no new failure: clears
+            ]}]})

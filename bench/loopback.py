@@ -25,7 +25,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -364,6 +363,17 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout`: every child process the harness starts."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 class RouterProcess:
     """The real router as a child process; a context manager.
 
@@ -533,16 +543,9 @@ class RouterProcess:
         return metric_sum(self.metrics_text(), name, **labels)
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=self.stop_timeout)
+        stop_process(self.proc, self.stop_timeout)
         self.proc = None
         _LIVE_ROUTERS.discard(self)
 
@@ -621,13 +624,8 @@ class FrontProcess:
         raise RouterStartError(f"haproxy not listening after {self.startup_timeout}s")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
 
     def __enter__(self) -> "FrontProcess":

@@ -152,13 +152,12 @@ class WorkerProcesses:
             http_json("POST", url + "/reset_prefix_cache", {}, timeout=10)
 
     def __exit__(self, *exc: Any) -> None:
+        from bench.loopback import stop_process
+
         for proc in self.procs:
-            proc.terminate()
+            proc.terminate()          # all at once, then wait for each
         for proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc)
 
 
 def distinct_ports(n: int, taken: set[int] = frozenset()) -> list[int]:

@@ -74,10 +74,16 @@ ARMS = {
 TWINS = {"rr+L1": "rr", "rr+L1+L2": "rr", "prefixaware+L1+L2": "prefixaware",
          "session+L1+L2": "session", "kvaware+L1+L2": "kvaware", "rr+L1+L2 forced": "rr",
          "prefixaware+L1+L2 forced": "prefixaware", "rr+L1+L2 old config": "rr"}
-# where k8s renders an L2 (an A10G: a read beats recompute), a smaller sweep shows what it does
+# The arms `make bench-routing` runs: on the H100 `rr+L1+L2` as rendered is `rr+L1` (no L2
+# deployed), so the forced arm shows what an L2 would do; session and kvaware without tiers
+# are in bench.routing's sweep.
+DEFAULT_ARMS = ("rr", "rr+L1", "rr+L1+L2 forced", "prefixaware", "prefixaware+L1+L2")
+# Where LMCache's client alone would let a read beat recompute (an A10G; the first synth-time
+# verdict deployed an L2 there), a smaller sweep shows what a shared L2 does: the reason the
+# verdict now counts the L2 server's share (k8s/workers.py l2_verdict)
 L2_PROFILE = "g5.24xlarge"
 L2_SCENARIOS = ("document-8k", "multi-turn")
-L2_ARMS = ("rr", "rr+L1", "rr+L1+L2", "prefixaware", "prefixaware+L1+L2")
+L2_ARMS = ("rr", "rr+L1", "rr+L1+L2 forced", "prefixaware", "prefixaware+L1+L2 forced")
 L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/cache.py)
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
@@ -107,8 +113,9 @@ def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
 
     _quiet_jsii()
     net = min(gpu.network_gbps / 8 / gpu.gpus, 5 / 8)   # per rank, per flow
-    l1l2 = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, label=f"L1 + L2 ({L2_BACKEND})")
-    forced = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, force_l2=True,
+    l1l2 = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, replicas=WORKERS,
+                       label=f"L1 + L2 ({L2_BACKEND})")
+    forced = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, replicas=WORKERS, force_l2=True,
                          label=f"L1 + L2 ({L2_BACKEND}), forceL2Cache")
     old = replace(old_tiers(), put_gbs=min(old_tiers().put_gbs, net),
                   get_gbs=min(old_tiers().get_gbs, net), l2_memory_limit_gib=24.0,
@@ -342,15 +349,15 @@ DRILL = {"minutes": 20, "kill_at_min": 5, "restart_at_min": 12, "scrape_s": 15,
 
 
 def drill(out: Path, *, quick: bool) -> dict:
-    """Round robin + L1 + L2 (the rendered Valkey configuration) on `L2_PROFILE`, where k8s
-    deploys an L2, under steady chat and 8K-document load, where L2 carries the reuse between
+    """Round robin + L1 + L2 (the Valkey configuration k8s renders with forceL2Cache) on
+    `L2_PROFILE`, under steady chat and 8K-document load, where L2 carries the reuse between
     workers (under prefixaware L2 serves almost nothing here: each worker's GPU and L1 hold
     its share); the L2's redis-server is stopped at minute 5 and started at minute 12 (it
     comes back empty: no persistence, as deployed)."""
     from bench.loopback import http_json
 
     gpu = profile(L2_PROFILE)
-    cfg = tier_configs(gpu)["l1l2"]
+    cfg = tier_configs(gpu)["l1l2-forced"]
     minutes = DRILL["minutes"] // (2 if quick else 1)
     kill, back = DRILL["kill_at_min"] * 60, DRILL["restart_at_min"] * 60
     if quick:
@@ -560,7 +567,7 @@ def render_hyperpod(h: dict, title: str = "## HyperPod-shaped: tiers and routing
                          "figures are that arm's." for a, b in same.items()]
     for scenario in SCENARIOS:
         cell = h.get(scenario)
-        if not cell or "loads" not in cell:
+        if not cell or not cell.get("loads"):
             continue
         cap = cell.get("capacity_rps")
         lines += ["", f"### {scenario}" + (f" ({h['profile']})" if not findings else ""), "",
@@ -669,7 +676,7 @@ def break_even() -> list[str]:
              "what the images run), and LMCache 0.5.4's C++ `resp://` client:", "",
              "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
              f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read, redis:// | L2 read, resp:// | "
-             "L2 rendered by k8s on this instance type |", "|---|---|---|---|---|---|"]
+             "L2 rendered by k8s on this instance type, 4 replicas |", "|---|---|---|---|---|---|"]
     for p in PROFILES.values():
         recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
         per_rank = p.model.kv_bytes_per_token / p.gpus
@@ -680,7 +687,7 @@ def break_even() -> list[str]:
         cells = [f"{per_rank / (r * 1e9) * 1e6:.0f}"
                  + (" (loses)" if per_rank / (r * 1e9) * 1e6 > recompute else "")
                  + f" at {r:.2f} GB/s" for r, _ in rates]
-        v = l2_verdict(p.instance_type)
+        v = l2_verdict(p.instance_type, p.gpus, WORKERS)
         lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {recompute:.0f} | "
                      + " | ".join(cells) + f" | {'yes' if v.pays else 'no'} ({v.gpu}) |")
     return lines
@@ -699,7 +706,7 @@ def hyperpod_findings(h: dict) -> list[str]:
                       "; faster nowhere"))
     for scenario in SCENARIOS:
         cell = h.get(scenario)
-        if not cell or "loads" not in cell:
+        if not cell or not cell.get("loads"):
             continue
         sat = max(cell["loads"], key=float)
         arms = cell["loads"][sat]
@@ -781,7 +788,7 @@ def render_drill(dr: dict) -> list[str]:
     a = dr["alerts"]
     lines = ["", "## L2 outage drill", "",
              f"{dr.get('strategy', 'roundrobin')} + L1 + L2 ({dr['config']}), {WORKERS} x "
-             f"`{dr.get('profile', PROFILE)}` (where k8s deploys an L2), "
+             f"`{dr.get('profile', PROFILE)}` (an L2 forced where its client alone could pay), "
              f"{dr['rate_rps']:.2f} req/s (half of what the fleet prefills cold): new 8K "
              f"documents keep arriving, each asked {DRILL['questions']} questions within "
              f"seconds (round robin spreads them: L2 carries a document between workers), and "
@@ -838,7 +845,8 @@ def render(out: Path) -> list[str]:
     lines = render_hyperpod(load("hyperpod.json")) if (out / "hyperpod.json").exists() else []
     if (out / "hyperpod-l2.json").exists():
         lines += render_hyperpod(load("hyperpod-l2.json"), findings=False, title=(
-            f"## Where k8s renders an L2: {L2_PROFILE}, the same sweep, smaller"))
+            f"## An L2 where its client alone could pay: {L2_PROFILE}, the same sweep, "
+            "smaller"))
     lines += render_llmd(load("llmd.json"))
     lines += render_drill(load("drill.json"))
     return lines
@@ -849,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results/tiered"))
     p.add_argument("--only", choices=("hyperpod", "l2", "llmd", "drill"), action="append")
-    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(DEFAULT_ARMS))
     p.add_argument("--repeats", type=int, default=1, help="repeats per cell (virtual time: "
                    "new salts give the same figures, so one is the default)")
     p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")

@@ -261,13 +261,14 @@ ELASTICACHE_GIB = {"cache.r7g.large": 13.07, "cache.r7g.xlarge": 26.32,
 
 def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
                    instance_type: str | None = None, gpus: int | None = None,
-                   force_l2: bool = False) -> RenderedTiers:
+                   replicas: int | None = None, force_l2: bool = False) -> RenderedTiers:
     """Render the serving charts for a HyperPod endpoint file with L1 and L2 `backend`
     (`valkey`, `lmcache-server`, `redis` = the environment's managed cache, or `none`) and
     read back what the workers and the cache get. `instance_type`/`gpus`: the seed file served
     on that type with that many GPUs (tensor parallel) per worker, through the same checks as
     `cdk synth` (k8s/serving.py fit_endpoint: where an L2 read cannot beat recompute on that
-    GPU, no L2, unless `force_l2` = the file's kvCacheSpec.forceL2Cache). Imports cdk8s:
+    GPU for `replicas` sharing it, no L2, unless `force_l2` = the file's
+    kvCacheSpec.forceL2Cache). Imports cdk8s:
     seconds, once per run."""
     import copy
 
@@ -296,6 +297,8 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
             f"--tensor-parallel-size={gpus}"]
         for part in ("limits", "requests"):
             w["resources"][part]["nvidia.com/gpu"] = gpus
+    if replicas:
+        raw["spec"]["replicas"] = replicas
     kv = raw["spec"].setdefault("kvCacheSpec", {})
     kv["enableL1Cache"] = True
     if backend == "none":
@@ -303,8 +306,7 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
     else:
         kv["enableL2Cache"] = True
         kv.setdefault("l2CacheSpec", {})["l2CacheBackend"] = backend
-        if force_l2:
-            kv["forceL2Cache"] = True
+        kv["forceL2Cache"] = force_l2      # the seed forces it; the bench asks
     spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw,
                           node_instance_types=tuple(
                               t for g in cfg.gpu_node_groups for t in g.instance_types))
@@ -362,12 +364,13 @@ def _mib(value: str) -> float:
 
 def tier_config(backend: str, *, env: str = "dev", l1_gib: int | None = None,
                 network_gbs: float | None = None, label: str = "", gpu: Any = None,
-                force_l2: bool = False) -> TierConfig:
+                replicas: int | None = None, force_l2: bool = False) -> TierConfig:
     """What the emulated LMCache does with the configuration the charts render for the seed
     file on `gpu`'s instance type and tensor parallel size (a `bench.emulator.GpuProfile`)."""
     r = rendered_tiers(backend, env=env, l1_gib=l1_gib,
                        instance_type=gpu.instance_type if gpu else None,
-                       gpus=gpu.gpus if gpu else None, force_l2=force_l2)
+                       gpus=gpu.gpus if gpu else None, replicas=replicas,
+                       force_l2=force_l2)
     chunk = {} if gpu is None else {
         "rank_chunk_bytes": int(r.lmcache.get("chunk_size", 256))
         * gpu.model.kv_bytes_per_token // gpu.gpus}
@@ -416,13 +419,10 @@ class ValkeyServer:
                 time.sleep(0.02)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        from bench.loopback import stop_process
+
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
 
     @property

@@ -48,13 +48,16 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
-    if s.l2_enabled and not s.l2_forced and not (verdict := l2_verdict(s.instance_type)).pays:
+    replicas = s.autoscaling.max_replicas if s.autoscaling else s.replicas
+    verdict = l2_verdict(s.instance_type, parallel_ranks(s.worker_args), replicas)
+    if s.l2_enabled and not s.l2_forced and not verdict.pays:
         warnings.append(
             f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
-            f"{s.instance_type} ({verdict.gpu}) recomputing a token's KV (~"
-            f"{verdict.recompute_us:.0f} us for an 8B-shaped model) is faster than LMCache's "
-            f"Redis client reads it (~{verdict.read_us:.0f} us at "
-            f"{L2_READ_GBS_PER_RANK} GB/s per GPU, measured), so every L2 hit would slow the "
+            f"{s.instance_type} ({verdict.gpu}) a replica recomputes a token's KV (~"
+            f"{verdict.recompute_us:.0f} us for an 8B-shaped model) faster than it reads it "
+            f"from a shared L2 (~{verdict.read_us:.0f} us at {verdict.read_gbs:.2f} GB/s: "
+            f"LMCache's Redis client, {L2_READ_GBS_PER_RANK} GB/s per GPU, or its share of one "
+            f"L2 server among {replicas} replica(s), measured), so every L2 hit would slow the "
             "request down; L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
             "(docs/serving.md, 'The tier configuration, and why')")
         s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)

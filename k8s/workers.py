@@ -189,21 +189,28 @@ TIER_POLICY: tuple[TierSetting, ...] = (
 L2_SCHEMES = ("redis://", "rediss://")
 
 # Whether an L2 can pay at all, decided at synth time (issue 17). An L2 hit moves a token's KV
-# from the L2 server instead of recomputing it; it helps only if the read is faster. The read
-# is bound by LMCache's Redis client: redis.asyncio with redis-py's pure-Python reply parser
-# (the images carry no hiredis; with it 0.47-0.49 GB/s, still far too slow), 4 in flight:
-# 0.38 GB/s per rank for 8-10 MB chunks (bench/data/lmcache_rates.json, measured on loopback
-# by bench/lmcache_rates.py, medians of 3; 0.23 GB/s for the 33.5 MB chunks of an 8B model on
-# one GPU). Per token and rank: read = KV bytes / (TP x rate), recompute = 2 x parameters /
-# (TP x TFLOPS x efficiency); TP cancels, the model enters as KV bytes per parameter. The
-# endpoint file does not say the model's shape, so we assume the one that makes reads dearest
-# of those we model: Llama-3.1-8B's (131,072 bytes per token for 8.03 B parameters; a 70B
-# Llama has 3.5x less KV per parameter, so where an 8B's reads pay, a 70B's do too), and prefill
-# at half of the GPU's dense throughput (0.78 measured on the H100, 0.3 assumed on A10G TP 4).
-# Not counted, and all against L2: the one L2 server every worker shares (one Valkey thread
-# moved ~1 GB/s here; its node's NIC 12.5 Gbps at burst), LMCache's blocking fetch stalling the
-# whole engine, and the writes.
+# from the L2 server instead of recomputing it; it helps only if the read is faster, for the
+# whole replica. Two bounds on the read, both measured on loopback by bench/lmcache_rates.py
+# (bench/data/lmcache_rates.json, medians of 3):
+# - LMCache's Redis client: redis.asyncio with redis-py's pure-Python reply parser (the images
+#   carry no hiredis; with it 0.47-0.49 GB/s, still too slow), 4 in flight: 0.38 GB/s per
+#   rank for the 8-10 MB chunks of a tensor-parallel rank; ranks read in parallel.
+# - The one L2 server every worker of the endpoint shares: one Valkey thread moved 0.91 GB/s
+#   of such values per second of its CPU, and it takes every computed chunk's write too (each
+#   token read from L2 was written once; with reuse below half, writes are the larger part):
+#   half of it for reads, split across the endpoint's replicas (its maximum).
+# Recompute per token = 2 x parameters / (ranks x TFLOPS x efficiency). The endpoint file does
+# not say the model's shape, so we assume the one that makes reads dearest of those we model:
+# Llama-3.1-8B's (131,072 bytes per token for 8.03 B parameters; a 70B Llama has 3.5x less KV
+# per parameter), prefill at half of the GPU's dense throughput (0.78 measured on the H100,
+# 0.3 assumed on A10G TP 4). The first verdict counted the client alone and let g5.24xlarge
+# (TP 4) have its L2; the emulator then found it slower there at every load (P90 up to 2.55x
+# on multi-turn, peak throughput 0.67x): four ranks outread one server thread.
+# Not counted, and all against L2: LMCache's blocking fetch stalling the whole engine, other
+# endpoints sharing the same cache.
 L2_READ_GBS_PER_RANK = 0.38
+L2_SERVER_GBS = 0.91
+L2_SERVER_READ_SHARE = 0.5
 REFERENCE_KV_BYTES_PER_TOKEN = 131072
 REFERENCE_PARAMS = 8.03e9
 PREFILL_EFFICIENCY = 0.5
@@ -213,8 +220,9 @@ PREFILL_EFFICIENCY = 0.5
 class L2Verdict:
     instance_type: str
     gpu: str | None
-    read_us: float            # per token of the reference model, one GPU
+    read_us: float            # per token of the reference model, for one replica
     recompute_us: float | None
+    read_gbs: float           # what one replica reads at: the client's or its server share
 
     @property
     def pays(self) -> bool:
@@ -222,17 +230,21 @@ class L2Verdict:
         return self.recompute_us is None or self.read_us < self.recompute_us
 
 
-def l2_verdict(instance_type: str) -> L2Verdict:
-    """Can an L2 read beat recomputing on this instance type's GPU (see above)?"""
+def l2_verdict(instance_type: str, ranks: int = 1, replicas: int = 1) -> L2Verdict:
+    """Can an L2 read beat recomputing on this instance type's GPU, for a replica of `ranks`
+    GPU processes among `replicas` sharing one L2 server (see above)?"""
     from config.instances import gpu_model
 
-    read = REFERENCE_KV_BYTES_PER_TOKEN / (L2_READ_GBS_PER_RANK * 1e9) * 1e6
+    gbs = min(ranks * L2_READ_GBS_PER_RANK, L2_SERVER_GBS * L2_SERVER_READ_SHARE / replicas)
+    read = REFERENCE_KV_BYTES_PER_TOKEN / (gbs * 1e9) * 1e6
     model = gpu_model(instance_type)
     if model is None:
-        return L2Verdict(instance_type, None, read, None)
+        return L2Verdict(instance_type, None, read, None, gbs)
     gpu, tflops = model
-    recompute = 2 * REFERENCE_PARAMS / (tflops * 1e12 * PREFILL_EFFICIENCY) * 1e6
-    return L2Verdict(instance_type, gpu, read, recompute)
+    recompute = 2 * REFERENCE_PARAMS / (ranks * tflops * 1e12 * PREFILL_EFFICIENCY) * 1e6
+    return L2Verdict(instance_type, gpu, read, recompute, gbs)
+
+
 REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
 
 

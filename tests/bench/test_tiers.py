@@ -40,8 +40,9 @@ def _ids(n: int, seed: int = 0) -> list[int]:
 def test_the_rendered_configuration_is_one_the_model_can_judge(backend):
     """Every key k8s/workers.py renders is modelled or known to change no timing: a new key
     must be modelled before its configuration is judged. Every L2 it renders speaks Redis
-    (a pool, evicting, bounded), never LMCache's own one-socket server."""
-    r = rendered_tiers(backend)
+    (a pool, evicting, bounded), never LMCache's own one-socket server. Forced: on the seed's
+    g5.24xlarge an L2 does not pay (tests/k8s/test_tier_choice.py)."""
+    r = rendered_tiers(backend, force_l2=True)
     assert set(r.lmcache) <= MODELLED | NO_TIMING_EFFECT, sorted(r.lmcache)
     cfg = TierConfig.from_lmcache(r.lmcache, l2_capacity_gib=r.l2_capacity_gib,
                                   l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url)

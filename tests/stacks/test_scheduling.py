@@ -70,6 +70,9 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
             raw = yaml.safe_load(filled(TIERED)[0])
             gpus = raw["spec"]["worker"]["resources"]
             gpus["requests"]["nvidia.com/gpu"] = gpus["limits"]["nvidia.com/gpu"]
+            # its L2 would not pay on its GPU (k8s/workers.py l2_verdict): forced, so the
+            # Valkey it brings is scheduled too
+            raw["spec"]["kvCacheSpec"]["forceL2Cache"] = True
             (tmp / TIERED.name).write_text(yaml.safe_dump(raw))
         ctx["environments"]["dev"]["cache"] = {"kind": "self-hosted"}
         cfg = resolve_environment(ctx)
@@ -81,7 +84,7 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
 
 
 # It asks for 4 GPUs with a limit of 8, which the reader refuses (Kubernetes would too): served
-# here with the two equal, for the Valkey its tieredstorage L2 brings.
+# here with the two equal and its L2 forced, for the Valkey its tieredstorage L2 brings.
 TIERED = CORPUS / "hpcli-pr413-sample-llama70b-l1-l2-tieredstorage.yaml"
 
 

@@ -180,6 +180,8 @@ class VirtualWorker:
         self._stall = 0.0
         self._load = 0.0
         self._copy = 0.0
+        self._step_start = 0.0
+        self._started: float | None = None   # the step just done started then (async scheduling)
         self.reqs: dict[int, Req] = {}
         self.steps = 0
         self.stall_s = 0.0
@@ -231,7 +233,8 @@ class VirtualWorker:
             return
         now = self.sim.now
         self._stall = self._load = self._copy = 0.0
-        decode, chunks = plan_step(self.queue, self.gpu, now)
+        decode, chunks = plan_step(self.queue, self.gpu, now, self._started)
+        self._started = None
         if not decode and not chunks:
             later = [s.ready_at for s in self.queue if s.ready_at > now]
             if later and (self._wake_at is None or self._wake_at <= now
@@ -240,6 +243,7 @@ class VirtualWorker:
                 self.sim.at(self._wake_at, self._kick)
             return
         self.busy = True
+        self._step_start = now
         # the step's CPU part (scheduling, sampling) does not occupy the GPU: it matters only
         # where engines share one
         cpu = self.gpu.step_overhead_ms / 1e3
@@ -282,6 +286,7 @@ class VirtualWorker:
                 keep.append(s)
         self.queue = keep
         self.busy = False
+        self._started = self._step_start
         self._kick()
 
     def _finish(self, s: Sequence_, req: Req) -> None:

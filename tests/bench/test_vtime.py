@@ -16,22 +16,37 @@ from bench.vtime import FleetSpec, RunConfig, SharedGpu, Sim, run_arm
 
 def test_the_emulated_ab_reproduces_the_real_ratios_and_hit_rates():
     """bench/data's A/B (two vLLM 0.24 servers sharing one H100): prefixaware / round robin
-    TTFT P50 and P90 within 0.1 and hit rates within 5 points, but for the one the model
-    misses: round robin's 8K-document P90 at 95% load (real 729 ms, emulated ~1 s: in the
-    model a burst of misses couples through chunked prefill more than it did there). In-process
-    routing: `python -m bench.ab_check` gives the same figures through the real routers."""
+    TTFT P50 and P90 within 0.1 and hit rates within 5 points, in every row; round robin's
+    own TTFTs within 25% (its 8K-document P90 at 95% load was ~1 s against the real 729 ms
+    until the model scheduled one step ahead, as vLLM does). In-process routing:
+    `python -m bench.ab_check` gives the same figures through the real routers."""
     rows = {(r["tag"], r["scenario"]): r for r in reproduce(real_router=False, repeats=1)}
     assert len(rows) == 4
     for (tag, scen), r in rows.items():
         for arm in ("roundrobin", "prefixaware"):
             measured, emulated = r[f"hit_{arm}"]
             assert abs(measured - emulated) <= 0.05, (tag, scen, arm)
-        assert abs(r["p50_emulated"] - r["p50_measured"]) <= RATIO_TOLERANCE, (tag, scen)
-        if (tag, scen) != ("r95", "document-8k"):
-            assert abs(r["p90_emulated"] - r["p90_measured"]) <= RATIO_TOLERANCE, (tag, scen)
-    miss = rows[("r95", "document-8k")]
-    assert miss["p90_emulated"] < miss["p90_measured"] - RATIO_TOLERANCE   # still a gain
-    assert miss["p90_ms"]["roundrobin"][1] > miss["p90_ms"]["roundrobin"][0]
+        for k in ("p50", "p90"):
+            assert abs(r[f"{k}_emulated"] - r[f"{k}_measured"]) <= RATIO_TOLERANCE, (tag, scen, k)
+            measured_ms, emulated_ms = r[f"{k}_ms"]["roundrobin"]
+            assert emulated_ms == pytest.approx(measured_ms, rel=0.25), (tag, scen, k)
+
+
+def test_a_request_arriving_during_a_step_joins_the_step_after_next():
+    """vLLM's async scheduling: step N+1 is planned when step N starts, so a prefill that
+    ends in N+1 is not held back by a newcomer's chunk; an idle engine plans at once."""
+    from bench.emulator import Sequence_, plan_step
+
+    gpu = profile("h100-8b")
+    old = Sequence_(8282, 8192, 4, ready_at=0.0)           # its last 90 tokens left
+    new = Sequence_(8282, 0, 4, ready_at=0.1)               # arrived while step N ran
+    decode, chunks = plan_step([old, new], gpu, now=0.2, planned_at=0.05)
+    assert [(s, n) for s, n in chunks] == [(old, 90)]
+    decode, chunks = plan_step([old, new], replace(gpu, async_scheduling=False), now=0.2,
+                               planned_at=0.05)
+    assert [n for _, n in chunks] == [90, 8102]
+    decode, chunks = plan_step([new], gpu, now=0.2, planned_at=0.05)   # nothing else: at once
+    assert [n for _, n in chunks] == [8192]
 
 
 def test_requests_go_through_the_real_router_in_lockstep():

@@ -195,3 +195,19 @@ def test_drill_scrapes_become_promtool_series_with_the_scrape_configs_labels():
               'pod="bench-w0",engine="0"}'] == "1.0 0.0 _"
     assert by['kube_statefulset_status_replicas_ready{namespace="kvcache-serving",'
               'statefulset="kvcache-valkey"}'] == "1 0 1"
+
+
+def test_the_seed_spread_reports_each_seed_and_the_median():
+    """docs/benchmarks.md's seed spread: per load each seed's rr+L1 / rr ratios with the GPU
+    hit rates, and their median (what the tier costs, apart from round robin's placement)."""
+    from bench.tiered import render_seeds
+
+    def cell(p50, hit):
+        return {"ttft_s": {"p50": p50, "p90": 0.1}, "gpu_hit_rate": hit}
+    runs = {str(k): {"1.00": {"rr": cell(0.100, 0.41), "rr+L1": cell(p50, hit)}}
+            for k, (p50, hit) in enumerate([(0.106, 0.36), (0.100, 0.41), (0.095, 0.45)], 1)}
+    lines = render_seeds({"scenario": "multi-turn", "arms": ["rr", "rr+L1"], "runs": runs})
+    row = next(x for x in lines if x.startswith("| 100% |"))
+    assert "1.06 / 1.00 (41% -> 36%)" in row and "0.95 / 1.00 (41% -> 45%)" in row
+    assert row.endswith("| 1.00 / 1.00 |")
+    assert render_seeds({}) == []

@@ -68,11 +68,31 @@ _SET = ("--host", "--port", "--prometheus-host", "--prometheus-port")
 _KV_SOURCE_FLAGS = ("--kv-event-source", "--kv-event-replay-source")
 
 
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this process has not
+    handed out before: tests start several routers side by side, each on ports it has not
+    bound yet, and the kernel may offer a just-released port again."""
+    with _HANDED_OUT_LOCK:
+        if len(_HANDED_OUT) > 16384:   # a long benchmark: start over (the kernel's range ~28K)
+            _HANDED_OUT.clear()
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((LOOPBACK, 0))
+                port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError("no new free port on 127.0.0.1 in 100 tries")
+
+
+def port_clash(exc: BaseException) -> bool:
+    """A start that failed because something else took its port between `free_port` and the
+    bind (another process, or a port-0 bind that the kernel gave the same number)."""
+    return isinstance(exc, RouterStartError) and "already in use" in str(exc).lower()
 
 
 # --------------------------------------------------------------------------- workers

@@ -161,7 +161,7 @@ class WorkerProcesses:
 
 
 def distinct_ports(n: int, taken: set[int] = frozenset()) -> list[int]:
-    """`n` ports free a moment ago and distinct (free_port may hand the same one out twice)."""
+    """`n` distinct ports free a moment ago, none of them in `taken`."""
     from bench.loopback import free_port
 
     out: list[int] = []

@@ -384,3 +384,23 @@ def test_peak_sweep_keeps_n_in_flight_and_stops_at_saturation():
     assert (best["in_flight"], best["rps"]) == (4, 10.0)
     assert "| document-8k | 4 (peak) | 10.00 |" in peak_markdown(peak)
     assert in_flight_config(c, 3).concurrency == 3
+
+
+def test_free_port_never_hands_out_the_same_port_twice():
+    """Routers started side by side each get ports no other start in this process got."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as ex:
+        ports = list(ex.map(lambda _: free_port(), range(200)))
+    assert len(set(ports)) == 200
+
+
+def test_a_port_clash_is_told_apart_from_other_start_failures():
+    from bench.loopback import RouterStartError, port_clash
+
+    assert port_clash(RouterStartError("port(s) [46489] on 127.0.0.1 already in use"))
+    assert port_clash(RouterStartError("vllm-router exited with 1 during startup; log x:\n"
+                                       "Error starting router: Address already in use (os "
+                                       "error 98)"))
+    assert not port_clash(RouterStartError("vllm-router exited with 2: unknown argument"))
+    assert not port_clash(OSError("already in use"))

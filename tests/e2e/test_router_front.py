@@ -21,7 +21,8 @@ import pytest
 import requests
 
 from bench.loopback import (
-    FakeWorkerPool, FrontProcess, RouterProcess, chat, localize_for_pool, router_launch,
+    FakeWorkerPool, FrontProcess, RouterProcess, RouterStartError, chat, localize_for_pool,
+    port_clash, router_launch,
 )
 from k8s.router_front import CLIENT_ROUTES, FRONT_CONFIG
 from config.contracts import default_router
@@ -66,8 +67,18 @@ def front_config_text(strategy: str, router: str | None, replicas: int | None = 
     raise AssertionError("no front ConfigMap rendered")
 
 
-def _start(strategy: str, router: str):
-    """(its ExitStack, pool, router process, front) of one case."""
+def _start(strategy: str, router: str, attempts: int = 3):
+    """(its ExitStack, pool, router process, front) of one case; again on fresh ports if
+    something took one of its ports before the router bound it."""
+    for attempt in range(attempts):
+        try:
+            return _start_once(strategy, router)
+        except RouterStartError as exc:
+            if not port_clash(exc) or attempt == attempts - 1:
+                raise
+
+
+def _start_once(strategy: str, router: str):
     container = _container(strategy, None, "Deployment", "-router", _override(strategy, router))
     config = front_config_text(strategy, router)
     opts = {**WORKER_OPTS, **(_kv_worker_opts(REPLICAS) if strategy == "kvaware" else {})}

@@ -287,14 +287,16 @@ def seed_spread(out: Path, *, quick: bool) -> dict:
     """SEED_ARMS on SEED_SCENARIO at every load, one sweep per seed (seed 1 from the HyperPod
     sweep when it ran)."""
     base = out / "hyperpod.json"
-    cap = (json.loads(base.read_text()).get(SEED_SCENARIO, {}).get("peaks", {})
-           if base.exists() else {})
+    swept = (json.loads(base.read_text()).get(SEED_SCENARIO, {}) if base.exists() else {})
     runs = {}
     for seed in SEEDS[:2] if quick else SEEDS:
         name = f"seed-{seed}.json"
-        if cap and not (out / name).exists():   # the sweep's capacity, not a new peak
+        if swept and not (out / name).exists():   # the sweep's capacity, not a new peak
+            loads = {ld: {a: x[a] for a in SEED_ARMS if a in x}
+                     for ld, x in swept.get("loads", {}).items()} if seed == 1 else {}
             (out / name).write_text(json.dumps({SEED_SCENARIO: {
-                "peaks": {a: cap[a] for a in SEED_ARMS if a in cap}, "loads": {}}}))
+                "peaks": {a: swept["peaks"][a] for a in SEED_ARMS if a in swept["peaks"]},
+                "loads": loads}}))
         d = hyperpod(out, repeats=1, quick=quick, arms=list(SEED_ARMS),
                      scenarios=(SEED_SCENARIO,), name=name, seed=seed)
         runs[str(seed)] = d[SEED_SCENARIO]["loads"]

@@ -180,8 +180,7 @@ class VirtualWorker:
         self._stall = 0.0
         self._load = 0.0
         self._copy = 0.0
-        self._step_start = 0.0
-        self._started: float | None = None   # the step just done started then (async scheduling)
+        self._step_start = 0.0             # the running step's start (async scheduling)
         self.reqs: dict[int, Req] = {}
         self.steps = 0
         self.stall_s = 0.0
@@ -228,13 +227,14 @@ class VirtualWorker:
         self._copy += res.copy_s
         return cached
 
-    def _kick(self) -> None:
+    def _kick(self, planned_at: float | None = None) -> None:
+        """Plan and start the next step: at `planned_at` (the step just done started then:
+        vLLM planned this one meanwhile), or now when the engine was idle."""
         if self.busy:
             return
         now = self.sim.now
         self._stall = self._load = self._copy = 0.0
-        decode, chunks = plan_step(self.queue, self.gpu, now, self._started)
-        self._started = None
+        decode, chunks = plan_step(self.queue, self.gpu, now, planned_at)
         if not decode and not chunks:
             later = [s.ready_at for s in self.queue if s.ready_at > now]
             if later and (self._wake_at is None or self._wake_at <= now
@@ -286,8 +286,7 @@ class VirtualWorker:
                 keep.append(s)
         self.queue = keep
         self.busy = False
-        self._started = self._step_start
-        self._kick()
+        self._kick(planned_at=self._step_start)
 
     def _finish(self, s: Sequence_, req: Req) -> None:
         req.t_done = self.sim.now

@@ -165,9 +165,9 @@ def distinct_ports(n: int, taken: set[int] = frozenset()) -> list[int]:
     from bench.loopback import free_port
 
     out: list[int] = []
-    while len(out) < n:
+    while len(out) < n:           # free_port never repeats itself; `taken` it cannot know
         port = free_port()
-        if port not in out and port not in taken:
+        if port not in taken:
             out.append(port)
     return out
 

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tools.cli import (
+from config.arguments import (
     ToolError, add_command, base_url, check_output_dir, err_console, finite_float, http_url,
     out_console,
 )
@@ -793,10 +793,12 @@ def _env_price(a: argparse.Namespace, hourly: float | None,
                instances: float | None) -> tuple[float | None, float | None]:
     """instanceHourlyUsd of the endpoint's instance type; replicas x GPUs / GPUs per node."""
     from config.instances import gpu_shape
-    from tools.cli import load_endpoints, load_environment, pick_endpoint
+    from config.arguments import load_environment, pick_endpoint
+    from config.context import ROOT
+    from k8s.serving import load_endpoints
 
     cfg = load_environment(a)
-    spec = pick_endpoint(cfg, load_endpoints(cfg), a.endpoint)
+    spec = pick_endpoint(cfg, load_endpoints(cfg, ROOT), a.endpoint)
     if hourly is None:
         if spec.instance_type not in cfg.instance_hourly_usd:
             raise ToolError.bad_input("--hourly-usd", None, f"a price: environment "

@@ -314,7 +314,7 @@ def calibrate(probe: Probe, base: GpuProfile, name: str, *, lengths: Sequence[in
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tools.cli import add_command, base_url, http_url
+    from config.arguments import add_command, base_url, http_url
 
     p = add_command(sub, "calibrate", main, "measure a vLLM endpoint and write an emulator "
                     "profile (for bench-routing --profile-file)", __doc__, env=False,
@@ -333,7 +333,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.cli import ToolError, check_output_dir, err_console, out_console
+    from config.arguments import ToolError, check_output_dir, err_console, out_console
 
     try:
         lengths = tuple(int(x) for x in args.lengths.split(","))

@@ -7,7 +7,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Mapping
 
-from tools.cli import ToolError
+from config.arguments import ToolError
 
 # The parts of results.json that bench-compare reads, each with what it must be.
 _NUMBER = "a number"

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from k8s.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
+from config.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
 from bench.fake_worker import FakeWorker
 
 __all__ = [

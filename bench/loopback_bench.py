@@ -81,7 +81,7 @@ def rendered_router_args(strategy: str, workers: int = 4) -> list[str]:
     """The router container's args exactly as `k8s.router` renders them for `strategy`
     (kvaware: a static worker list and one KV event source per worker, as k8s.serving)."""
     from config.contracts import SERVING_NAMESPACE
-    from k8s.endpoint_spec import ROUTING_POLICIES
+    from config.endpoint_spec import ROUTING_POLICIES
     from k8s.router import RouterProps, router_args
     from k8s.workers import KV_BLOCK_SIZE
 

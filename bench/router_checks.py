@@ -66,7 +66,7 @@ def rendered(strategy: str | None = None, router: str | None = None,
 
     from config import resolve_environment
     from config.context import cdk_json_context
-    from k8s.endpoint_spec import arg_value
+    from config.endpoint_spec import arg_value
     from k8s.router_front import FRONT_CONFIG
     from k8s.serving import build_charts, load_endpoints, placeholder_facts
 

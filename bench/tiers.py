@@ -277,7 +277,7 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
 
     from config import resolve_environment
     from config.context import ROOT, cdk_json_context
-    from k8s.endpoint_spec import parse_endpoint
+    from config.endpoint_spec import parse_endpoint
     from k8s.serving import build_charts, fit_endpoint, placeholder_facts
 
     ctx = cdk_json_context(ROOT)

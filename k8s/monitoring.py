@@ -29,7 +29,7 @@ from config.contracts import (
     NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, SERVING_NAMESPACE,
 )
 from config.images import IMAGES, ImageResolver
-from k8s.endpoint_spec import EndpointSpec
+from config.endpoint_spec import EndpointSpec
 from k8s.flows import PROMETHEUS, Flow, Peer, monitoring_stack_flows
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.secret_fetch import fetch_secret_container

@@ -17,7 +17,7 @@ from config.contracts import (
     KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, NODE_START_MINUTES, ROUTER_BACKEND_PORT,
     ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
-from k8s.endpoint_spec import ROUTING_POLICIES, arg_value
+from config.endpoint_spec import ROUTING_POLICIES, arg_value
 from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,

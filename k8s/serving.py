@@ -14,12 +14,12 @@ from config import ConfigError, EnvironmentConfig
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
-from k8s.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
+from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
-from k8s.endpoint_spec import _gib
+from config.endpoint_spec import _gib
 from k8s.workers import (
     KV_BLOCK_SIZE, L2_READ_GBS_PER_RANK, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, l1_budget,

@@ -20,7 +20,7 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
 )
-from k8s.endpoint_spec import AutoScaling, arg_value, named_model
+from config.endpoint_spec import AutoScaling, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,

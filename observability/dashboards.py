@@ -22,7 +22,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from config import EnvironmentConfig
 from config.instances import gpu_shape
-from k8s.endpoint_spec import EndpointSpec
+from config.endpoint_spec import EndpointSpec
 from observability.metrics import (
     DCGM_JOB, ENDPOINT_LABEL, ROUTER_METRICS, ROUTERS_JOB, VALKEY_JOB, WORKERS_JOB,
 )

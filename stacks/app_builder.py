@@ -10,7 +10,7 @@ from cdk_nag import AwsSolutionsChecks
 from config import EnvironmentConfig
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from config.images import unpinned_images
-from k8s.endpoint_spec import EndpointSpec
+from config.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
 from stacks.cluster_stack import ClusterStack

@@ -10,7 +10,7 @@ from constructs.cluster_monitoring import ClusterMonitoring, ClusterMonitoringPr
 from constructs.managed_grafana_dashboards import (
     ManagedGrafanaDashboards, ManagedGrafanaDashboardsProps,
 )
-from k8s.endpoint_spec import EndpointSpec
+from config.endpoint_spec import EndpointSpec
 from k8s.monitoring import build_monitoring_charts, scrape_configs, scraped_endpoints
 from observability.dashboards import build_dashboards
 from stacks.common import log_retention, removal_policy

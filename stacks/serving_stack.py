@@ -12,7 +12,7 @@ from config.contracts import SERVING_NAMESPACE
 from constructs.naming import logical_id
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
-from k8s.endpoint_spec import EndpointSpec
+from config.endpoint_spec import EndpointSpec
 from k8s.router import router_name
 from k8s.serving import ServingFacts, build_charts, worker_service_account
 from stacks.common import removal_policy

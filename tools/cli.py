@@ -1,149 +1,20 @@
-"""What every `python -m tools` command shares: environment selection, errors, AWS clients.
+"""What every `python -m tools` command shares beyond `config.arguments`: the endpoint files
+as the synth validates them, AWS clients, and the entry point that turns failures into exit codes.
 
 Environments are picked exactly as the CDK app picks them (`--env NAME [--china]` reads
 `cdk.json` through `config.context` and validates it with `config.environment`), so a tool never
 disagrees with a synth about account, region, partition or bucket.
-
-Bad input is a `ToolError`: one line naming the field, the value and what is allowed, exit 2.
-A failure the user can only retry (a broken upload, an unreachable registry) is exit 1.
 """
 from __future__ import annotations
 
 import argparse
-import ipaddress
-import math
-import os
-import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterable
-from urllib.parse import urlsplit
+from typing import Any, Callable
 
-from rich.console import Console
-
-from config import ConfigError, EnvironmentConfig, resolve_environment
-from config.context import ROOT, cdk_json_context
-from config.errors import excerpt, printable, redact
-
-# Progress bars and notes go to stderr, results (tables, reports) to stdout.
-# Result lines are never wrapped (they are read and grepped); tables fit the terminal.
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-out_console = Console(highlight=False, soft_wrap=True)
-
-
-class ToolError(Exception):
-    """One line for the user; `exit_code` 2 = bad input, 1 = the work failed."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-    @classmethod
-    def bad_input(cls, field: str, value: Any, allowed: str | Iterable[str]) -> "ToolError":
-        if not isinstance(allowed, str):
-            allowed = ", ".join(str(a) for a in allowed)
-        return cls(f"{printable(field, 200)} = {excerpt(value)} is not valid; allowed: "
-                   f"{printable(allowed, 1000)}", exit_code=2)
-
-
-# --------------------------------------------------------------------------- argument types
-# argparse prints "argument --x: <message>": each type's message is the rest of the one line.
-
-
-def _refuse(text: str, allowed: str) -> argparse.ArgumentTypeError:
-    return argparse.ArgumentTypeError(f"{excerpt(text)} is not valid; allowed: {allowed}")
-
-
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-def finite_float(text: str) -> float:
-    """A number as written in ASCII; NaN and infinity pass every `<` check, so never."""
-    value = float(text) if _DECIMAL.fullmatch(text.strip()) else math.nan
-    if not math.isfinite(value):
-        raise _refuse(text, "a finite decimal number")
-    return value
-
-
-def http_url(text: str, *, base: bool = False) -> str:
-    """An http(s) URL with a host and a valid port, and no credential in it: what a URL
-    argument holds is printed and saved in reports."""
-    what = "an http:// or https:// " + ("base URL (no query)" if base else "URL")
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError:
-        raise _refuse(text, what + " with a port from 1 to 65535") from None
-    if len(text) > 2048 or not all("!" <= c <= "~" for c in text) \
-            or parts.scheme not in ("http", "https") or not _host(parts.hostname) or port == 0:
-        raise _refuse(text, what + ", e.g. http://10.0.0.5:8000")
-    if "@" in parts.netloc or redact(text) != text:
-        raise _refuse(text, what + " without a user, password or token in it (they would be "
-                      "printed and saved; --api-key-env sends a bearer token)")
-    if base and (parts.query or parts.fragment):
-        raise _refuse(text, what)
-    return text
-
-
-def _host(name: str | None) -> bool:
-    """A DNS name (labels of at most 63 characters) or an IP address."""
-    try:
-        return ipaddress.ip_address(name or "") is not None
-    except ValueError:
-        return bool(name) and len(name) <= 253 and all(
-            re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", label)
-            for label in name.rstrip(".").split("."))
-
-
-def base_url(text: str) -> str:
-    return http_url(text, base=True)
-
-
-def check_output_dir(field: str, path: Path) -> None:
-    """Before any work: `path` is, or can be made, a writable directory. Creates nothing."""
-    probe = path
-    while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ToolError.bad_input(field, str(path), f"a directory to write into ({probe} is "
-                                  "not a directory)")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ToolError.bad_input(field, str(path), f"a directory to write into ({probe} is "
-                                  "not writable)")
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def add_env_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", metavar="NAME",
-                        help="environment in cdk.json (default: its defaultEnvironment)")
-    parser.add_argument("--china", action="store_true",
-                        help="the environment's China variant (as `-c china=true`)")
-    parser.add_argument("--profile", metavar="NAME", help="AWS profile for credentials")
-
-
-def add_command(sub: argparse._SubParsersAction, name: str, func: Callable, help: str,
-                doc: str | None = None, *, env: bool = True,
-                **kwargs: Any) -> argparse.ArgumentParser:
-    """One `python -m tools` command: its parser (described by the module docstring's first
-    paragraph), the environment options, and the function it runs."""
-    p = sub.add_parser(name, help=help, description=(doc or help).split("\n\n")[0], **kwargs)
-    if env:
-        add_env_args(p)
-    p.set_defaults(func=func)
-    return p
-
-
-def load_environment(args: argparse.Namespace) -> EnvironmentConfig:
-    """The same resolution as `app.py`: cdk.json context, `env`, then the China switch."""
-    context = cdk_json_context(ROOT)
-    if getattr(args, "env", None):
-        context["env"] = args.env
-    if getattr(args, "china", False):
-        context["china"] = "true"
-    return resolve_environment(context)
+from config import ConfigError, EnvironmentConfig
+from config.arguments import ToolError
+from config.context import ROOT
 
 
 def load_endpoints(cfg: EnvironmentConfig) -> tuple:
@@ -152,19 +23,6 @@ def load_endpoints(cfg: EnvironmentConfig) -> tuple:
 
     return _load(cfg, ROOT)
 
-
-def pick_endpoint(cfg: EnvironmentConfig, endpoints: tuple, name: str | None):
-    names = [e.name for e in endpoints]
-    if name is None:
-        if len(endpoints) == 1:
-            return endpoints[0]
-        raise ToolError.bad_input("--endpoint", None, names or
-                                  f"none: environment '{cfg.name}' lists no endpoint files")
-    for e in endpoints:
-        if e.name == name:
-            return e
-    raise ToolError.bad_input("--endpoint", name, names or
-                              f"none: environment '{cfg.name}' lists no endpoint files")
 
 
 # --------------------------------------------------------------------------- AWS

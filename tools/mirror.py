@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from tools.cli import (
-    Aws, ToolError, add_command, err_console, load_endpoints, load_environment, out_console,
-)
+from config.arguments import ToolError, add_command, err_console, load_environment, out_console
+from tools.cli import Aws, load_endpoints
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "does not exist")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

@@ -19,10 +19,8 @@ from typing import Any, Iterable
 
 from config import EnvironmentConfig
 from config.instances import gpu_shape
-from tools.cli import (
-    Aws, ToolError, add_command, describe_aws_error, error_code, load_endpoints,
-    load_environment, out_console,
-)
+from config.arguments import ToolError, add_command, load_environment, out_console
+from tools.cli import Aws, describe_aws_error, error_code, load_endpoints
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 

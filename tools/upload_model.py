@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tools.cli import (
-    Aws, ToolError, add_command, err_console, error_code, load_endpoints, load_environment,
-    out_console, pick_endpoint,
+from config.arguments import (
+    ToolError, add_command, err_console, load_environment, out_console, pick_endpoint,
 )
+from tools.cli import Aws, error_code, load_endpoints
 
 MiB = 1024 * 1024
 CHECKSUM = "SHA256"

@@ -43,7 +43,7 @@ def _rendered_docs_json(strategy: str, replicas: int | None, router: str | None 
 
     from config import resolve_environment
     from config.context import cdk_json_context
-    from k8s.endpoint_spec import parse_endpoint
+    from config.endpoint_spec import parse_endpoint
     from k8s.serving import build_charts, placeholder_facts
 
     cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})

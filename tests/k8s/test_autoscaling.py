@@ -8,7 +8,7 @@ import yaml
 
 from config import ConfigError, resolve_environment
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
-from k8s.endpoint_spec import DEFAULT_WAITING_PER_WORKER, parse_endpoint
+from config.endpoint_spec import DEFAULT_WAITING_PER_WORKER, parse_endpoint
 from k8s.serving import load_endpoints
 from tests.conftest import context_for
 from tests.k8s.test_charts import SEED, _env, _spec, render

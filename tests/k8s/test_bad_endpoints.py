@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from config import resolve_environment
-from k8s.endpoint_spec import default_trigger
+from config.endpoint_spec import default_trigger
 from k8s.serving import load_endpoints
 from tests.catalogue import refused
 from tests.conftest import ROOT, context_for

@@ -12,7 +12,7 @@ import yaml
 
 from config import ConfigError, resolve_environment
 from config.contracts import GPU_RESOURCE, GPU_TAINT_KEY, SESSION_HEADER
-from k8s.endpoint_spec import parse_endpoint
+from config.endpoint_spec import parse_endpoint
 from k8s.serving import ServingFacts, build_charts, load_endpoints, worker_service_account
 from k8s.workers import L2Connection, MetricsSource
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL

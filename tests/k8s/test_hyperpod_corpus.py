@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from config import ConfigError, EnvironmentConfig, resolve_environment
-from k8s.endpoint_spec import ROUTING_POLICIES
+from config.endpoint_spec import ROUTING_POLICIES
 from k8s.serving import load_endpoints
 from tests.conftest import ROOT, context_for
 from tests.k8s.crds import is_custom_resource, validate_custom_resources

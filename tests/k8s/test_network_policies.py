@@ -20,7 +20,7 @@ import pytest
 from config.contracts import (
     LOAD_BALANCER_CIDR, MONITORING_NAMESPACE, SERVING_NAMESPACE,
 )
-from k8s.endpoint_spec import parse_endpoint
+from config.endpoint_spec import parse_endpoint
 from k8s.flows import HELM_PODS, Peer, monitoring_stack_flows
 from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, placeholder_facts

@@ -9,7 +9,7 @@ from k8s.router import (
     BODY_BYTES_PER_TOKEN, BODY_ENVELOPE_BYTES, TREE_BYTES_PER_CHAR, TREE_MEMORY_SHARE,
     RouterProps, context_tokens, memory_bytes, router_args,
 )
-from k8s.endpoint_spec import arg_value
+from config.endpoint_spec import arg_value
 
 
 def _props(**kw) -> RouterProps:

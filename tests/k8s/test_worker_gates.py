@@ -17,7 +17,7 @@ from tests.k8s.worker_gates import (
     assert_reaches_vllm, families_for, fake_root, memory_budget, run_container,
     worker_containers,
 )
-from k8s.endpoint_spec import parse_endpoint
+from config.endpoint_spec import parse_endpoint
 
 
 def _docs(synth) -> list[dict]:
@@ -126,7 +126,7 @@ SYSTEM_ALLOCATABLE = {"m6i.xlarge": (3.92, 14.5)}
 
 @pytest.mark.parametrize("backend", ["valkey", "tieredstorage", "lmcache-server"])
 def test_the_in_cluster_l2_fits_a_system_node_and_evicts(backend):
-    from k8s.endpoint_spec import _gib
+    from config.endpoint_spec import _gib
     cfg = _env("dev")
     raw = copy.deepcopy(SEED)
     raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = backend

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from config.images import IMAGE_FAMILIES, ImageFamily, image_family, image_for
-from k8s.endpoint_spec import _gib
+from config.endpoint_spec import _gib
 from k8s.secret_fetch import API_KEY_FILE
 from k8s.workers import (
     API_SERVER_MODULE, PROMETHEUS_DIR, VLLM_HOST_GIB_BASE, VLLM_HOST_GIB_PER_RANK,

@@ -10,7 +10,7 @@ import pytest
 
 from tests.catalogue import assert_one_clear_line
 from tools.__main__ import main
-from tools.cli import base_url
+from config.arguments import base_url
 
 # Enough to run: a run would start right after the arguments are accepted.
 RUN = ["--model", "m", "--scenarios", "cold-warm", "--requests", "1", "--repeats", "1",

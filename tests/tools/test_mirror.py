@@ -34,7 +34,8 @@ from botocore.stub import Stubber
 import config.images
 from config.images import Image
 from tools.__main__ import main
-from tools.cli import Aws, ToolError, load_environment
+from config.arguments import ToolError, load_environment
+from tools.cli import Aws
 from tools.mirror import (
     OCI_MANIFEST, ChartRef, Mirror, Skopeo, ecr_authfile, write_blob, write_oci_layout,
 )

@@ -9,7 +9,8 @@ import pytest
 from botocore.stub import Stubber
 
 from config.images import CHARTS, deployed_images
-from tools.cli import Aws, ToolError, load_endpoints, load_environment
+from config.arguments import ToolError, load_environment
+from tools.cli import Aws, load_endpoints
 from tools.preflight import FAIL, PASS, WARN, Preflight, print_rows
 
 CHINA = load_environment(argparse.Namespace(env="china", china=False))

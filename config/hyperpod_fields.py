@@ -1,6 +1,6 @@
 """Every field of HyperPod's `InferenceEndpointConfig` v1 and what this project does with it.
 
-One table drives three things: the reader in `k8s/endpoint_spec.py` (a field marked IGNORED
+One table drives three things: the reader in `config/endpoint_spec.py` (a field marked IGNORED
 becomes one synth warning naming it, a field in no row is a typo and an error), the table in
 docs/serving.md (a test keeps them equal) and a test that every path of the published CRD
 (aws/sagemaker-hyperpod-cli, `inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml`)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from k8s.hyperpod_fields import FIELDS, IGNORED, USED, field_for, markdown_table
+from config.hyperpod_fields import FIELDS, IGNORED, USED, field_for, markdown_table
 from tests.conftest import ROOT
 
 CRD_FIELDS = ROOT / "tests" / "fixtures" / "hyperpod" / "FIELDS.txt"

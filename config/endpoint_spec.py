@@ -1,7 +1,7 @@
 """Reads HyperPod `InferenceEndpointConfig` files (inference.sagemaker.aws.amazon.com/v1).
 
 A HyperPod user brings the file they have. What each field becomes is one table,
-`k8s/hyperpod_fields.py`: fields we act on are parsed into `EndpointSpec`, fields we do not act
+`config/hyperpod_fields.py`: fields we act on are parsed into `EndpointSpec`, fields we do not act
 on become one warning each (printed at synth), a field the CRD does not have is a `ConfigError`
 naming it, and so is a bad value.
 """
@@ -20,7 +20,7 @@ from config.errors import ConfigError, allowed_for, excerpt, type_name
 from config.files import load_yaml_document, read_repository_file
 from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape, pod_share
-from k8s.hyperpod_fields import FIELDS, ignored
+from config.hyperpod_fields import FIELDS, ignored
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"

@@ -264,7 +264,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
-            load_balancer_subnets=facts.load_balancer_subnets))
+            load_balancer_subnets=facts.load_balancer_subnets,
+            load_balancer_cidrs=cfg.network.load_balancer_cidrs))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)

@@ -23,7 +23,7 @@ from stacks.storage_stack import StorageStack
 
 @dataclass
 class EnvironmentStacks:
-    network: NetworkStack
+    network: NetworkStack | None      # None: the environment's existing VPC
     storage: StorageStack
     cluster: ClusterStack
     cache: CacheStack | None
@@ -44,15 +44,16 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     common = {"env": cdk.Environment(account=cfg.account, region=cfg.region),
               "tags": stack_tags}
     p = cfg.stack_prefix
-    network = NetworkStack(app, f"{p}-Network", cfg=cfg, **common)
+    network = (None if cfg.network.existing
+               else NetworkStack(app, f"{p}-Network", cfg=cfg, **common))
     storage = StorageStack(app, f"{p}-Storage", cfg=cfg,
                            endpoint_images=tuple(s.image for s in endpoints), **common)
     observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, **common)
                      if cfg.observability == "managed" else None)
     cluster = ClusterStack(
-        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, **common,
+        app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc if network else None, **common,
         amp_workspace_arn=observability.managed.workspace.attr_arn if observability else None)
-    cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=network.vpc,
+    cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=cluster.vpc,
                         client_security_group=cluster.cluster.cluster_security_group, **common)
              if cfg.cache.kind == "elasticache" else None)
     l2 = cache.cache if cache else None

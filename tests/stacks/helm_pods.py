@@ -154,13 +154,13 @@ def render(helm: Path, chart_dir: Path, props: Mapping[str, Any], kube_version: 
 
 
 def record(charts: Path) -> dict:
-    from tests.conftest import SHIPPED, _synth
+    from tests.conftest import DECLARED, _synth
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         helm = helm_binary(work)
-        for name in SHIPPED:
+        for name in DECLARED:
             synth = _synth(name, work / "cdk")
             for template in synth.templates.values():
                 for res in template["Resources"].values():

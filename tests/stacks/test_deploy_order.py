@@ -16,12 +16,12 @@ import pytest
 from config.contracts import NODE_START_MINUTES
 from tests.stacks import helm_pods
 from tests.stacks.cluster_model import (
+from tests.conftest import ENVIRONMENTS
     ADDON, ASSOCIATION, BUILTIN_GROUPS, BUILTIN_NAMESPACES, CLUSTER_SCOPED, HELM, MANIFEST,
     DeployGraph, Pod, manifest_objects, may_land_on, node_groups, pods_of_objects,
     stack_dependencies,
 )
 
-ENVS = ["dev", "china", "dev-cn"]
 # The kubectl handler is a Lambda function of at most 15 minutes (aws-eks-v2 KubectlProvider);
 # CDK refuses a Helm timeout above that (HelmChartTimeoutCannotHigher).
 HANDLER_LIMIT_S = 900
@@ -118,7 +118,7 @@ def order_problems(graph: DeployGraph, env: str) -> list[str]:
     return sorted(set(problems))
 
 
-@pytest.fixture(scope="module", params=ENVS)
+@pytest.fixture(scope="module", params=ENVIRONMENTS)
 def graph(request, synths):
     s = synths[request.param]
     return request.param, DeployGraph(s.templates, stack_dependencies(s.outdir))

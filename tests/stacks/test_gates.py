@@ -10,10 +10,10 @@ import pytest
 
 from config.images import unpinned_images
 from k8s.serving import load_endpoints
-from tests.conftest import ROOT, SHIPPED
+from tests.conftest import ROOT, ENVIRONMENTS
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_cdk_nag_and_cdk_validation_report_no_unacknowledged_findings(synths, name):
     report = json.loads((synths[name].outdir / "validation-report.json").read_text())
     plugins = {r["pluginName"]: r for r in report["pluginReports"]}
@@ -42,7 +42,7 @@ def test_validation_is_configured_as_errors():
     assert flags["@aws-cdk/core:validateAgainstDefaultRules"] is True
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_cfn_lint_has_no_errors_or_warnings(synths, name):
     s = synths[name]
     templates = sorted(str(p) for p in s.outdir.glob("*.template.json"))

@@ -111,6 +111,13 @@ def cli_context(environ: Mapping[str, str] = os.environ, root: Path = ROOT) -> d
     context = load_json_object("-", "CDK_CONTEXT_JSON", raw)
     if not isinstance(context, Mapping):
         raise ConfigError("-", "CDK_CONTEXT_JSON", context, "a JSON object")
+    overflow = environ.get("CONTEXT_OVERFLOW_LOCATION_ENV")   # what did not fit the variable
+    if overflow:
+        more = load_json_object("-", "CONTEXT_OVERFLOW_LOCATION_ENV",
+                                Path(overflow).read_text(encoding="utf-8"))
+        if not isinstance(more, Mapping):
+            raise ConfigError("-", "CONTEXT_OVERFLOW_LOCATION_ENV", more, "a JSON object")
+        context = {**context, **more}
     return {"environments": from_files["environments"], **context}
 
 

@@ -13,6 +13,7 @@ from cdk8s import ApiObject, App, Chart
 from config import ConfigError, EnvironmentConfig
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
+from k8s.placeholders import token
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.secret_fetch import ApiKey
@@ -187,17 +188,20 @@ def worker_service_account(endpoint: str) -> str:
 
 
 def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> ServingFacts:
-    """envsubst-style `${...}` where AWS assigns the value at deploy (the stacks' outputs): for
-    the GitOps YAML, and wherever charts are rendered without a CDK app."""
+    """Placeholders (k8s/placeholders.py) where AWS assigns the value at deploy (the stacks'
+    outputs): for the GitOps YAML, and wherever charts are rendered without a CDK app. What
+    config already knows (an existing VPC's load balancer subnets) is written as it is."""
+    lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
+                  if cfg.network.existing else token("LB_SUBNETS"))
     return ServingFacts(
-        router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
-        managed_l2=(L2Connection(url=f"rediss://${{L2_ENDPOINT}}:{CACHE_PORT}",
-                                 secret_arn="${L2_SECRET_ARN}")
+        router_image=token("ROUTER_IMAGE"), model_bucket=token("MODEL_BUCKET"),
+        managed_l2=(L2Connection(url=f"rediss://{token('L2_ENDPOINT')}:{CACHE_PORT}",
+                                 secret_arn=token("L2_SECRET_ARN"))
                     if cfg.cache.kind == "elasticache" else None),
         service_account={s.name: worker_service_account(s.name) for s in specs},
-        metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
-                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        api_key_secret_arn="${API_KEY_SECRET_ARN}", load_balancer_subnets="${LB_SUBNETS}")
+        metrics=(MetricsSource(token("AMP_QUERY_URL"), cfg.region)
+                 if cfg.observability == "managed" else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
+        api_key_secret_arn=token("API_KEY_SECRET_ARN"), load_balancer_subnets=lb_subnets)
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],

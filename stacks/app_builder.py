@@ -89,12 +89,15 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
 
 def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
                     outdir: Path) -> list[Path]:
-    """Plain YAML per chart for review and GitOps, with ${...} where AWS assigns a value.
+    """Plain YAML per chart for review and GitOps, with placeholders (k8s/placeholders.py)
+    where AWS assigns a value; `python -m tools fill` fills them from the stacks' outputs.
 
-    Serving charts, then monitoring: numbered files are Kubernetes objects in apply order; the
-    kube-prometheus-stack release is `helm/kube-prometheus-stack.values.yaml` (a values file,
-    not an object, so a tool applying the folder skips it) and must be installed after the
-    monitoring base and before the rules and dashboards, whose CRDs and sidecar it brings."""
+    A file's name is its apply phase and its chart (`20-<endpoint>-router.yaml`): applied in
+    name order, namespace and caches come first, then the endpoints, their policies, the
+    monitoring base; adding or removing an endpoint adds or removes its own files and renames
+    none. The kube-prometheus-stack release is `helm/kube-prometheus-stack.values.yaml` (a
+    values file, not an object, so a tool applying the folder skips it), installed after the
+    4x files and before the 5x ones, whose CRDs and sidecar it brings."""
     import cdk8s
     import yaml
 
@@ -107,13 +110,19 @@ def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
     monitoring = build_monitoring_charts(cdk8s.App(), cfg, endpoints)
     before_chart = [monitoring.base, monitoring.dcgm, monitoring.network_policies]
     after_chart = [c for c in (monitoring.rules, monitoring.dashboards) if c is not None]
+    names = {charts[0].node.id: "00", charts[-1].node.id: "30"}
+    names.update({c.node.id: "10" for c in charts[1:-1] if c.node.id.startswith("cache-")
+                  and not c.node.id.endswith(("-workers", "-router"))})
+    names.update({c.node.id: f"4{i}" for i, c in enumerate(before_chart)})
+    names.update({c.node.id: f"5{i}" for i, c in enumerate(after_chart)})
     helm_dir = outdir / "helm"
     helm_dir.mkdir(parents=True, exist_ok=True)
     for old in (*outdir.glob("*.yaml"), *helm_dir.glob("*.yaml")):
         old.unlink()
     written = []
-    for i, chart in enumerate([*charts, *before_chart, *after_chart]):
-        path = outdir / f"{i:02d}-{chart.node.id}.yaml"
+    for chart in [*charts, *before_chart, *after_chart]:
+        path = outdir / f"{names.get(chart.node.id, '20')}-{chart.node.id}.yaml"
+        assert not path.exists(), path   # two charts may not share a file
         path.write_text(yaml.safe_dump_all(chart.to_json(), sort_keys=False))
         written.append(path)
     repository, name = cfg.images.chart_source(CHART_KEY)
@@ -123,9 +132,7 @@ def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],
     values.write_text(
         f"# helm upgrade --install {RELEASE} {source} --version {CHARTS[CHART_KEY].version} "
         f"--namespace {MONITORING_NAMESPACE} -f {values.name}\n"
-        f"# Install after {written[len(charts) + len(before_chart) - 1].name}, before "
-        f"{', '.join(p.name for p in written[len(charts) + len(before_chart):]) or 'nothing else'}"
-        ".\n"
+        "# Install after the 4x files, before the 5x ones.\n"
         + yaml.safe_dump(placeholder_values(cfg, endpoints), sort_keys=False, width=1000))
     written.append(values)
     return written

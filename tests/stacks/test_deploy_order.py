@@ -57,10 +57,9 @@ def in_cluster_objects(graph: DeployGraph, env: str) -> list[InCluster]:
             {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"},
             {_group(o["apiVersion"]) for o in objs} - BUILTIN_GROUPS,
             {o["spec"]["group"] for o in objs if o["kind"] == "CustomResourceDefinition"}))
-    recorded = helm_pods.load().get(env, {})
     for rid, res in graph.resources(HELM).items():
         p = res["Properties"]
-        entry = recorded[p["Release"]]
+        entry = helm_pods.recorded_release(env, p)
         ns = p.get("Namespace", "default")
         out.append(InCluster(rid, "helm", helm_pods.recorded_pods(entry), {ns},
                              {ns} if p.get("CreateNamespace") else set(),

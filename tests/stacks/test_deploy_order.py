@@ -15,8 +15,8 @@ import pytest
 
 from config.contracts import NODE_START_MINUTES
 from tests.stacks import helm_pods
-from tests.stacks.cluster_model import (
 from tests.conftest import ENVIRONMENTS
+from tests.stacks.cluster_model import (
     ADDON, ASSOCIATION, BUILTIN_GROUPS, BUILTIN_NAMESPACES, CLUSTER_SCOPED, HELM, MANIFEST,
     DeployGraph, Pod, manifest_objects, may_land_on, node_groups, pods_of_objects,
     stack_dependencies,

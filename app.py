@@ -37,8 +37,9 @@ if lookup is not None:
           f"{lookup.account} ({lookup.region}); commit cdk.context.json", file=sys.stderr)
     sys.exit(0)
 
-from stacks.app_builder import build, write_manifests  # noqa: E402
+from stacks.app_builder import build, warning_summary, write_manifests  # noqa: E402
 
 stacks = build(app, cfg, endpoints)
 app.synth()
 write_manifests(cfg, endpoints, ROOT / "dist" / cfg.name)
+print(warning_summary(cfg, stacks.notices), file=sys.stderr)   # after CDK's own warnings

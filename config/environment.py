@@ -16,6 +16,7 @@ from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
 from .images import ImageResolver
 from .instances import GPU_SHAPES, gpu_shape
+from .notices import ACK_PATTERN
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
     RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
@@ -135,6 +136,8 @@ class EnvironmentConfig:
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
     alert_subscriptions: tuple[AlertSubscription, ...] = ()
     managed_grafana: bool = True      # `grafana: managed|none`; only with managed observability
+    # synth warnings the team has read and accepts (config/notices.py ids)
+    acknowledged_warnings: tuple[str, ...] = ()
 
     @property
     def images(self) -> ImageResolver:
@@ -518,6 +521,10 @@ def parse_environment(name: str, raw: Mapping[str, Any],
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
         managed_grafana=managed_grafana,
+        acknowledged_warnings=r.strings(
+            "acknowledgedWarnings", (), pattern=ACK_PATTERN, allowed="warning ids synth "
+            "prints in [ack: ...]: kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
+            "kvcache:check, kvcache:image-without-digest"),
     )
     r.done()
     return cfg

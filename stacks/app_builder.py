@@ -1,7 +1,7 @@
 """Composes one environment's stacks in dependency order and attaches the quality gates."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -10,6 +10,8 @@ from cdk_nag import AwsSolutionsChecks
 from config import EnvironmentConfig
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from config.images import unpinned_images
+from config.notices import CHANGED, CHECK, IGNORED, IMAGE_WITHOUT_DIGEST, KINDS, Notice, \
+    ack_id, kind_of
 from config.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
@@ -30,6 +32,7 @@ class EnvironmentStacks:
     observability: ObservabilityStack | None
     serving: ServingStack
     monitoring: MonitoringStack | None = None
+    notices: list[str] = field(default_factory=list)   # the synth warnings (config/notices.py)
 
     def all(self) -> list[cdk.Stack]:
         return [s for s in (self.network, self.storage, self.cluster, self.cache,
@@ -76,15 +79,46 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     for key, value in stack_tags.items():
         cdk.Tags.of(app).add(key, value)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
-    for image in unpinned_images():
-        cdk.Annotations.of(serving).add_warning_v2(
-            "kvcache:image-without-digest",
-            f"{image.source}:{image.tag} has no digest in config/images.py: run "
-            f"`python -m tools mirror --resolve --only {image.key}` and pin it")
-    for spec in endpoints:  # every field we do not act on, and every guess, said at synth
-        for warning in spec.warnings:
-            cdk.Annotations.of(serving).add_warning_v2("kvcache:endpoint-file", warning)
+    # Every change to the request, every field we do not act on, every guess, said at synth,
+    # each under the id of its kind (config/notices.py); the environment acknowledges ids.
+    stacks.notices = notices(cfg, endpoints)
+    annotate(serving, stacks.notices, cfg.acknowledged_warnings)
     return stacks
+
+
+def annotate(scope: cdk.Stack, warnings: list[str], acknowledged: tuple[str, ...]) -> None:
+    for warning in warnings:
+        cdk.Annotations.of(scope).add_warning_v2(ack_id(warning), warning)
+    for ack in acknowledged:
+        cdk.Annotations.of(scope).acknowledge_warning(ack, "acknowledged in the environment "
+                                                      "file")
+
+
+def notices(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> list[str]:
+    """The synth warnings of an environment: the images still without a digest, the endpoint
+    files' own, and the environment's."""
+    from k8s.serving import environment_notices
+
+    unpinned = [Notice(f"{i.source}:{i.tag} has no digest in config/images.py: run `python -m "
+                       f"tools mirror --resolve --only {i.key}` and pin it", CHECK,
+                       IMAGE_WITHOUT_DIGEST) for i in unpinned_images()]
+    return [*unpinned, *(w for s in endpoints for w in s.warnings),
+            *environment_notices(cfg, endpoints)]
+
+
+def warning_summary(cfg: EnvironmentConfig, warnings: list[str]) -> str:
+    """The line synth ends with: how many warnings of each kind are not acknowledged."""
+    acked = set(cfg.acknowledged_warnings)
+    open_ = [w for w in warnings if ack_id(w) not in acked]
+    count = {k: sum(kind_of(w) == k for w in open_) for k in KINDS}
+    changed_ids = sorted({ack_id(w) for w in open_ if kind_of(w) == CHANGED})
+    text = (f"kvcache: {count[CHANGED]} change(s) to your request, {count[IGNORED]} field(s) "
+            f"ignored, {count[CHECK]} to check; {len(warnings) - len(open_)} acknowledged")
+    if changed_ids:
+        text += (f". Changed: {', '.join(changed_ids)}: accept each in the environment "
+                 "file's acknowledgedWarnings, or change the request (docs/operations.md, "
+                 "Warnings)")
+    return text
 
 
 def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],

@@ -90,7 +90,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                                   certificate, f"an ACM certificate of account {cfg.account} in "
                                   f"{cfg.region} (arn:{cfg.facts.partition}:acm:{cfg.region}:"
                                   f"{cfg.account}:certificate/<id>), or the environment's "
-                                  "listener.certificateArn in cdk.json")
+                                  "listener.certificateArn in its environment file")
             warnings.append(changed(
                 f"{where}.tlsConfig.customCertificateConfig.acmArn: a certificate of {account} "
                 f"in {region} cannot serve a load balancer of {cfg.account} in {cfg.region}: "

@@ -127,7 +127,7 @@ class Preflight:
         if not instances:
             return [Row("IAM Identity Center", FAIL, f"no instance in {self.cfg.region}: "
                         "Amazon Managed Grafana needs one; enable IAM Identity Center, or set "
-                        f'"grafana": "none" for {self.cfg.name} in cdk.json')]
+                        f'"grafana": "none" in the environment file of {self.cfg.name}')]
         return [Row("IAM Identity Center", PASS, instances[0]["InstanceArn"])]
 
     def zones(self) -> list[Row]:

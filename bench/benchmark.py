@@ -559,7 +559,11 @@ def run_benchmark(c: BenchConfig, *, progress: bool = True,
         card = (client.get_json("/v1/models").get("data") or [{}])[0]
         model, max_len = model or card.get("id"), card.get("max_model_len")
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        if not model:
+        if not model and isinstance(exc, ConnectionError):   # no --model would help
+            raise ToolError(f"cannot reach {c.url}: {exc.strerror or exc}: check the URL and "
+                            "that this machine reaches it (an internal load balancer answers "
+                            "only inside its VPC)") from None
+        if not model:   # with --model, every request says it in the results
             raise ToolError.bad_input("--model", None, f"a model name (GET {c.url}/v1/models "
                                       f"did not answer: {exc})")
     if model == UNKNOWN_MODEL and not c.model:

@@ -4,8 +4,8 @@ the virtual-time benchmarks in `bench.vtime`).
 Why: a fake worker with an unbounded cache and a flat per-token cost flatters round robin (every
 worker ends up holding every prefix) and hides batching; the routing comparison is only worth
 something if a worker forgets like a GPU does and slows down like one under load. The figures are
-held against real vLLM 0.24 on an H100 (`bench/data/h100_vllm_0_24.json`, copied from
-`../shared/gpu/`; `tests/bench/test_emulator.py` keeps every prediction within 15%).
+held against real vLLM 0.24 on an H100 (`bench/data/h100_vllm_0_24.json`;
+`tests/bench/test_emulator.py` keeps every prediction within 15%).
 
 Model (one engine step at a time, as vLLM's scheduler runs it):
 - KV capacity: GPUs x memory in GiB (as the runtime reports it) x ``gpu_memory_utilization``,
@@ -52,8 +52,8 @@ MEASURED_FILE = Path(__file__).parent / "data" / "h100_vllm_0_24.json"
 SOURCES = (
     "Measured (the calibration): vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B shapes, prefix "
     "caching, chunked prefill 8192, CUDA graphs: cold and prefix-hit TTFT at 2K-64K, decode "
-    "steps at batch 1/8/32, KV capacity, CPU->GPU KV loads (`bench/data/h100_vllm_0_24.json`, "
-    "from ../shared/gpu/). Fitted: prefill at 0.78 of peak on the linear layers and 0.57 on "
+    "steps at batch 1/8/32, KV capacity, CPU->GPU KV loads (`bench/data/h100_vllm_0_24.json`)"
+    ". Fitted: prefill at 0.78 of peak on the linear layers and 0.57 on "
     "attention, decode at 0.75 of the memory bandwidth with no fixed step cost, a front end of "
     "12.2 ms + 1.09 us per prompt token, 1.5 GB per GPU of activation reserve.",
     "A10G: 24 GB GDDR6 (nvidia-smi: 23,028 MiB), 600 GB/s; tensor FP16 ~70 TFLOPS dense: "
@@ -65,7 +65,7 @@ SOURCES = (
     "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s; 79.2 GiB as the runtime reports it "
     "(measured; https://glennklockwood.com/garden/processors/h100).",
     "Not measured, kept from before: A10G TP 4 over PCIe prefills at 0.3 of peak (2 x A10G TP 2 "
-    "then make ~2,600 prompt tokens/s, within 20% of the ~2,200 published, project FACTS.md); "
+    "then make ~2,600 prompt tokens/s, within 20% of the ~2,200 published); "
     "the other A100/A10G efficiencies and the front end are the H100's.",
     "Llama-3.1-8B: 32 layers, d_model 4096, 8 KV heads x 128; Llama-3.1-70B: 80 layers, "
     "d_model 8192, 8 KV heads x 128 (the models' config.json); BF16 weights and KV.",
@@ -75,8 +75,8 @@ SOURCES = (
     "CPU<->GPU KV: 46 GB/s in vLLM's CPU offload (55 GB/s raw pinned copy), measured on the "
     "H100; LMCache 0.5.0's own counters there: ~28 GB/s CPU->GPU (retrieve_to_gpu_time), ~25 "
     "GB/s GPU->CPU (store_from_gpu_time).",
-    "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured here, "
-    "project FACTS.md) + 1 ms HTTP.",
+    "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured on one "
+    "core of a 2-core machine) + 1 ms HTTP.",
 )
 
 

@@ -408,7 +408,7 @@ def render_doc(doc: Path, out: Path) -> None:
     text += ["", "## Where cache_aware's render fan-out stops paying", "",
              "vllm-router 0.1.17's cache_aware renders every request on every worker and waits "
              "for the slowest; the added latency below is "
-             + ("modelled (see above; FACTS.md has measured ones: 4 workers 6.6 / 39.6 ms at "
+             + ("modelled (see above; measured on loopback: 4 workers 6.6 / 39.6 ms at "
                 "8K / 64K on loopback)" if VIRTUAL else "measured (warm prompt of the "
                 "context's size, direct vs through the router, median of 12)")
              + ". A cache hit saves "
@@ -488,7 +488,7 @@ def held_against_hardware(out: Path) -> list[str]:
     m = measured()["single_server"]
     lines = ["", "## Held against real hardware", "",
              "Real vLLM 0.24.0 on one H100 80GB (Llama-3.1-8B shapes; bench/data/"
-             "h100_vllm_0_24.json, from ../shared/gpu/) beside the `h100-8b` profile "
+             "h100_vllm_0_24.json) beside the `h100-8b` profile "
              "(tests/bench/test_emulator.py keeps every figure within 15%):", "",
              "| figure | real vLLM | emulator |", "|---|---|---|"]
     for n, v in m["ttft_ms"].items():

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from .context import ROOT, cdk_json_context
+from .context import ROOT, repository_context
 from .environment import EnvironmentConfig, resolve_environment
 from .errors import excerpt, printable, redact
 
@@ -115,7 +115,7 @@ def check_output_dir(field: str, path: Path) -> None:
 
 def add_env_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", metavar="NAME",
-                        help="environment in cdk.json (default: its defaultEnvironment)")
+                        help="environment: environments/NAME.json (needed when more than one)")
     parser.add_argument("--china", action="store_true",
                         help="the environment's China variant (as `-c china=true`)")
     parser.add_argument("--profile", metavar="NAME", help="AWS profile for credentials")
@@ -134,8 +134,8 @@ def add_command(sub: argparse._SubParsersAction, name: str, func: Callable, help
 
 
 def load_environment(args: argparse.Namespace) -> EnvironmentConfig:
-    """The same resolution as `app.py`: cdk.json context, `env`, then the China switch."""
-    context = cdk_json_context(ROOT)
+    """The same resolution as `app.py`: the environment files, `env`, then the China switch."""
+    context = repository_context(ROOT)
     if getattr(args, "env", None):
         context["env"] = args.env
     if getattr(args, "china", False):

@@ -23,14 +23,6 @@ SYSTEM_NAMESPACE = "kube-system"
 MONITORING_NAMESPACE = "kvcache-monitoring"
 KEDA_NAMESPACE = "keda"
 
-# The VPC (CDK) <-> NetworkPolicy ipBlocks. The router's NLB sits in the public subnets (/22
-# each, allocated first: 10.64.0.0/22, /4.0/22, ...), which hold no node and so no pod (the VPC
-# CNI gives pods their node's private-subnet addresses): the ipBlock that admits the NLB admits
-# no pod. tests/stacks check the synthesized subnets against both.
-VPC_CIDR = "10.64.0.0/16"
-PUBLIC_SUBNET_MASK = 22
-LOAD_BALANCER_CIDR = "10.64.0.0/19"   # every public subnet of up to 6 zones, no private one
-
 # Ports
 WORKER_PORT = 8000            # vLLM's OpenAI server
 ROUTER_PORT = 8000            # the router pod's client port (its front), and the Service

@@ -21,6 +21,7 @@ from config.files import load_yaml_document, read_repository_file
 from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape, pod_share
 from config.hyperpod_fields import FIELDS, ignored
+from config.notices import changed
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
 KIND = "InferenceEndpointConfig"
@@ -208,7 +209,8 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if not _MODEL_NAME.fullmatch(model_name):
         raise spec.fail("modelName", model_name, "letters, digits and . _ - : / + (at most 128, "
                         "starting with a letter or digit), e.g. Llama-3.1-8B-Instruct")
-    itype, shape = _instance_type(spec, instance_type_map or {}, node_instance_types, warnings)
+    itype, shape = _instance_type(spec, instance_type_map or {}, node_instance_types, warnings,
+                                  name)
     replicas = spec.get("replicas", int, 1)
     if not 1 <= replicas <= 64:
         raise spec.fail("replicas", replicas, "an integer from 1 to 64")
@@ -273,8 +275,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if strategy not in ROUTING_POLICIES:
         raise routing.fail("routingStrategy", strategy, tuple(ROUTING_POLICIES))
     if not routing.get("enabled", bool, False):  # the CRD's default, as on HyperPod
-        warnings.append(f"{file}: spec.intelligentRoutingSpec.enabled: absent or false "
-                        "(HyperPod's default): the router spreads requests roundrobin")
+        warnings.append(changed(f"{file}: spec.intelligentRoutingSpec.enabled: absent or false "
+                                "(HyperPod's default): the router spreads requests roundrobin",
+                                name, "intelligentRoutingSpec.enabled"))
         strategy = "roundrobin"
     routing.done(warnings)
 
@@ -384,9 +387,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
             raise worker._err(f"spec.worker.resources.requests.{key}", value,
                               "a Kubernetes quantity, e.g. 16 or 96Gi")
     if _cores(cpu) > share_cpu or _gib(memory) > share_gib:
-        warnings.append(f"{file}: spec.worker.resources.requests: cpu {cpu}, memory {memory} "
-                        f"exceed a {itype} worker's share of the node ({share_cpu} CPU, "
-                        f"{share_gib}Gi with {pods_per_node} per node): capped to it")
+        warnings.append(changed(f"{file}: spec.worker.resources.requests: cpu {cpu}, memory "
+                                f"{memory} exceed a {itype} worker's share of the node "
+                                f"({share_cpu} CPU, {share_gib}Gi with {pods_per_node} per "
+                                "node): capped to it", name, "worker.resources.requests"))
         cpu = cpu if _cores(cpu) <= share_cpu else str(share_cpu)
         memory = memory if _gib(memory) <= share_gib else f"{share_gib}Gi"
     # L1 lives in the worker's own memory: it must fit beside vLLM (8 GiB headroom). 0: sized
@@ -429,7 +433,7 @@ def _strings(doc: _Doc, key: str) -> tuple[str, ...]:
 
 
 def _instance_type(spec: _Doc, mapping: Mapping[str, str], node_types: tuple[str, ...],
-                   warnings: list[str]) -> tuple[str, Any]:
+                   warnings: list[str], endpoint: str) -> tuple[str, Any]:
     """The EC2 type the workers run on, and the shape defaults are sized from."""
     written = spec.get("instanceType", str, None)
     candidates = spec.get("instanceTypes", list, [])
@@ -440,14 +444,16 @@ def _instance_type(spec: _Doc, mapping: Mapping[str, str], node_types: tuple[str
             if not node_types:
                 raise spec.fail("instanceType", None, "a required field (e.g. ml.g5.24xlarge)")
             written = node_types[0]
-            warnings.append(f"{spec.file}: spec.instanceType: absent; the workers run on "
-                            f"{written}, the environment's first GPU node group type")
+            warnings.append(changed(f"{spec.file}: spec.instanceType: absent; the workers run "
+                                    f"on {written}, the environment's first GPU node group "
+                                    "type", endpoint, "instanceType"))
     elif candidates:
         warnings.append(f"{spec.file}: spec.instanceTypes: ignored: instanceType is set")
     served = mapping.get(written, ec2_type(written))
     if served != ec2_type(written):
-        warnings.append(f"{spec.file}: spec.instanceType: {written} is served on {served} "
-                        "(the environment's instanceTypeMap)")
+        warnings.append(changed(f"{spec.file}: spec.instanceType: {written} is served on "
+                                f"{served} (the environment's instanceTypeMap)", endpoint,
+                                "instanceType"))
     if gpu_shape(ec2_type(written)) is None and gpu_shape(served) is None:
         raise spec.fail("instanceType", written, "a GPU instance type, e.g. ml.g5.24xlarge")
     shape = gpu_shape(served)

@@ -16,6 +16,8 @@ from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
 from .images import ImageResolver
 from .instances import GPU_SHAPES, gpu_shape
+from .notices import ACK_PATTERN
+from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
     RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
 )
@@ -109,6 +111,7 @@ class EnvironmentConfig:
     region: str
     facts: RegionFacts
     availability_zones: tuple[str, ...]
+    network: NetworkConfig
     kubernetes_version: str
     nat_gateways: int
     cluster_endpoint: EndpointAccessConfig
@@ -133,6 +136,8 @@ class EnvironmentConfig:
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
     alert_subscriptions: tuple[AlertSubscription, ...] = ()
     managed_grafana: bool = True      # `grafana: managed|none`; only with managed observability
+    # synth warnings the team has read and accepts (config/notices.py ids)
+    acknowledged_warnings: tuple[str, ...] = ()
 
     @property
     def images(self) -> ImageResolver:
@@ -392,8 +397,10 @@ def _alert_subscriptions(r: _Reader) -> tuple[AlertSubscription, ...]:
     return tuple(subs)
 
 
-def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
-    """Turn one environment's context object into an `EnvironmentConfig`, or raise ConfigError."""
+def parse_environment(name: str, raw: Mapping[str, Any],
+                      lookups: Mapping[str, Any] | None = None) -> EnvironmentConfig:
+    """Turn one environment's fields into an `EnvironmentConfig`, or raise ConfigError.
+    `lookups`: the context holding CDK's cached lookups (an existing VPC's subnets)."""
     r = _Reader(name, raw, "")
     account = r.get("account", str)
     if not re.fullmatch(r"[0-9]{12}", account):
@@ -406,7 +413,17 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
                     allowed=f"2 to 6 zones of {region}, e.g. {region}a", min_len=2)
     if len(azs) > 6 or len(set(azs)) != len(azs):
         raise r.fail("availabilityZones", list(azs), f"2 to 6 distinct zones of {region}")
-    nat = r.integer("natGateways", 1, len(azs), 1)
+    if "existingVpc" in raw:
+        for own in ("vpcCidr", "natGateways"):
+            if own in raw:
+                raise r.fail(own, raw[own], "no value with existingVpc (the VPC and its NAT "
+                             "are the existing VPC's)")
+        network = existing_network(name, r.get("existingVpc", Mapping), account, region,
+                                   azs, lookups or {})
+        nat = 0
+    else:
+        network = created_network(name, "vpcCidr", r.get("vpcCidr", str, DEFAULT_VPC_CIDR))
+        nat = r.integer("natGateways", 1, len(azs), 1)
 
     ep = r.child("clusterEndpoint", {})
     public = ep.get("public", bool, False)
@@ -486,6 +503,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
 
     cfg = EnvironmentConfig(
         name=name, account=account, region=region, facts=facts, availability_zones=azs,
+        network=network,
         kubernetes_version=r.choice("kubernetesVersion", KUBERNETES_VERSIONS),
         nat_gateways=nat, cluster_endpoint=EndpointAccessConfig(public, cidrs),
         admin_role_names=r.strings("adminRoleNames", (), pattern=r"[\w+=,.@-]{1,64}",
@@ -503,13 +521,18 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
         managed_grafana=managed_grafana,
+        acknowledged_warnings=r.strings(
+            "acknowledgedWarnings", (), pattern=ACK_PATTERN, allowed="warning ids synth "
+            "prints in [ack: ...]: kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
+            "kvcache:check, kvcache:image-without-digest"),
     )
     r.done()
     return cfg
 
 
 def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
-    """Pick `-c env=NAME` (or the default) and apply `-c china=true|false`.
+    """Pick `-c env=NAME` (needed when more than one is declared) and apply
+    `-c china=true|false`.
 
     A China region implies the China variant. `china=true` on a global environment applies its
     `chinaVariant` overrides (region, account, zones, node types...); a flag that contradicts the
@@ -517,10 +540,15 @@ def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
     """
     envs = context.get("environments")
     if not isinstance(envs, Mapping) or not envs:
-        raise ConfigError("-", "context.environments", envs, "an object of environments")
-    name = context.get("env", context.get("defaultEnvironment"))
+        raise ConfigError("-", "environments", envs, "an object of environments (one file "
+                          "each: environments/NAME.json)")
+    name = context.get("env")
+    if name is None and len(envs) == 1:
+        name = next(iter(envs))
     if not isinstance(name, str) or name not in envs:
-        raise ConfigError(str(name), "env", name, sorted(envs))
+        raise ConfigError(str(name), "env", name, ", ".join(sorted(envs)) + " (environments/"
+                          "NAME.json; pick one with -c env=NAME, make synth ENV=NAME, or the "
+                          "tools' --env NAME)")
     if not isinstance(envs[name], Mapping):
         raise ConfigError(name, "<environment>", envs[name], "a JSON object of fields")
     raw = dict(envs[name])
@@ -538,7 +566,7 @@ def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
                           f"false for region {region!r}, or add a chinaVariant with a China region")
     if china_flag is False and is_china:
         raise ConfigError(name, "china", False, f"true (region {region} is in AWS China)")
-    return parse_environment(name, raw)
+    return parse_environment(name, raw, context)
 
 
 def _flag(env: str, value: Any) -> bool | None:

@@ -123,10 +123,12 @@ def load_yaml_document(env: str, rel: str, text: str) -> Any:
             "characters)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "the file"
+        where = f"{rel}: line {mark.line + 1}, column {mark.column + 1}" if mark else rel
         problem = getattr(err, "problem", None) or type(err).__name__
-        raise ConfigError(env, rel, f"malformed YAML at {where}: {problem}", "a YAML mapping") \
-            from None
+        context = getattr(err, "context", None)
+        raise ConfigError(env, where, problem, "well-formed YAML" + (
+            f" ({context} there; check the indentation and quotes)" if context
+            else " (check the indentation and quotes there)")) from None
     except RecursionError:
         raise ConfigError(env, rel, "YAML nested too deep", "an endpoint file as HyperPod "
                           "writes it") from None

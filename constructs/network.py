@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from aws_cdk import RemovalPolicy, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
-from config.contracts import PUBLIC_SUBNET_MASK, VPC_CIDR
+from config.network import NetworkConfig
 from constructs.nag import acknowledge
 from constructs.naming import logical_id
 
@@ -17,7 +17,9 @@ class NetworkProps:
     nat_gateways: int
     flow_log_retention: logs.RetentionDays
     removal_policy: RemovalPolicy
-    cidr: str = VPC_CIDR
+    cidr: str
+    public_subnet_mask: int       # config/network.py lays the VPC out
+    private_subnet_mask: int
     # Interface endpoints keep image pulls, STS and logs off the NAT. EKS and EKS Auth are not
     # offered as endpoints in every partition, so the region facts choose the list.
     interface_endpoints: tuple[str, ...] = ()  # InterfaceVpcEndpointAwsService constant names
@@ -35,11 +37,11 @@ class Network(Construct):
             nat_gateways=props.nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC,
-                                        cidr_mask=PUBLIC_SUBNET_MASK),
+                                        cidr_mask=props.public_subnet_mask),
                 # Pods take VPC addresses (VPC CNI): give the private tier room.
                 ec2.SubnetConfiguration(name="private",
                                         subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
-                                        cidr_mask=19),
+                                        cidr_mask=props.private_subnet_mask),
             ],
             restrict_default_security_group=True,
         )
@@ -60,3 +62,15 @@ class Network(Construct):
             "CloudFormation-Validate::W3010": "Zones are named in config on purpose: synth "
             "makes no lookups, and node groups, subnets and the cache agree on them.",
         })
+
+
+def existing_vpc(scope: Construct, id: str, *, network: NetworkConfig) -> ec2.IVpc:
+    """An existing VPC as CDK looked it up (config/network.py): its private subnets only, the
+    ones nodes, the cache and the kubectl handler use. Nothing is created in it."""
+    private = network.private_subnets
+    return ec2.Vpc.from_vpc_attributes(
+        scope, id, vpc_id=network.vpc_id, vpc_cidr_block=network.vpc_cidr,
+        availability_zones=[s.zone for s in private],
+        private_subnet_ids=[s.subnet_id for s in private],
+        private_subnet_route_table_ids=[s.route_table_id for s in private],
+        private_subnet_ipv4_cidr_blocks=[s.cidr for s in private])

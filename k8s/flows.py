@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from config.contracts import (
-    KEDA_NAMESPACE, LABEL_INSTANCE, LABEL_NAME, LOAD_BALANCER_CIDR, MONITORING_NAMESPACE,
-    MONITORING_RELEASE, PROMETHEUS_PORT,
+    KEDA_NAMESPACE, LABEL_INSTANCE, LABEL_NAME, MONITORING_NAMESPACE, MONITORING_RELEASE,
+    PROMETHEUS_PORT,
 )
 
 CONFIG_RELOADER_PORT = 8080      # prometheus-config-reloader's reloader-web
@@ -24,15 +24,15 @@ OPERATOR_PORT = 8080             # prometheus-operator's http (its TLS is off)
 
 @dataclass(frozen=True)
 class Peer:
-    """Pods selected by `labels` in `namespace`, or (`cidr`) addresses outside the cluster."""
+    """Pods selected by `labels` in `namespace`, or (`cidrs`) addresses outside the cluster."""
 
     name: str
     namespace: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-    cidr: str | None = None
+    cidrs: tuple[str, ...] = ()
 
     def __hash__(self) -> int:
-        return hash((self.name, self.namespace, tuple(sorted(self.labels.items())), self.cidr))
+        return hash((self.name, self.namespace, tuple(sorted(self.labels.items())), self.cidrs))
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,12 @@ def _operator_managed(name: str) -> Mapping[str, str]:
     return {LABEL_INSTANCE: f"{MONITORING_RELEASE}-{name}"}
 
 
-# The Network Load Balancer (IP targets, client IP preservation off): its nodes' addresses in
-# the public subnets, where no pod lives.
-LOAD_BALANCER = Peer("load-balancer", cidr=LOAD_BALANCER_CIDR)
+def load_balancer(cidrs: tuple[str, ...]) -> Peer:
+    """The Network Load Balancer (IP targets, client IP preservation off): its nodes' addresses
+    in the environment's load balancer subnets, where no pod lives (config/network.py)."""
+    return Peer("load-balancer", cidrs=tuple(cidrs))
+
+
 PROMETHEUS = Peer("prometheus", MONITORING_NAMESPACE, _operator_managed("prometheus"))
 ALERTMANAGER = Peer("alertmanager", MONITORING_NAMESPACE, _operator_managed("alertmanager"))
 GRAFANA = Peer("grafana", MONITORING_NAMESPACE,

@@ -30,6 +30,7 @@ from config.contracts import (
 )
 from config.images import IMAGES, ImageResolver
 from config.endpoint_spec import EndpointSpec
+from k8s.placeholders import token
 from k8s.flows import PROMETHEUS, Flow, Peer, monitoring_stack_flows
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.secret_fetch import fetch_secret_container
@@ -557,14 +558,14 @@ def build_monitoring_charts(app: App, cfg: EnvironmentConfig,
 
 # Values AWS assigns at deploy time, in the GitOps copy (dist/<env>/helm/): the stacks' outputs.
 PLACEHOLDERS = {
-    "remote_write": "${AMP_REMOTE_WRITE_URL}",        # <workspace endpoint>api/v1/remote_write
-    "grafana_admin_secret": "${GRAFANA_ADMIN_SECRET_ARN}",   # output GrafanaAdminSecretArn
-    "alert_topic": "${ALERT_TOPIC_ARN}",              # output AlertTopicArn
+    "remote_write": token("AMP_REMOTE_WRITE_URL"),     # <workspace endpoint>api/v1/remote_write
+    "grafana_admin_secret": token("GRAFANA_ADMIN_SECRET_ARN"),
+    "alert_topic": token("ALERT_TOPIC_ARN"),
 }
 
 
 def placeholder_values(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> dict:
-    """The kube-prometheus-stack values the Monitoring stack installs, with ${...} where the
+    """The kube-prometheus-stack values the Monitoring stack installs, with placeholders where the
     stack passes a deploy-time value (same function, so the two cannot drift)."""
     images = cfg.images
     if cfg.observability == "managed":

@@ -26,13 +26,13 @@ class NetworkPoliciesProps:
     flows: tuple[Flow, ...]     # only those whose destination is in `namespace` are used
 
 
-def _peer(source: Peer, namespace: str) -> dict:
-    if source.cidr:
-        return {"ipBlock": {"cidr": source.cidr}}
+def _peers(source: Peer, namespace: str) -> list[dict]:
+    if source.cidrs:
+        return [{"ipBlock": {"cidr": cidr}} for cidr in source.cidrs]
     peer: dict = {"podSelector": {"matchLabels": dict(source.labels)}}
     if source.namespace != namespace:
         peer["namespaceSelector"] = {"matchLabels": {NAMESPACE_NAME_LABEL: source.namespace}}
-    return peer
+    return [peer]
 
 
 def ingress_rules(flows: Iterable[Flow], namespace: str) -> list[dict]:
@@ -40,7 +40,7 @@ def ingress_rules(flows: Iterable[Flow], namespace: str) -> list[dict]:
     ports: dict[Peer, set[int]] = defaultdict(set)
     for f in flows:
         ports[f.source].add(f.port)
-    return [{"from": [_peer(src, namespace)],
+    return [{"from": _peers(src, namespace),
              "ports": [{"protocol": "TCP", "port": p} for p in sorted(ports[src])]}
             for src in sorted(ports, key=lambda s: s.name)]
 

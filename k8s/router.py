@@ -18,7 +18,7 @@ from config.contracts import (
     ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
 from config.endpoint_spec import ROUTING_POLICIES, arg_value
-from k8s.flows import LOAD_BALANCER, PROMETHEUS, Flow, Peer
+from k8s.flows import PROMETHEUS, Flow, Peer, load_balancer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
@@ -97,6 +97,9 @@ class RouterProps:
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
     load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
+    # The NLB's own addresses (its subnets' ranges, cfg.network.load_balancer_cidrs): the only
+    # sources the NetworkPolicy admits to the client port. Empty: no client gets in.
+    load_balancer_cidrs: tuple[str, ...] = ()
     # "vllm-router" (vllm-project/router) or "sglang-router" (sgl-project's Rust router): its
     # cache_aware keeps the prefix tree in the router and calls no worker per request. The
     # environment decides (EnvironmentConfig.router_implementation).
@@ -241,7 +244,8 @@ class RouterChart(Chart):
         discovery = not props.static_workers
         router = Peer(name, ns, sel)
         workers = Peer(f"{props.endpoint}-workers", ns, dict(props.worker_selector))
-        self.flows = (Flow(LOAD_BALANCER, router, ROUTER_PORT, "clients, through the NLB"),
+        self.flows = (Flow(load_balancer(props.load_balancer_cidrs), router, ROUTER_PORT,
+                           "clients, through the NLB"),
                       Flow(PROMETHEUS, router, ROUTER_METRICS_PORT, "router metrics"),
                       Flow(router, workers, props.worker_port, "requests, health, render/tokenize"))
         if props.kv_event_sources:
@@ -334,7 +338,7 @@ class RouterChart(Chart):
                                 f"{_LB}ssl-ports": str(ROUTER_PORT),
                                 f"{_LB}ssl-negotiation-policy": TLS_POLICY})
         if props.load_balancer_subnets:
-            # internal or not, the NLB's nodes live in the public subnets (LOAD_BALANCER_CIDR)
+            # internal or not, the NLB's nodes live in these subnets (load_balancer_cidrs)
             annotations[f"{_LB}subnets"] = props.load_balancer_subnets
         lb_spec = ({"loadBalancerSourceRanges": list(props.source_ranges)}
                    if props.source_ranges else {})

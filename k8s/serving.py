@@ -11,8 +11,10 @@ from pathlib import Path
 from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
+from config.notices import changed
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
+from k8s.placeholders import token
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.secret_fetch import ApiKey
@@ -51,7 +53,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     replicas = s.autoscaling.max_replicas if s.autoscaling else s.replicas
     verdict = l2_verdict(s.instance_type, parallel_ranks(s.worker_args), replicas)
     if s.l2_enabled and not s.l2_forced and not verdict.pays:
-        warnings.append(
+        warnings.append(changed(
             f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
             f"{s.instance_type} ({verdict.gpu}) a replica recomputes a token's KV (~"
             f"{verdict.recompute_us:.0f} us for an 8B-shaped model) faster than it reads it "
@@ -59,7 +61,8 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             f"LMCache's Redis client, {L2_READ_GBS_PER_RANK} GB/s per GPU, or its share of one "
             f"L2 server among {replicas} replica(s), measured), so every L2 hit would slow the "
             "request down; L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
-            "(docs/serving.md, 'The tier configuration, and why')")
+            "(docs/serving.md, 'The tier configuration, and why')", s.name,
+            "kvCacheSpec.enableL2Cache"))
         s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
     family = next((f for f in NOT_VLLM if f in s.image.source), None)
     if family:
@@ -87,11 +90,11 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                                   certificate, f"an ACM certificate of account {cfg.account} in "
                                   f"{cfg.region} (arn:{cfg.facts.partition}:acm:{cfg.region}:"
                                   f"{cfg.account}:certificate/<id>), or the environment's "
-                                  "listener.certificateArn in cdk.json")
-            warnings.append(f"{where}.tlsConfig.customCertificateConfig.acmArn: a certificate "
-                            f"of {account} in {region} cannot serve a load balancer of "
-                            f"{cfg.account} in {cfg.region}: the environment's "
-                            "listener.certificateArn does")
+                                  "listener.certificateArn in its environment file")
+            warnings.append(changed(
+                f"{where}.tlsConfig.customCertificateConfig.acmArn: a certificate of {account} "
+                f"in {region} cannot serve a load balancer of {cfg.account} in {cfg.region}: "
+                "the environment's listener.certificateArn does", s.name, "tlsConfig"))
             certificate = None
     if image_family(s.image) is None and not s.worker_command:
         warnings.append(f"{where}.worker.image: {s.worker_image} is not an image family we "
@@ -108,9 +111,10 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                               f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB)"
                               " (or a smaller kvCacheSpec.l1CacheSizeGiB)")
     if s.l2_enabled and s.l2_backend == "lmcache-server" and s.l2_url is None:
-        warnings.append(f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: lmcache-server is "
-                        "served by the in-cluster Valkey: LMCache's own server has no "
-                        "eviction and makes lookups wait behind writes (docs/serving.md)")
+        warnings.append(changed(
+            f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: lmcache-server is served by the "
+            "in-cluster Valkey: LMCache's own server has no eviction and makes lookups wait "
+            "behind writes (docs/serving.md)", s.name, "kvCacheSpec.l2CacheSpec.l2CacheBackend"))
     if s.l2_url and not s.l2_url.startswith(L2_SCHEMES):
         warnings.append(f"{where}.kvCacheSpec.l2CacheSpec.l2CacheLocalUrl: an lm:// LMCache "
                         "server has no eviction and serializes lookups behind writes on one "
@@ -187,17 +191,20 @@ def worker_service_account(endpoint: str) -> str:
 
 
 def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> ServingFacts:
-    """envsubst-style `${...}` where AWS assigns the value at deploy (the stacks' outputs): for
-    the GitOps YAML, and wherever charts are rendered without a CDK app."""
+    """Placeholders (k8s/placeholders.py) where AWS assigns the value at deploy (the stacks'
+    outputs): for the GitOps YAML, and wherever charts are rendered without a CDK app. What
+    config already knows (an existing VPC's load balancer subnets) is written as it is."""
+    lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
+                  if cfg.network.existing else token("LB_SUBNETS"))
     return ServingFacts(
-        router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
-        managed_l2=(L2Connection(url=f"rediss://${{L2_ENDPOINT}}:{CACHE_PORT}",
-                                 secret_arn="${L2_SECRET_ARN}")
+        router_image=token("ROUTER_IMAGE"), model_bucket=token("MODEL_BUCKET"),
+        managed_l2=(L2Connection(url=f"rediss://{token('L2_ENDPOINT')}:{CACHE_PORT}",
+                                 secret_arn=token("L2_SECRET_ARN"))
                     if cfg.cache.kind == "elasticache" else None),
         service_account={s.name: worker_service_account(s.name) for s in specs},
-        metrics=(MetricsSource("${AMP_QUERY_URL}", cfg.region) if cfg.observability == "managed"
-                 else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        api_key_secret_arn="${API_KEY_SECRET_ARN}", load_balancer_subnets="${LB_SUBNETS}")
+        metrics=(MetricsSource(token("AMP_QUERY_URL"), cfg.region)
+                 if cfg.observability == "managed" else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
+        api_key_secret_arn=token("API_KEY_SECRET_ARN"), load_balancer_subnets=lb_subnets)
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
@@ -264,7 +271,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
-            load_balancer_subnets=facts.load_balancer_subnets))
+            load_balancer_subnets=facts.load_balancer_subnets,
+            load_balancer_cidrs=cfg.network.load_balancer_cidrs))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)
@@ -273,6 +281,17 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
     policies.add_dependency(ns)
     return charts + [policies]
+
+
+def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[str]:
+    """Warnings about the environment's own request, judged with its endpoints."""
+    out: list[str] = []
+    if cfg.cache.kind == "self-hosted" and not any(_shared_kind(cfg, s) for s in specs):
+        out.append(changed(
+            "environment: cache.kind: self-hosted, but no endpoint uses an L2 (none sets "
+            "kvCacheSpec.enableL2Cache with a redis or valkey backend, or the L2 would not pay "
+            "on its GPU): no in-cluster Valkey is deployed", "environment", "cache.kind"))
+    return out
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

@@ -18,7 +18,7 @@ from observability.metrics import (
 
 # TTFT P90 objective. 2.5 s rather than 2 s: vLLM 0.27.1's TTFT histogram has buckets at 1.0 and
 # 2.5 s and none at 2, so at 2.5 the quantile is exact instead of a straight-line guess between
-# buckets. An environment may override it (`ttftObjectiveSeconds` in cdk.json).
+# buckets. An environment may override it (`ttftObjectiveSeconds` in its environment file).
 TTFT_P90_OBJECTIVE_SECONDS = 2.5
 # L2 get latency (P90) above which fetching KV from L2 stops paying off (LMCache buckets, ms).
 L2_GET_P90_SLOW_MS = 500

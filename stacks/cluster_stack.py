@@ -7,13 +7,18 @@ from config import EnvironmentConfig
 from config.images import ALB_CONTROLLER_VERSION
 from constructs.cluster_scaling import ClusterScaling, ClusterScalingProps
 from constructs.gpu_cluster import GpuCluster, GpuClusterProps
+from constructs.network import existing_vpc
 from stacks.common import removal_policy
 
 
 class ClusterStack(Stack):
-    def __init__(self, scope: Construct, id: str, *, cfg: EnvironmentConfig, vpc: ec2.IVpc,
-                 amp_workspace_arn: str | None = None, **kwargs) -> None:
+    def __init__(self, scope: Construct, id: str, *, cfg: EnvironmentConfig,
+                 vpc: ec2.IVpc | None, amp_workspace_arn: str | None = None, **kwargs) -> None:
+        """`vpc`: the Network stack's, or None for the environment's existing VPC."""
         super().__init__(scope, id, **kwargs)
+        if vpc is None:
+            vpc = existing_vpc(self, "ExistingVpc", network=cfg.network)
+        self.vpc = vpc
         built = GpuCluster(self, "Gpu", props=GpuClusterProps(
             vpc=vpc, kubernetes_version=cfg.kubernetes_version, facts=cfg.facts,
             public_endpoint_cidrs=(cfg.cluster_endpoint.public_cidrs

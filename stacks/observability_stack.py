@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, Fn, Stack
 from constructs import Construct
 
 from config import EnvironmentConfig
@@ -28,3 +28,7 @@ class ObservabilityStack(Stack):
         # AMP checks it may publish when the definition is set: policies first.
         self.managed.workspace.node.add_dependency(self.alerts)
         CfnOutput(self, "AlertTopicArn", value=self.alerts.topic.topic_arn)
+        # what the GitOps YAML's AMP placeholders are filled with (python -m tools fill)
+        CfnOutput(self, "AmpQueryUrl", value=self.managed.query_url)
+        CfnOutput(self, "AmpRemoteWriteUrl", value=Fn.join("", [
+            self.managed.workspace.attr_prometheus_endpoint, "api/v1/remote_write"]))

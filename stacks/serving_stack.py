@@ -46,8 +46,11 @@ class ServingStack(Stack):
             "A bearer key shared with clients: rotate by putting a new value and restarting "
             "the router and worker pods (they read it at start).")})
         CfnOutput(self, "ApiKeySecretArn", value=api_key.secret_arn)  # ${API_KEY_SECRET_ARN}
-        # The router NLBs' subnets: the public ones, where no pod has an address.
-        lb_subnets = Fn.join(",", [s.subnet_id for s in cluster.vpc.public_subnets])
+        # The router NLBs' subnets, where no pod has an address: the created VPC's public
+        # ones, or those the existing VPC's environment names.
+        lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
+                      if cfg.network.existing
+                      else Fn.join(",", [s.subnet_id for s in cluster.vpc.public_subnets]))
         accounts = {}
         identities: dict[str, PodIdentityRole] = {}   # service account -> its Pod Identity
         for spec in endpoints:

@@ -1,4 +1,11 @@
-"""Synthesize each shipped environment once per session; every test reads from that."""
+"""Synthesize each declared environment once per session, on first use; every test reads
+from that.
+
+The gates run on every environment the repository declares (environments/NAME.json and the
+China variant of each with a `chinaVariant`: config.context.declared_environments), so a team
+that adds one gets every gate for it with no edit here. `--environment NAME` (repeatable)
+narrows the gates to those environments.
+"""
 from __future__ import annotations
 
 import json
@@ -9,11 +16,35 @@ from pathlib import Path
 import pytest
 
 from config import EnvironmentConfig, resolve_environment
-from config.context import cdk_json_context
+from config.context import declared_environments, repository_context
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = {"dev": {"env": "dev"}, "china": {"env": "china"}, "dev-cn": {"env": "dev", "china": "true"}}
+DECLARED = declared_environments(ROOT)         # name -> the context that selects it
+# The environments the gates run on: every declared one, or those `--environment` names (the
+# list is narrowed in place before any test module is imported).
+ENVIRONMENTS: list[str] = sorted(DECLARED)
 _HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--environment", action="append", default=[], metavar="NAME",
+                     help="run the per-environment gates on this declared environment only "
+                          "(repeatable; default: every declared one)")
+
+
+def pytest_configure(config):
+    chosen = config.getoption("--environment")
+    unknown = sorted(set(chosen) - set(DECLARED))
+    if unknown:
+        raise pytest.UsageError(f"--environment {unknown[0]}: not declared; declared: "
+                                f"{', '.join(sorted(DECLARED))}")
+    if chosen:
+        ENVIRONMENTS[:] = [n for n in ENVIRONMENTS if n in chosen]
+
+
+def narrowed() -> bool:
+    """True when `--environment` left some declared environment out."""
+    return set(ENVIRONMENTS) != set(DECLARED)
 
 
 @dataclass
@@ -28,7 +59,8 @@ class Synth:
 
 
 def context_for(**overrides: str) -> dict:
-    return {**cdk_json_context(ROOT), **overrides}
+    """The repository's context; `env` defaults to the dev sample (tests of its properties)."""
+    return {**repository_context(ROOT), "env": "dev", **overrides}
 
 
 def normalise(text: str) -> str:
@@ -43,7 +75,7 @@ def _synth(name: str, tmp: Path) -> Synth:
 
     from k8s.serving import load_endpoints
 
-    ctx = context_for(**SHIPPED[name])
+    ctx = context_for(**DECLARED[name])
     cfg = resolve_environment(ctx)
     app = cdk.App(context=ctx, outdir=str(tmp / name))
     stacks = build(app, cfg, load_endpoints(cfg, ROOT))
@@ -52,19 +84,51 @@ def _synth(name: str, tmp: Path) -> Synth:
     return Synth(cfg, stacks, Path(assembly.directory), templates)
 
 
+class Synths(dict):
+    """name -> Synth, each environment synthesized the first time a test asks for it (a run
+    narrowed by -k or --environment synthesizes only what it uses)."""
+
+    def __init__(self, tmp: Path):
+        super().__init__()
+        self._tmp = tmp
+
+    def __missing__(self, name: str) -> Synth:
+        if name not in DECLARED:
+            raise KeyError(name)
+        self[name] = synth = _synth(name, self._tmp)
+        return synth
+
+    def all(self) -> dict[str, Synth]:
+        """Every environment the gates run on, synthesized."""
+        return {name: self[name] for name in ENVIRONMENTS}
+
+
+class Lazy(dict):
+    """key -> make(key), computed on first use (module fixtures keyed by environment)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key):
+        self[key] = value = self._make(key)
+        return value
+
+
 @pytest.fixture(scope="session")
-def synths(tmp_path_factory) -> dict[str, Synth]:
-    tmp = tmp_path_factory.mktemp("cdk")
-    return {name: _synth(name, tmp) for name in SHIPPED}
+def synths(tmp_path_factory) -> Synths:
+    return Synths(tmp_path_factory.mktemp("cdk"))
 
 
 @pytest.fixture(scope="session")
 def dev(synths) -> Synth:
+    """The shipped global sample (environments/dev.json): tests of its own properties."""
     return synths["dev"]
 
 
 @pytest.fixture(scope="session")
 def china(synths) -> Synth:
+    """The shipped China sample (environments/china.json)."""
     return synths["china"]
 
 

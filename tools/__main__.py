@@ -3,6 +3,8 @@
   upload-model   copy a local model directory to the environment's model bucket
   mirror         copy the pinned images (and charts) into the environment's ECR
   preflight      check an account and region before `cdk deploy`
+  smoke          send one request through an endpoint's router and say what is wrong
+  fill           fill the GitOps YAML's placeholders (dist/<env>/) from the stacks' outputs
   bench          measure TTFT, throughput, cache hits and cost of an OpenAI-compatible endpoint
   bench-compare  put two `bench` runs side by side
   calibrate      measure a vLLM worker and write an emulator profile (bench-routing --profile-file)
@@ -15,7 +17,7 @@ from typing import Sequence
 
 from bench import benchmark, calibrate
 from config.errors import printable
-from tools import mirror, preflight, upload_model
+from tools import fill, mirror, preflight, smoke, upload_model
 from tools.cli import run_command
 
 
@@ -30,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tools", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (upload_model, mirror, preflight, benchmark, calibrate):
+    for module in (upload_model, mirror, preflight, smoke, fill, benchmark, calibrate):
         module.register(sub)
     return p
 

@@ -77,8 +77,16 @@ class Preflight:
                            if images is None else images)
 
     def run(self) -> list[Row]:
-        rows: list[Row] = []
-        for check in (self.credentials, self.services, self.identity_center, self.zones,
+        # Every other check calls AWS with these credentials: without working ones each would
+        # fail with the same message, so the table holds that one row.
+        try:
+            rows: list[Row] = self.credentials()
+        except ToolError:
+            raise
+        except Exception as err:
+            return [Row("credentials", FAIL, f"{describe_aws_error(err)} (every other check "
+                        "needs them: nothing else was checked)")]
+        for check in (self.services, self.identity_center, self.zones,
                       self.offerings, self.quotas, self.kubernetes, self.images_in_ecr,
                       self.charts_in_ecr, self.models):
             try:
@@ -119,7 +127,7 @@ class Preflight:
         if not instances:
             return [Row("IAM Identity Center", FAIL, f"no instance in {self.cfg.region}: "
                         "Amazon Managed Grafana needs one; enable IAM Identity Center, or set "
-                        f'"grafana": "none" for {self.cfg.name} in cdk.json')]
+                        f'"grafana": "none" in the environment file of {self.cfg.name}')]
         return [Row("IAM Identity Center", PASS, instances[0]["InstanceArn"])]
 
     def zones(self) -> list[Row]:

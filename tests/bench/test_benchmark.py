@@ -404,3 +404,16 @@ def test_a_port_clash_is_told_apart_from_other_start_failures():
                                        "error 98)"))
     assert not port_clash(RouterStartError("vllm-router exited with 2: unknown argument"))
     assert not port_clash(OSError("already in use"))
+
+
+def test_an_unreachable_url_says_so_not_that_a_model_is_missing(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["bench", "--url", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "o"),
+                 "--repeats", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: cannot reach http://127.0.0.1:{port}") and "\n" not in err
+    assert "--model" not in err

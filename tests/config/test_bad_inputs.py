@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from config import resolve_environment
-from config.context import cdk_json_context, cli_context
+from config.context import cli_context, repository_context
 from config.errors import excerpt
 from tests.catalogue import assert_one_clear_line, refused
 from tests.conftest import ROOT, context_for
@@ -104,30 +104,58 @@ def test_narrow_and_private_ranges_pass():
     assert cfg.listener.source_ranges[0] == "203.0.113.0/24"
 
 
-# cdk.json itself, read strictly: (case, bytes of cdk.json, field)
+# The files themselves, read strictly: (case, file, bytes, field). cdk.json holds CDK's flags,
+# environments/NAME.json one environment each.
 GOOD = (ROOT / "cdk.json").read_bytes()
-CDK_JSON = [
-    ("duplicate key (the last would win)",
-     GOOD.replace(b'"defaultEnvironment": "dev",', b'"defaultEnvironment": "dev", '
-                  b'"defaultEnvironment": "china",'), "cdk.json"),
-    ("NaN price", GOOD.replace(b'"g5.24xlarge": 8.144', b'"g5.24xlarge": NaN'), "cdk.json"),
-    ("not UTF-8", GOOD.replace(b'"stage": "dev"', b'"stage": "d\xe9v"'), "cdk.json: line"),
-    ("malformed", GOOD[:-20], "cdk.json: line"),
-    ("escape character in a string", GOOD.replace(b'"stage": "dev"', b'"stage": "\\u001b[2J"'),
-     "cdk.json"),
-    ("not an object", b"[1, 2]", "cdk.json"),
-    ("nested too deep", b"[" * 5_000, "cdk.json"),
+DEV = (ROOT / "environments" / "dev.json").read_bytes()
+FILES = [
+    ("duplicate key (the last would win)", "environments/dev.json",
+     DEV.replace(b'"natGateways": 1,', b'"natGateways": 1, "natGateways": 3,'),
+     "environments/dev.json"),
+    ("NaN price", "environments/dev.json",
+     DEV.replace(b'"g5.24xlarge": 8.144', b'"g5.24xlarge": NaN'), "environments/dev.json"),
+    ("not UTF-8", "environments/dev.json", DEV.replace(b'"stage": "dev"', b'"stage": "d\xe9v"'),
+     "environments/dev.json: line"),
+    ("malformed", "environments/dev.json", DEV[:-20], "environments/dev.json: line"),
+    ("escape character in a string", "environments/dev.json",
+     DEV.replace(b'"stage": "dev"', b'"stage": "\\u001b[2J"'), "environments/dev.json"),
+    ("environment not an object", "environments/dev.json", b"[1, 2]", "environments/dev.json"),
+    ("nested too deep", "environments/dev.json", b"[" * 5_000, "environments/dev.json"),
+    ("a YAML environment file", "environments/prod.yaml", b"account: '1'",
+     "environments/prod.yaml"),
+    ("an upper-case name", "environments/Prod.json", DEV, "environments/Prod.json"),
+    ("a file named as a China variant", "environments/dev-cn.json", DEV, "chinaVariant"),
+    ("duplicate flag in cdk.json", "cdk.json",
+     GOOD.replace(b'"@aws-cdk/aws-iam:minimizePolicies": true,',
+                  b'"@aws-cdk/aws-iam:minimizePolicies": true, '
+                  b'"@aws-cdk/aws-iam:minimizePolicies": false,'), "cdk.json"),
+    ("cdk.json not an object", "cdk.json", b"[1, 2]", "cdk.json"),
+    ("environments left in cdk.json", "cdk.json",
+     GOOD.replace(b'"context": {', b'"context": {"environments": {"dev": {}},'),
+     "cdk.json: context.environments"),
 ]
 
 
-@pytest.mark.parametrize("case, body, field", CDK_JSON, ids=[c[0] for c in CDK_JSON])
-def test_bad_cdk_json_is_one_clear_line(tmp_path, capsys, case, body, field):
-    (tmp_path / "cdk.json").write_bytes(body)
-    refused(capsys, lambda: cdk_json_context(tmp_path), field)
+@pytest.mark.parametrize("case, name, body, field", FILES, ids=[c[0] for c in FILES])
+def test_bad_files_are_one_clear_line(tmp_path, capsys, case, name, body, field):
+    (tmp_path / "environments").mkdir()
+    (tmp_path / "cdk.json").write_bytes(GOOD)
+    (tmp_path / "environments" / "dev.json").write_bytes(DEV)
+    (tmp_path / name).write_bytes(body)
+    refused(capsys, lambda: repository_context(tmp_path), field)
+
+
+def test_no_environment_file_is_one_clear_line(tmp_path, capsys):
+    (tmp_path / "cdk.json").write_bytes(GOOD)
+    refused(capsys, lambda: repository_context(tmp_path), "environments/")
+    (tmp_path / "environments").mkdir()
+    refused(capsys, lambda: repository_context(tmp_path), "environments/")
 
 
 def test_the_clis_context_is_read_strictly_too(tmp_path, capsys):
     (tmp_path / "cdk.json").write_bytes(GOOD)
+    (tmp_path / "environments").mkdir()
+    (tmp_path / "environments" / "dev.json").write_bytes(DEV)
     refused(capsys, lambda: cli_context({"CDK_CONTEXT_JSON": '{"env": "dev", "env": "x"}'},
                                         tmp_path), "CDK_CONTEXT_JSON")
     refused(capsys, lambda: cli_context({"CDK_CONTEXT_JSON": "{"}, tmp_path), "CDK_CONTEXT_JSON")

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from config import ConfigError, resolve_environment
+from config.context import repository_context
 from tests.conftest import ROOT, context_for
 
 
@@ -39,8 +40,14 @@ def _error(ctx: dict) -> ConfigError:
     return info.value
 
 
+def test_more_than_one_environment_needs_a_name():
+    err = _error(repository_context(ROOT))
+    assert (err.field, err.value) == ("env", None)
+    assert err.allowed.startswith("china, dev (environments/NAME.json")
+
+
 def test_shipped_environments_resolve():
-    dev = resolve_environment(context_for())
+    dev = resolve_environment(context_for(env="dev"))
     assert (dev.name, dev.region, dev.facts.partition) == ("dev", "us-west-2", "aws")
     china = resolve_environment(context_for(env="china"))
     assert (china.facts.partition, china.use_ecr_images, china.observability) == (

@@ -395,7 +395,10 @@ def test_malformed_yaml_and_missing_file(tmp_path):
     cfg = resolve_environment(ctx)
     with pytest.raises(ConfigError) as info:
         load_endpoints(cfg, tmp_path)
-    assert "malformed YAML at line" in str(info.value)
+    # the whole problem, where it is, and what is allowed: nothing cut mid-sentence
+    assert info.value.field == "bad.yaml: line 2, column 1", info.value.field
+    assert "..." not in str(info.value) and str(info.value).endswith("quotes)")
+    assert info.value.allowed.startswith("well-formed YAML")
     ctx["environments"]["dev"]["endpoints"] = ["missing.yaml"]
     with pytest.raises(ConfigError) as info:
         load_endpoints(resolve_environment(ctx), tmp_path)

@@ -5,6 +5,7 @@ import json
 
 import cdk8s
 import kubernetes_validate
+import pytest
 import yaml
 
 from config.contracts import DEVICE_PLUGIN_LABEL
@@ -13,7 +14,8 @@ from k8s.monitoring import CHART_KEY, PLACEHOLDERS
 from k8s.device_plugin import DevicePluginChart
 from k8s.serving import load_endpoints
 from stacks.app_builder import write_manifests
-from tests.conftest import ROOT
+from k8s.placeholders import PATTERN, PLACEHOLDERS as FILLABLE
+from tests.conftest import ENVIRONMENTS, ROOT
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
 from tests.k8s.test_monitoring import _validate_prometheus_rule
 
@@ -34,42 +36,82 @@ def test_cluster_stack_applies_the_device_plugin(dev):
     assert "nvidia-device-plugin" in text
 
 
-def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
+@pytest.mark.parametrize("name", ENVIRONMENTS)
+def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths, name):
+    """Gate: every environment's GitOps YAML passes the strict schemas, holds no CDK token and
+    names what AWS assigns by placeholders the fill tool knows."""
+    cfg = synths[name].cfg
+    specs = load_endpoints(cfg, ROOT)
+    files = write_manifests(cfg, specs, tmp_path / name)
+    objects = [f for f in files if f.parent == tmp_path / name]
+    docs = [d for f in objects for d in yaml.safe_load_all(f.read_text())]
+    for doc in docs:
+        if doc["kind"] == "PrometheusRule":
+            _validate_prometheus_rule(doc)
+        elif not is_custom_resource(doc):
+            kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+    validate_custom_resources([d for d in docs if is_custom_resource(d)
+                               and d["kind"] != "PrometheusRule"])
+    text = "".join(f.read_text() for f in files)
+    assert "${Token[" not in text
+    named = set(PATTERN.findall(text))
+    assert named <= set(FILLABLE)
+    assert {"ROUTER_IMAGE", "MODEL_BUCKET", "API_KEY_SECRET_ARN"} <= named
+    assert ("LB_SUBNETS" in named) is (not cfg.network.existing)
+    managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
+    assert {"L2_ENDPOINT", "L2_SECRET_ARN"} <= named if managed_l2 else not (
+        {"L2_ENDPOINT", "L2_SECRET_ARN"} & named)
+
+
+def test_dist_file_names_of_the_samples(tmp_path, synths):
     for name in ("dev", "china"):
         cfg = synths[name].cfg
-        specs = load_endpoints(cfg, ROOT)
-        files = write_manifests(cfg, specs, tmp_path / name)
-        monitoring = (["04-monitoring-base.yaml", "05-dcgm-exporter.yaml",
-                       "06-monitoring-network-policies.yaml"]
-                      + (["07-alert-rules.yaml", "08-dashboards.yaml"]
+        files = write_manifests(cfg, load_endpoints(cfg, ROOT), tmp_path / name)
+        monitoring = (["40-monitoring-base.yaml", "41-dcgm-exporter.yaml",
+                       "42-monitoring-network-policies.yaml"]
+                      + (["50-alert-rules.yaml", "51-dashboards.yaml"]
                          if cfg.observability == "self-hosted" else []))
         assert [f.name for f in files] == ["00-namespace.yaml",
-                                           "01-llama-8b-intel-routing-workers.yaml",
-                                           "02-llama-8b-intel-routing-router.yaml",
-                                           "03-serving-network-policies.yaml",
+                                           "20-llama-8b-intel-routing-workers.yaml",
+                                           "20-llama-8b-intel-routing-router.yaml",
+                                           "30-serving-network-policies.yaml",
                                            *monitoring, "kube-prometheus-stack.values.yaml"]
-        objects = [f for f in files if f.parent == tmp_path / name]
-        docs = [d for f in objects for d in yaml.safe_load_all(f.read_text())]
-        for doc in docs:
-            if doc["kind"] == "PrometheusRule":
-                _validate_prometheus_rule(doc)
-            elif not is_custom_resource(doc):
-                kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
-        validate_custom_resources([d for d in docs if is_custom_resource(d)
-                                   and d["kind"] != "PrometheusRule"])
-        text = "".join(f.read_text() for f in files)
-        assert "${Token[" not in text
-        for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}", "${API_KEY_SECRET_ARN}",
-                            "${LB_SUBNETS}"):
-            assert placeholder in text, placeholder
-        managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
-        for placeholder in ("${L2_ENDPOINT}", "${L2_SECRET_ARN}"):
-            assert (placeholder in text) is managed_l2, placeholder
 
 
-def test_dist_holds_the_monitoring_objects_the_stack_deploys(tmp_path, synths):
-    """Same charts and same values as the Monitoring stack, AWS-assigned values as ${...}."""
-    for name in ("dev", "china"):
+def test_an_endpoints_files_keep_their_names_when_another_is_added(tmp_path):
+    """GitOps: adding an endpoint (and the in-cluster cache it brings) adds files and renames
+    none, so the diff holds only what changed; removing it takes only its own files away."""
+    import copy
+
+    from config.endpoint_spec import parse_endpoint
+    from tests.k8s.test_charts import SEED, _env
+
+    cfg = _env("dev", cache={"kind": "self-hosted"})
+    specs = load_endpoints(cfg, ROOT)
+    raw = copy.deepcopy(SEED)
+    raw["metadata"]["name"] = "aaa-first-in-order"
+    added = parse_endpoint(cfg.name, "endpoints/aaa.yaml", raw)
+    assert added.l2_enabled    # it brings the in-cluster Valkey: one more chart before it
+    before = {f.name: f.read_text() for f in write_manifests(cfg, specs, tmp_path / "a")}
+    after = {f.name: f.read_text() for f in write_manifests(cfg, (added, *specs),
+                                                            tmp_path / "b")}
+    assert set(before) < set(after)
+    new = set(after) - set(before)
+    assert {n for n in new if "aaa-first-in-order" in n} == {
+        "20-aaa-first-in-order-workers.yaml", "20-aaa-first-in-order-router.yaml"}
+    assert all(n.startswith(("10-cache-", "20-aaa-")) for n in new), new
+    for name in ("20-llama-8b-intel-routing-workers.yaml", "20-llama-8b-intel-routing-router.yaml"):
+        assert after[name] == before[name]
+    # and removed again: exactly the files it added are gone
+    again = {f.name for f in write_manifests(cfg, specs, tmp_path / "b")}
+    assert again == set(before)
+
+
+@pytest.mark.parametrize("name", ENVIRONMENTS)
+def test_dist_holds_the_monitoring_objects_the_stack_deploys(tmp_path, synths, name):
+    """Same charts and same values as the Monitoring stack, AWS-assigned values as
+    placeholders."""
+    if True:
         s = synths[name]
         files = write_manifests(s.cfg, load_endpoints(s.cfg, ROOT), tmp_path / name)
         by_name = {f.name: f for f in files}

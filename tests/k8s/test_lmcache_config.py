@@ -19,6 +19,8 @@ import yaml
 
 from config.images import image_for, lmcache_version
 from k8s.workers import tier_settings
+from k8s.serving import load_endpoints
+from tests.conftest import ENVIRONMENTS, ROOT
 from tests.k8s.lmcache_parse import LMCACHE_PY, NEWEST, PARSERS, parse, parser_versions
 from tests.k8s.test_charts import SEED, _env, _spec, render
 
@@ -126,6 +128,23 @@ def test_the_images_lmcache_reads_the_values_we_render(parsed, case):
         assert health == ("local_cpu" if image.endswith("v0.5.4") else None), version
         # the token exists only in the pod's memory volume, never in what we render
         assert "s3cretT0ken" not in yaml.safe_dump_all(docs)
+
+
+@pytest.mark.parametrize("name", ENVIRONMENTS)
+def test_every_environments_workers_config_is_read_by_their_lmcache(synths, name, tmp_path):
+    """Gate: each endpoint of the environment, as its Serving stack applies it, read by the
+    LMCache release its image carries."""
+    s = synths[name]
+    charts = {c.node.id: c for c in s.stacks.serving.charts}
+    specs = load_endpoints(s.cfg, ROOT)
+    assert specs or not s.cfg.endpoint_files
+    for i, spec in enumerate(specs):
+        docs = charts[f"{spec.name}-workers"].to_json()
+        path = _config_file(docs, tmp_path / f"endpoint{i}")
+        rendered = yaml.safe_load(path.read_text())
+        for version in parsers_for(spec.worker_image):
+            (got,) = parse(version, [str(path)])
+            check_parsed(got, rendered, spec.worker_image)
 
 
 # LMCache's own remote backend, built as a worker builds it: config file + env, then the

@@ -17,9 +17,7 @@ import cdk8s
 import kubernetes_validate
 import pytest
 
-from config.contracts import (
-    LOAD_BALANCER_CIDR, MONITORING_NAMESPACE, SERVING_NAMESPACE,
-)
+from config.contracts import MONITORING_NAMESPACE, SERVING_NAMESPACE
 from config.endpoint_spec import parse_endpoint
 from k8s.flows import HELM_PODS, Peer, monitoring_stack_flows
 from k8s.monitoring import build_monitoring_charts
@@ -29,7 +27,9 @@ from tests.k8s.test_charts import SEED, _env
 
 OWNED = (SERVING_NAMESPACE, MONITORING_NAMESPACE)
 CASES = [("dev", "prefixaware", "redis"), ("dev", "kvaware", "valkey"),
-         ("china", "session", "lmcache-server"), ("china", "roundrobin", None)]
+         ("china", "session", "lmcache-server"), ("china", "roundrobin", None),
+         # a team's own range: the load balancer's ipBlock follows it
+         ("dev@172.24.0.0/18", "prefixaware", None)]
 
 
 def _specs(cfg, strategy, backend):
@@ -46,13 +46,16 @@ def _specs(cfg, strategy, backend):
     return tuple(specs)
 
 
-PRIVATE_SUBNET = "10.64.32.0/19"   # the first private subnet (tests/stacks check the layout)
+def private_subnet(cfg) -> ipaddress.IPv4Network:
+    """The first private subnet of the environment's layout (tests/stacks check the layout)."""
+    net = ipaddress.ip_network(cfg.network.vpc_cidr)
+    return list(net.subnets(new_prefix=cfg.network.private_subnet_mask))[1]
 
 
-def _universe(docs) -> list[Endpoint]:
-    hosts = ipaddress.ip_network(PRIVATE_SUBNET).hosts()   # pods take node-subnet addresses
+def _universe(cfg, docs) -> list[Endpoint]:
+    hosts = private_subnet(cfg).hosts()   # pods take node-subnet addresses
     next(hosts)
-    nlb = next(ipaddress.ip_network(LOAD_BALANCER_CIDR).hosts())
+    nlb = next(ipaddress.ip_network(cfg.network.load_balancer_cidrs[0]).hosts())
     out = [Endpoint("nlb-node", str(nlb)),                        # the NLB's ENI
            Endpoint("vpc-node", str(next(hosts))),                # a node or VM in the VPC
            Endpoint("internet", "203.0.113.5")]
@@ -72,8 +75,8 @@ def _universe(docs) -> list[Endpoint]:
 
 
 def _matches(peer: Peer, e: Endpoint) -> bool:
-    if peer.cidr:
-        return ipaddress.ip_address(e.ip) in ipaddress.ip_network(peer.cidr)
+    if peer.cidrs:
+        return any(ipaddress.ip_address(e.ip) in ipaddress.ip_network(c) for c in peer.cidrs)
     return e.namespace == peer.namespace and all(
         e.labels.get(k) == v for k, v in peer.labels.items())
 
@@ -81,14 +84,15 @@ def _matches(peer: Peer, e: Endpoint) -> bool:
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(map(str, c)))
 def case(request):
     env, strategy, backend = request.param
-    cfg = _env(env)
+    env, _, vpc = env.partition("@")
+    cfg = _env(env, **({"vpcCidr": vpc} if vpc else {}))
     specs = _specs(cfg, strategy, backend)
     serving = build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs))
     monitoring = build_monitoring_charts(cdk8s.App(), cfg, specs)
     flows = tuple(f for c in [*serving, *monitoring.all()] for f in getattr(c, "flows", ()))
     flows += monitoring_stack_flows(cfg.observability == "self-hosted")
     docs = [d for c in [*serving, *monitoring.all()] for d in c.to_json()]
-    universe = _universe(docs)
+    universe = _universe(cfg, docs)
     if cfg.observability != "self-hosted":   # agent mode: no Alertmanager, no Grafana
         universe = [e for e in universe if e.name not in ("alertmanager", "grafana")]
     return cfg, docs, flows, universe

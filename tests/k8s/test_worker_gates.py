@@ -11,7 +11,7 @@ import pytest
 from config.images import IMAGE_FAMILIES
 from k8s.serving import build_charts
 from k8s.workers import TIER_POLICY, tier_settings
-from tests.conftest import SHIPPED
+from tests.conftest import ENVIRONMENTS
 from tests.k8s.test_charts import SEED, _env, _facts
 from tests.k8s.worker_gates import (
     assert_reaches_vllm, families_for, fake_root, memory_budget, run_container,
@@ -24,7 +24,7 @@ def _docs(synth) -> list[dict]:
     return [d for chart in synth.stacks.serving.charts for d in chart.to_json()]
 
 
-@pytest.mark.parametrize("env", sorted(SHIPPED))
+@pytest.mark.parametrize("env", ENVIRONMENTS)
 def test_shipped_workers_reach_vllm_in_their_images_layout(synths, env, tmp_path):
     docs = _docs(synths[env])
     pods = worker_containers(docs)
@@ -43,7 +43,7 @@ def _upstream(image: str) -> str:
     return image.split("/kvcache/", 1)[1] if "/kvcache/" in image else image
 
 
-@pytest.mark.parametrize("env", sorted(SHIPPED))
+@pytest.mark.parametrize("env", ENVIRONMENTS)
 def test_shipped_workers_fit_their_memory(synths, env):
     docs = _docs(synths[env])
     for pod, container in worker_containers(docs):
@@ -111,7 +111,7 @@ def test_tier_policy_is_data_for_each_lmcache():
     assert all(t.why for t in TIER_POLICY)
 
 
-@pytest.mark.parametrize("env", sorted(SHIPPED))
+@pytest.mark.parametrize("env", ENVIRONMENTS)
 def test_workers_call_no_outside_host(synths, env):
     for _, container in worker_containers(_docs(synths[env])):
         values = {e["name"]: e.get("value") for e in container["env"]}

@@ -27,7 +27,7 @@ from observability.alerting import (
 )
 from observability.metrics import ENDPOINT_LABEL
 from observability.rules import alert_groups
-from tests.conftest import SHIPPED, resources
+from tests.conftest import ENVIRONMENTS, resources
 
 ENDPOINT = "llama-3-1-8b-instruct"
 
@@ -72,7 +72,7 @@ def _alerts(cfg):
 @pytest.fixture(scope="module")
 def configs(synths, tmp_path_factory):
     out = {}
-    for name in SHIPPED:
+    for name in ENVIRONMENTS:
         config, in_cluster = shipped_config(synths[name])
         path = tmp_path_factory.mktemp("am") / f"{name}.yml"
         path.write_text(yaml.safe_dump(config))
@@ -80,7 +80,7 @@ def configs(synths, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_config_is_valid_for_alertmanager_and_delivers_only_to_sns(configs, synths, name):
     path, config, in_cluster = configs[name]
     proc = subprocess.run([_tool("amtool"), "check-config", str(path)], capture_output=True,
@@ -97,7 +97,7 @@ def test_config_is_valid_for_alertmanager_and_delivers_only_to_sns(configs, synt
     assert other == ([NULL_RECEIVER] if in_cluster else [])   # AMP allows SNS receivers only
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_every_alert_reaches_the_receiver_of_its_severity(configs, synths, name):
     path, _, in_cluster = configs[name]
     alerts = _alerts(synths[name].cfg)
@@ -200,7 +200,7 @@ def test_alertmanager_inhibits_symptoms_of_the_same_endpoint_only(configs, tmp_p
             assert source["fingerprint"] not in got[(target, other_key)]["status"]["inhibitedBy"]
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_topic_is_encrypted_subscribed_from_config_and_publishable_by_the_alertmanager(
         synths, name):
     s = synths[name]

@@ -12,7 +12,7 @@ import yaml
 from config.images import CHARTS
 from k8s.monitoring import CHART_KEY, chart_images
 from observability.rules import render
-from tests.conftest import SHIPPED, dumps, normalise, resources
+from tests.conftest import ENVIRONMENTS, dumps, normalise, resources
 
 MANAGED_TYPES = ("AWS::APS::", "AWS::Grafana::", "Custom::GrafanaDashboards")
 
@@ -104,7 +104,7 @@ def test_rules_and_dashboards_wait_for_the_chart_s_crds(synths, name):
     assert helm_id in rules.get("DependsOn", [])
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_monitoring_template_snapshot(synths, name, snapshot):
     s = synths[name]
     text = json.dumps(s.template("Monitoring"), indent=1, sort_keys=True)

@@ -8,13 +8,13 @@ import re
 from config import resolve_environment
 from observability.alerting import INHIBITIONS
 from observability.rules import alert_groups
-from tests.conftest import ROOT, SHIPPED, context_for
+from tests.conftest import DECLARED, ROOT, context_for
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
 
 
 def _shipped_alerts() -> set[str]:
-    cfgs = [resolve_environment(context_for(**ctx)) for ctx in SHIPPED.values()]
+    cfgs = [resolve_environment(context_for(**ctx)) for ctx in DECLARED.values()]
     ctx = copy.deepcopy(context_for(env="dev"))
     ctx["environments"]["dev"]["cache"] = {"kind": "self-hosted"}
     cfgs.append(resolve_environment(ctx))

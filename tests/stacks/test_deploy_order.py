@@ -15,13 +15,13 @@ import pytest
 
 from config.contracts import NODE_START_MINUTES
 from tests.stacks import helm_pods
+from tests.conftest import ENVIRONMENTS
 from tests.stacks.cluster_model import (
     ADDON, ASSOCIATION, BUILTIN_GROUPS, BUILTIN_NAMESPACES, CLUSTER_SCOPED, HELM, MANIFEST,
     DeployGraph, Pod, manifest_objects, may_land_on, node_groups, pods_of_objects,
     stack_dependencies,
 )
 
-ENVS = ["dev", "china", "dev-cn"]
 # The kubectl handler is a Lambda function of at most 15 minutes (aws-eks-v2 KubectlProvider);
 # CDK refuses a Helm timeout above that (HelmChartTimeoutCannotHigher).
 HANDLER_LIMIT_S = 900
@@ -57,10 +57,9 @@ def in_cluster_objects(graph: DeployGraph, env: str) -> list[InCluster]:
             {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"},
             {_group(o["apiVersion"]) for o in objs} - BUILTIN_GROUPS,
             {o["spec"]["group"] for o in objs if o["kind"] == "CustomResourceDefinition"}))
-    recorded = helm_pods.load().get(env, {})
     for rid, res in graph.resources(HELM).items():
         p = res["Properties"]
-        entry = recorded[p["Release"]]
+        entry = helm_pods.recorded_release(env, p)
         ns = p.get("Namespace", "default")
         out.append(InCluster(rid, "helm", helm_pods.recorded_pods(entry), {ns},
                              {ns} if p.get("CreateNamespace") else set(),
@@ -118,7 +117,7 @@ def order_problems(graph: DeployGraph, env: str) -> list[str]:
     return sorted(set(problems))
 
 
-@pytest.fixture(scope="module", params=ENVS)
+@pytest.fixture(scope="module", params=ENVIRONMENTS)
 def graph(request, synths):
     s = synths[request.param]
     return request.param, DeployGraph(s.templates, stack_dependencies(s.outdir))

@@ -20,8 +20,8 @@ from tests.stacks.cluster_model import (
     unschedulable,
 )
 from tests.stacks.helm_pods import helm_release_pods
+from tests.conftest import ENVIRONMENTS
 
-ENVS = ["dev", "china", "dev-cn"]
 
 
 def test_allocatable_follows_the_eks_formula():
@@ -34,7 +34,7 @@ def test_allocatable_follows_the_eks_formula():
     assert g5.gpus == 4 and g5.memory_mib < 384 * 1024 * 0.925 - 8000
 
 
-@pytest.mark.parametrize("name", ENVS)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_config_groups_match_the_templates(synths, name):
     s = synths[name]
     key = lambda g: g.name   # noqa: E731
@@ -45,7 +45,7 @@ def test_config_groups_match_the_templates(synths, name):
                                           g.max_size) for g in from_config]
 
 
-@pytest.mark.parametrize("name", ENVS)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_every_pod_of_the_shipped_environments_fits_a_node_group(synths, name):
     s = synths[name]
     pods = manifest_pods(s.templates) + helm_release_pods(s.templates, name)

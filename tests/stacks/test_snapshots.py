@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from tests.conftest import SHIPPED, normalise
+from tests.conftest import ENVIRONMENTS, normalise
 
 STACKS = ["Network", "Storage", "Cluster", "Cache", "Observability", "Serving"]
 
 
 @pytest.mark.parametrize("stack", STACKS)
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_template_snapshot(synths, name, stack, snapshot):
     s = synths[name]
     key = f"{s.cfg.stack_prefix}-{stack}"

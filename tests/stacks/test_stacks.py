@@ -6,14 +6,13 @@ import json
 
 import pytest
 
-from config.contracts import GPU_TAINT_KEY, LOAD_BALANCER_CIDR, NODE_ROLE_GPU, NODE_ROLE_LABEL
+from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
 from config.images import CHARTS, IMAGES
-from tests.conftest import dumps, resources
-
-ENVS = ["dev", "china", "dev-cn"]
+from tests.conftest import ENVIRONMENTS, dumps, resources
 
 
-@pytest.fixture(scope="module", params=ENVS)
+
+@pytest.fixture(scope="module", params=ENVIRONMENTS)
 def synth(request, synths):
     return synths[request.param]
 
@@ -52,7 +51,17 @@ def test_global_has_amp_and_grafana(dev):
 
 
 def test_network(synth):
+    net = synth.cfg.network
+    if net.existing:   # nothing is created in a VPC the team already has
+        assert all(not resources(t, "AWS::EC2::VPC") and not resources(t, "AWS::EC2::Subnet")
+                   for t in synth.templates.values())
+        (cluster,) = resources(synth.template("Cluster"), "AWS::EKS::Cluster").values()
+        assert cluster["Properties"]["ResourcesVpcConfig"]["SubnetIds"] == [
+            s.subnet_id for s in net.private_subnets]
+        return
     t = synth.template("Network")
+    (vpc,) = resources(t, "AWS::EC2::VPC").values()
+    assert vpc["Properties"]["CidrBlock"] == net.vpc_cidr
     subnets = resources(t, "AWS::EC2::Subnet").values()
     assert len(subnets) == 2 * len(synth.cfg.availability_zones)
     assert {s["Properties"]["AvailabilityZone"] for s in subnets} == set(
@@ -195,18 +204,31 @@ def test_cache(synth):
 
 
 def test_load_balancer_subnets_hold_no_pod(synth):
-    """The NetworkPolicy ipBlock admitting the NLB (LOAD_BALANCER_CIDR) covers the public
-    subnets, where the router NLBs sit, and no private subnet, where nodes and pods live."""
-    lb = ipaddress.ip_network(LOAD_BALANCER_CIDR)
-    subnets = resources(synth.template("Network"), "AWS::EC2::Subnet").values()
-    public = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
-              if s["Properties"]["MapPublicIpOnLaunch"]]
-    private = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
-               if not s["Properties"]["MapPublicIpOnLaunch"]]
+    """The NetworkPolicy ipBlocks admitting the NLB (cfg.network.load_balancer_cidrs) cover the
+    subnets the router NLBs sit in, and no subnet where nodes and pods live."""
+    net = synth.cfg.network
+    lb = [ipaddress.ip_network(c) for c in net.load_balancer_cidrs]
+    if net.existing:
+        public = [ipaddress.ip_network(s.cidr) for s in net.load_balancer_subnets]
+        private = [ipaddress.ip_network(s.cidr) for s in net.private_subnets]
+    else:
+        subnets = resources(synth.template("Network"), "AWS::EC2::Subnet").values()
+        public = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
+                  if s["Properties"]["MapPublicIpOnLaunch"]]
+        private = [ipaddress.ip_network(s["Properties"]["CidrBlock"]) for s in subnets
+                   if not s["Properties"]["MapPublicIpOnLaunch"]]
     assert public and private
-    assert all(n.subnet_of(lb) for n in public) and not any(n.overlaps(lb) for n in private)
-    serving = dumps(synth.template("Serving"))
-    assert "aws-load-balancer-subnets" in serving and "publicSubnet" in serving
+    assert all(any(n.subnet_of(b) for b in lb) for n in public)
+    assert not any(n.overlaps(b) for n in private for b in lb)
+    serving = synth.template("Serving")
+    assert "aws-load-balancer-subnets" in dumps(serving)
+    if not net.existing:
+        assert "publicSubnet" in dumps(serving)
+    # the serving namespace admits the NLB by exactly these ranges, on the router port only
+    blocks = [p for c in synth.stacks.serving.charts for d in c.to_json()
+              if d["kind"] == "NetworkPolicy" for rule in d["spec"].get("ingress", [])
+              for p in rule["from"] if "ipBlock" in p]
+    assert blocks and {p["ipBlock"]["cidr"] for p in blocks} == set(net.load_balancer_cidrs)
 
 
 def test_tags_applied(synth):

@@ -191,8 +191,8 @@ def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeyp
                         raising=False)
     monkeypatch.setattr(mirror_module, "load_endpoints",
                         lambda cfg: (SimpleNamespace(image=world["images"][1]),))
-    assert main(["mirror", "--dest-registry", dst, "--src-tls-verify", "false",
-                 "--dest-tls-verify", "false"]) == 0
+    assert main(["mirror", "--env", "dev", "--dest-registry", dst, "--src-tls-verify",
+                 "false", "--dest-tls-verify", "false"]) == 0
     out = capsys.readouterr().out
     assert out.count("present") == 4 and "copied" not in out
     tool_digest = next(r.digest for r in first.rows if r.key == "tool")

@@ -154,13 +154,19 @@ def test_blockers_are_failures_and_exit_non_zero(capsys):
         print_rows(CHINA, rows)
 
 
-def test_expired_credentials_and_a_missing_stack_are_rows_not_tracebacks():
-    calls = happy(sts=[("get_caller_identity", "ExpiredToken", {})],
-                  cloudformation=[("describe_stacks", "ValidationError", None)], s3=[])
+def test_expired_credentials_are_one_row_not_one_per_check():
+    calls = happy(sts=[("get_caller_identity", "ExpiredToken", {})])
+    aws, _ = stubbed(calls)
+    rows = Preflight(aws, load_endpoints(CHINA)).run()
+    assert [(r.check, r.status) for r in rows] == [("credentials", FAIL)]
+    assert rows[0].detail.startswith("AWS GetCallerIdentity failed: ExpiredToken")
+    assert "nothing else was checked" in rows[0].detail
+
+
+def test_a_missing_stack_is_a_row_not_a_traceback():
+    calls = happy(cloudformation=[("describe_stacks", "ValidationError", None)], s3=[])
     aws, _ = stubbed(calls)
     rows = {r.check: r for r in Preflight(aws, load_endpoints(CHINA)).run()}
-    assert rows["credentials"].status == FAIL
-    assert rows["credentials"].detail.startswith("AWS GetCallerIdentity failed: ExpiredToken")
     model = rows["model: llama-8b-intel-routing"]
     assert model.status == FAIL and "stack KvCache-china-Storage not found" in model.detail
     assert all("\n" not in r.detail for r in rows.values())
@@ -225,3 +231,19 @@ def test_managed_grafana_needs_iam_identity_center(instances, status):
     import dataclasses
     assert Preflight(Aws(dataclasses.replace(dev, managed_grafana=False), factory=factory),
                      ()).identity_center() == []
+
+
+def test_without_credentials_one_line_not_a_fail_row_per_check(monkeypatch, capsys, tmp_path):
+    """No credentials: every check would fail with the same message; the tool says it once."""
+    for key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    from tools import __main__ as cli
+    assert cli.main(["preflight", "--env", "china"]) == 1
+    out = capsys.readouterr()
+    assert out.out.count("FAIL") == 1 and "no AWS credentials found" in out.out
+    assert out.err.strip().count("\n") == 0 and out.err.startswith("error: 1 blocker(s)")

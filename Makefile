@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
-ENV ?= dev
+ENV ?=
 
 .PHONY: deps tools synth test bench bench-routing clean
 
@@ -48,7 +48,7 @@ deps: $(VENV)/.installed node_modules/.installed .venv-lmcache/.installed \
 tools:
 	@scripts/debian-tools
 
-## Synthesize an environment (environments/ENV.json; dev by default) into cdk.out/.
+## Synthesize an environment (environments/ENV.json; by default cdk.json's defaultEnvironment) into cdk.out/.
 ## Only what synthesis needs: the test-only LMCache and checkov venvs are left to `make test`.
 synth: $(VENV)/.installed node_modules/.installed
 	cdk synth -q $(if $(ENV),-c env=$(ENV)) $(if $(CHINA),-c china=$(CHINA))

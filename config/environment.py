@@ -531,8 +531,8 @@ def parse_environment(name: str, raw: Mapping[str, Any],
 
 
 def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
-    """Pick `-c env=NAME` (needed when more than one is declared) and apply
-    `-c china=true|false`.
+    """Pick `-c env=NAME` (else cdk.json's `defaultEnvironment`, else the only one declared)
+    and apply `-c china=true|false`.
 
     A China region implies the China variant. `china=true` on a global environment applies its
     `chinaVariant` overrides (region, account, zones, node types...); a flag that contradicts the
@@ -542,7 +542,7 @@ def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
     if not isinstance(envs, Mapping) or not envs:
         raise ConfigError("-", "environments", envs, "an object of environments (one file "
                           "each: environments/NAME.json)")
-    name = context.get("env")
+    name = context.get("env", context.get("defaultEnvironment"))
     if name is None and len(envs) == 1:
         name = next(iter(envs))
     if not isinstance(name, str) or name not in envs:

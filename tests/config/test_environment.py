@@ -40,10 +40,15 @@ def _error(ctx: dict) -> ConfigError:
     return info.value
 
 
-def test_more_than_one_environment_needs_a_name():
-    err = _error(repository_context(ROOT))
+def test_the_default_environment_and_more_than_one_without_a_default():
+    context = repository_context(ROOT)
+    assert context["defaultEnvironment"] == "dev"
+    assert resolve_environment(context).name == "dev"   # bare `cdk synth` on a fresh clone
+    err = _error({k: v for k, v in context.items() if k != "defaultEnvironment"})
     assert (err.field, err.value) == ("env", None)
     assert err.allowed.startswith("china, dev (environments/NAME.json")
+    err = _error({**context, "defaultEnvironment": "prod"})
+    assert (err.field, err.value) == ("env", "prod")
 
 
 def test_shipped_environments_resolve():

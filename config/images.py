@@ -240,20 +240,12 @@ def image_for(reference: str) -> Image:
 # vLLM published KV events (`--kv-events-config`, which kvaware needs) from 0.9.0 on. Where an
 # image's vLLM version is known, kvaware is allowed or refused; elsewhere it is only a warning.
 KV_EVENTS_SINCE = (0, 9)
-_VLLM_VERSION_BY_KEY = {"vllm-lmcache": (0, 27)}
-# Repositories whose tags start with the vLLM version they carry.
-_VLLM_VERSION_TAGGED = ("docker.io/vllm/vllm-openai", "public.ecr.aws/deep-learning-containers/vllm")
 
 
 def vllm_version(image: Image) -> tuple[int, int] | None:
     """The vLLM (major, minor) an image carries, where we know it; None where we do not."""
-    if image.key in _VLLM_VERSION_BY_KEY:
-        return _VLLM_VERSION_BY_KEY[image.key]
-    if image.source in _VLLM_VERSION_TAGGED or image.source.endswith(".amazonaws.com/vllm"):
-        match = re.match(r"v?(\d+)\.(\d+)", image.tag)
-        if match:
-            return int(match[1]), int(match[2])
-    return None
+    version = image_release(image).vllm
+    return version[:2] if version else None
 
 
 def catalogue_key_for(reference: str) -> str | None:
@@ -343,11 +335,63 @@ def image_family(image: Image) -> ImageFamily | None:
     return None
 
 
-def lmcache_version(image: Image) -> tuple[int, int, int] | None:
-    """The LMCache release an image carries, where a public record says: lmcache/vllm-openai
-    release tags are the LMCache release they were built at (LMCache's release workflow).
-    vllm/vllm-openai and the DLC images install an unpinned `lmcache` at build time: None."""
-    if image.source.split("/", 1)[1] != "lmcache/vllm-openai":
-        return None
-    m = _LMCACHE_TAG.match(image.tag)
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+Version = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ImageRelease:
+    """The vLLM and LMCache releases an image carries, as its published build files say; None
+    where they leave it open (an unpinned install resolved when the image was built, of which no
+    record keeps the result). What a config key or a flag does depends on this pair
+    (k8s/workers.py: the tier settings, layerwise and its guard)."""
+
+    vllm: Version | None
+    lmcache: Version | None
+    source: str
+
+
+# lmcache/vllm-openai release tags. LMCache's docker/Dockerfile, target `image-release` (built by
+# .github/workflows/publish.yml when a release is published): `uv pip install vllm[runai,
+# tensorizer]`, unpinned, so the newest vLLM on PyPI that day, then `uv pip install lmcache`,
+# the release just published. The vLLM of a tag is therefore the newest vLLM on PyPI when that
+# LMCache release was uploaded (PyPI upload times):
+_LMCACHE_IMAGE_VLLM: dict[Version, tuple[Version, str]] = {
+    (0, 3, 7): ((0, 10, 2), "LMCache 0.3.7 uploaded 2025-09-29; vLLM 0.10.2 (2025-09-13) was "
+                "the newest, 0.11.0 followed on 2025-10-04"),
+    (0, 5, 4): ((0, 27, 1), "LMCache 0.5.4 uploaded 2026-08-20; vLLM 0.27.1 (2026-08-11) was "
+                "the newest, 0.28.0 followed on 2026-08-26"),
+}
+_LMCACHE_DOCKERFILE = ("LMCache docker/Dockerfile target image-release: unpinned `uv pip install "
+                       "vllm`, then the LMCache release of the tag")
+# vllm/vllm-openai: the tag is the vLLM release (vllm docker/Dockerfile builds the tag's
+# source); LMCache comes from requirements/kv_connectors.txt, which names `lmcache` without a
+# version (0.10.2 to 0.14.0) or with a floor only (`lmcache >= 0.3.9` by 0.27.1), resolved when
+# the image was built. The AWS DLC vllm images are `FROM vllm/vllm-openai:v<version>`.
+_VLLM_OPENAI = ("vllm docker/Dockerfile (the tag's own vLLM); LMCache from "
+                "requirements/kv_connectors.txt, unpinned or a floor only")
+_DLC = "aws/deep-learning-containers vllm/x86_64/gpu/Dockerfile: FROM vllm/vllm-openai:v<version>"
+_VERSION_TAG = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?![\d.])")
+
+
+def image_release(image: Image) -> ImageRelease:
+    """What the image's build files say about the vLLM and LMCache it carries."""
+    path = image.source.split("/", 1)[1]
+    if path == "lmcache/vllm-openai":
+        m = _LMCACHE_TAG.match(image.tag)
+        if not m:        # latest, nightly, -lightweight builds: whatever was newest that day
+            return ImageRelease(None, None, _LMCACHE_DOCKERFILE + "; a moving tag")
+        lmcache = (int(m[1]), int(m[2]), int(m[3]))
+        vllm, when = _LMCACHE_IMAGE_VLLM.get(lmcache, (None, "no record of its build date"))
+        return ImageRelease(vllm, lmcache, f"{_LMCACHE_DOCKERFILE}; {when}")
+    family = image_family(image)
+    if family in (VLLM_OPENAI, DLC_VLLM):
+        m = _VERSION_TAG.match(image.tag)
+        vllm = (int(m[1]), int(m[2]), int(m[3])) if m else None
+        return ImageRelease(vllm, None, _DLC if family is DLC_VLLM else _VLLM_OPENAI)
+    return ImageRelease(None, None, "not an image family we know")
+
+
+def lmcache_version(image: Image) -> Version | None:
+    """The LMCache release an image carries, where a public record says (lmcache/vllm-openai
+    release tags); vllm/vllm-openai and the DLC images install an unpinned `lmcache`: None."""
+    return image_release(image).lmcache

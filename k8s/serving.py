@@ -12,7 +12,9 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
-from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
+from config.images import (
+    IMAGES, KV_EVENTS_SINCE, image_family, image_release, lmcache_version, vllm_version,
+)
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
 from k8s.secret_fetch import ApiKey
@@ -242,6 +244,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             memory=s.memory, node_group=cfg.gpu_group_for(s.instance_type).name,
             l1_enabled=s.l1_enabled, l1_size_gib=budget.l1_per_rank_gib, l2=l2,
             family=image_family(s.image), lmcache=lmcache_version(s.image),
+            vllm=image_release(s.image).vllm,
             ranks=budget.ranks, shm_gib=budget.shm_gib,
             publish_kv_events=kvaware, health_check_path=s.health_check_path,
             model_mount_path=s.model_mount_path, extra_args=s.worker_args,

@@ -6,13 +6,24 @@ preserves, so `repo:tag@digest` resolves in ECR too). Never `latest`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from .context import ROOT
 from .regions import RegionFacts
 
 MIRROR_PREFIX = "kvcache"
+
+
+# When an environment deploys an image (deployed_images): every environment; only with
+# in-cluster Prometheus/Grafana (observability: self-hosted); only with the in-cluster L2
+# (k8s/serving.py in_cluster_cache); only where an endpoint file names it; never as such (the
+# base the router image is built on, whose layers it carries).
+ALWAYS, SELF_HOSTED_OBSERVABILITY, IN_CLUSTER_CACHE, NAMED, BASE = (
+    "always", "self-hosted observability", "in-cluster cache", "named", "base")
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,8 @@ class Image:
     digest: str | None  # sha256:<64 hex> of the multi-arch index
     purpose: str
     written: str | None = None  # an endpoint file's image, as the file writes it
+    deployed: str = ALWAYS      # when an environment deploys it (above)
+    built_from: str | None = None   # catalogue key of its base: built by `tools mirror`
 
     @property
     def mirror_repository(self) -> str:
@@ -38,25 +51,41 @@ class Image:
         return f"{self.source}:{self.pin}"
 
 
+# The router image: built, not pulled (tools/router_image.py, by `python -m tools mirror`),
+# from images/router/lock.json. Its tag names the router releases and the lock's hash, so a
+# changed input is a new tag (ECR tags are immutable); its digest is the same wherever it is
+# built (tools/image_build.py), printed by `python -m tools mirror --resolve --only router`.
+ROUTER_LOCK = ROOT / "images" / "router" / "lock.json"
+
+
+def router_tag(lock: bytes) -> str:
+    """`<vllm-router>-<sglang-router>-<12 hex of the lock>`."""
+    pins = dict(r.split("==", 1) for r in json.loads(lock)["requirements"])
+    return (f"{pins['vllm-router']}-{pins['sglang-router']}-"
+            f"{hashlib.sha256(lock).hexdigest()[:12]}")
+
+
 IMAGES: dict[str, Image] = {i.key: i for i in (
     # No public record ties a digest to an lmcache/vllm-openai tag yet: `digest=None` makes
     # the mirror tool resolve and print it, and synth warns until it is filled in here.
     Image("vllm-lmcache", "docker.io/lmcache/vllm-openai", "v0.5.4", None,
-          "vLLM 0.27.1 + LMCache 0.5.4: the workers"),
+          "vLLM 0.27.1 + LMCache 0.5.4: workers of the files that name it", deployed=NAMED),
     Image("valkey", "docker.io/valkey/valkey", "9.0.2-alpine",
           "sha256:68677f85c863830af7836ff07c4a13b7f085ebeff62f4dedb71499ca27d229f2",
-          "self-hosted L2 cache"),
+          "self-hosted L2 cache", deployed=IN_CLUSTER_CACHE),
     # v1.89.0's digest as two independent public records pin it (a compose file pulling by
     # digest, an ops log of the running image); `mirror --resolve` prints it to re-check.
     Image("redis-exporter", "docker.io/oliver006/redis_exporter", "v1.89.0",
           "sha256:fed773ffd2bb2eac706e0ed9cc2fff41651193ee4977e2a4f6919658ad2313f4",
-          "Valkey metrics: sidecar in the self-hosted L2 cache pod"),
+          "Valkey metrics: sidecar in the self-hosted L2 cache pod", deployed=IN_CLUSTER_CACHE),
     Image("aws-cli", "docker.io/amazon/aws-cli", "2.37.5",
           "sha256:fb7ccfc7b4e3a05017e6c9ded4ba959b99af622130e211fb976c68c2f4d3f224",
           "init containers: stage weights from S3, fetch the cache secret"),
     Image("python", "docker.io/library/python", "3.12.13-slim-bookworm",
           "sha256:8a7e7cc04fd3e2bd787f7f24e22d5d119aa590d429b50c95dfe12b3abe52f48b",
-          "base of the router image built from the pinned vllm-router wheel"),
+          "base of the router image", deployed=BASE),
+    Image("router", "kvcache-eks/router", router_tag(ROUTER_LOCK.read_bytes()), None,
+          "routers (vllm-router, sglang-router) and their HAProxy front", built_from="python"),
     Image("nvidia-device-plugin", "nvcr.io/nvidia/k8s-device-plugin", "v0.18.2",
           "sha256:b5788e29e7ae5272de8de863ebe386d6611e608421a6ecc5b4e7d5952aba637f",
           "exposes nvidia.com/gpu on AL2023 NVIDIA nodes"),
@@ -79,7 +108,8 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
           "Prometheus: agent remote-writing to AMP (global), server (China)"),
     Image("alertmanager", "quay.io/prometheus/alertmanager", "v0.34.0",
           "sha256:690c7b525f4367aa91f73e2f91c632206d32e97c6384bdbf2fb7a861b420340d",
-          "Alertmanager for the in-cluster Prometheus (China)"),
+          "Alertmanager for the in-cluster Prometheus (China)",
+          deployed=SELF_HOSTED_OBSERVABILITY),
     Image("prometheus-operator", "quay.io/prometheus-operator/prometheus-operator", "v0.93.1",
           "sha256:e52bb28fd41c98dd407c7a8cba8bdcfe7eabd7447e250afaf1fe7bb816dedbff",
           "Prometheus Operator (kube-prometheus-stack)"),
@@ -95,21 +125,26 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
           "Kubernetes object state (pod readiness, replicas)"),
     Image("grafana", "docker.io/grafana/grafana", "13.2.0",
           "sha256:3fd54ae1214669f8355f065ec9f6445d5279a3d77095ab048ca045685272429b",
-          "in-cluster Grafana (China)"),
+          "in-cluster Grafana (China)", deployed=SELF_HOSTED_OBSERVABILITY),
     Image("k8s-sidecar", "quay.io/kiwigrid/k8s-sidecar", "2.10.1",
           "sha256:7eac5c4fed714a18d038fc9fea57d8744d113367935dac0ea4eb6a87cef704a3",
-          "Grafana sidecar loading dashboards and data sources from ConfigMaps"),
+          "Grafana sidecar loading dashboards and data sources from ConfigMaps",
+          deployed=SELF_HOSTED_OBSERVABILITY),
     Image("dcgm-exporter", "nvcr.io/nvidia/k8s/dcgm-exporter", "4.5.3-4.8.2-distroless",
           "sha256:60d3b00ac80b4ae77f94dae2f943685605585ad9e92fdccda3154d009ae317cc",
           "GPU metrics on GPU nodes"),
 )}
 
 
-def deployed_images(endpoint_images: Iterable[Image] = ()) -> list[Image]:
-    """The catalogue and every endpoint file's worker image: what the mirror copies, what ECR
-    holds repositories for and what preflight checks, one entry per repository and tag."""
+def deployed_images(endpoint_images: Iterable[Image], *, self_hosted_observability: bool,
+                    in_cluster_cache: bool) -> list[Image]:
+    """What one environment deploys: the catalogue images its parts use and every endpoint
+    file's worker image. What the mirror copies (or builds), what ECR holds repositories for
+    and what preflight checks, one entry per repository and tag."""
+    wanted = {ALWAYS, *([SELF_HOSTED_OBSERVABILITY] if self_hosted_observability else []),
+              *([IN_CLUSTER_CACHE] if in_cluster_cache else [])}
     seen: dict[tuple[str, str], Image] = {}
-    for image in (*IMAGES.values(), *endpoint_images):
+    for image in (*(i for i in IMAGES.values() if i.deployed in wanted), *endpoint_images):
         seen.setdefault((image.mirror_repository, image.tag), image)
     return list(seen.values())
 
@@ -183,7 +218,11 @@ class ImageResolver:
         return self.resolve(IMAGES[key])
 
     def resolve(self, image: Image) -> str:
-        """Upstream as written (endpoint files) or pinned (catalogue); the mirror in ECR."""
+        """Upstream as written (endpoint files) or pinned (catalogue); the mirror in ECR. An
+        image we build has no upstream: the account's ECR everywhere."""
+        if image.built_from:
+            return f"{self.account}.{self.facts.ecr_host_suffix}/{image.mirror_repository}:" \
+                f"{image.pin}"
         if not self.use_ecr:
             return image.written or image.source_ref
         return f"{self.registry}/{image.mirror_repository}:{image.pin}"

@@ -13,7 +13,8 @@ from cdk8s import ApiObject, App, Chart
 from config import ConfigError, EnvironmentConfig
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.images import (
-    IMAGES, KV_EVENTS_SINCE, image_family, image_release, lmcache_version, vllm_version,
+    IMAGES, KV_EVENTS_SINCE, Image, deployed_images, image_family, image_release,
+    lmcache_version, vllm_version,
 )
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
@@ -192,7 +193,7 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
     """envsubst-style `${...}` where AWS assigns the value at deploy (the stacks' outputs): for
     the GitOps YAML, and wherever charts are rendered without a CDK app."""
     return ServingFacts(
-        router_image="${ROUTER_IMAGE}", model_bucket="${MODEL_BUCKET}",
+        router_image=cfg.images.uri("router"), model_bucket="${MODEL_BUCKET}",
         managed_l2=(L2Connection(url=f"rediss://${{L2_ENDPOINT}}:{CACHE_PORT}",
                                  secret_arn="${L2_SECRET_ARN}")
                     if cfg.cache.kind == "elasticache" else None),
@@ -276,6 +277,14 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
     policies.add_dependency(ns)
     return charts + [policies]
+
+
+def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[Image]:
+    """The images this environment deploys (config/images.py deployed_images): what the mirror
+    copies or builds, what ECR keeps repositories for, what preflight looks for."""
+    return deployed_images((s.image for s in specs),
+                           self_hosted_observability=cfg.observability == "self-hosted",
+                           in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

@@ -10,6 +10,7 @@ from cdk_nag import AwsSolutionsChecks
 from config import EnvironmentConfig
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from config.images import unpinned_images
+from k8s.serving import environment_images
 from config.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
@@ -45,8 +46,8 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
               "tags": stack_tags}
     p = cfg.stack_prefix
     network = NetworkStack(app, f"{p}-Network", cfg=cfg, **common)
-    storage = StorageStack(app, f"{p}-Storage", cfg=cfg,
-                           endpoint_images=tuple(s.image for s in endpoints), **common)
+    images = tuple(environment_images(cfg, endpoints))
+    storage = StorageStack(app, f"{p}-Storage", cfg=cfg, images=images, **common)
     observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, **common)
                      if cfg.observability == "managed" else None)
     cluster = ClusterStack(
@@ -61,7 +62,6 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         model_bucket=storage.model_bucket, model_key=storage.model_key,
         l2_url=l2.url_without_credentials if l2 else None,
         l2_secret_arn=l2.auth_secret.secret_arn if l2 else None, l2_key=l2.key if l2 else None,
-        router_base_image=cfg.images.uri("python"),
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
         **common)
@@ -75,7 +75,7 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     for key, value in stack_tags.items():
         cdk.Tags.of(app).add(key, value)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
-    for image in unpinned_images():
+    for image in (i for i in unpinned_images() if i in images):   # what this one deploys
         cdk.Annotations.of(serving).add_warning_v2(
             "kvcache:image-without-digest",
             f"{image.source}:{image.tag} has no digest in config/images.py: run "

@@ -1,7 +1,8 @@
 """Operator tools around a deploy: `python -m tools <command> --help` for each.
 
   upload-model   copy a local model directory to the environment's model bucket
-  mirror         copy the pinned images (and charts) into the environment's ECR
+  mirror         copy the pinned images (and charts) into the environment's ECR, build the router's
+  router-lock    re-resolve the router image's pinned wheels and Debian packages (maintainers)
   preflight      check an account and region before `cdk deploy`
   bench          measure TTFT, throughput, cache hits and cost of an OpenAI-compatible endpoint
   bench-compare  put two `bench` runs side by side
@@ -15,7 +16,7 @@ from typing import Sequence
 
 from bench import benchmark, calibrate
 from config.errors import printable
-from tools import mirror, preflight, upload_model
+from tools import mirror, preflight, router_image, upload_model
 from tools.cli import run_command
 
 
@@ -30,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tools", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (upload_model, mirror, preflight, benchmark, calibrate):
+    for module in (upload_model, mirror, preflight, router_image, benchmark, calibrate):
         module.register(sub)
     return p
 

@@ -59,9 +59,10 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths):
                                    and d["kind"] != "PrometheusRule"])
         text = "".join(f.read_text() for f in files)
         assert "${Token[" not in text
-        for placeholder in ("${ROUTER_IMAGE}", "${MODEL_BUCKET}", "${API_KEY_SECRET_ARN}",
-                            "${LB_SUBNETS}"):
+        for placeholder in ("${MODEL_BUCKET}", "${API_KEY_SECRET_ARN}", "${LB_SUBNETS}"):
             assert placeholder in text, placeholder
+        # the router image is the catalogue's, in the account's ECR: no placeholder
+        assert cfg.images.uri("router") in text and "${ROUTER_IMAGE}" not in text
         managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
         for placeholder in ("${L2_ENDPOINT}", "${L2_SECRET_ARN}"):
             assert (placeholder in text) is managed_l2, placeholder

@@ -376,7 +376,7 @@ def layerwise_guard(vllm: tuple[int, int, int] | None, args: tuple[str, ...]) ->
 def layerwise(p: WorkerProps) -> bool:
     """Does this worker's LMCache store layer by layer (TIER_POLICY, with its guard)?"""
     return (tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
-            and layerwise_guard(p.vllm, p.extra_args))
+            and layerwise_guard(p.vllm, (*p.command, *p.extra_args)))
 
 
 def lmcache_config(p: WorkerProps) -> dict:

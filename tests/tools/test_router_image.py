@@ -127,8 +127,7 @@ def world(tmp_path_factory):
     files = tmp / "files"
     files.mkdir()
     with ExitStack() as stack:
-        src = stack.enter_context(registry(tmp / "src"))
-        dst = stack.enter_context(registry(tmp / "dst"))
+        src = dst = stack.enter_context(registry(tmp / "registry"))   # base and push: one
         handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(files))
         handler.log_message = lambda *a: None
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)

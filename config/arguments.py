@@ -13,6 +13,7 @@ import ipaddress
 import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
@@ -98,16 +99,20 @@ def base_url(text: str) -> str:
 
 
 def check_output_dir(field: str, path: Path) -> None:
-    """Before any work: `path` is, or can be made, a writable directory. Creates nothing."""
+    """Before any work: `path` is, or can be made, a writable directory. Tried for real, not
+    with an access test (root passes one for /proc, where nothing can be created): a probe
+    directory is made where the first missing part would go, or inside `path`, and removed."""
     probe = path
     while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
         probe = probe.parent
     if not probe.is_dir():
         raise ToolError.bad_input(field, str(path), f"a directory to write into ({probe} is "
                                   "not a directory)")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ToolError.bad_input(field, str(path), f"a directory to write into ({probe} is "
-                                  "not writable)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".kvcache-probe-", dir=probe))
+    except OSError as err:
+        raise ToolError.bad_input(field, str(path), f"a directory to write into (nothing can "
+                                  f"be created in {probe}: {err.strerror})") from None
 
 
 # --------------------------------------------------------------------------- environment

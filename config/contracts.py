@@ -16,6 +16,13 @@ GPU_TAINT_VALUE = "present"
 GPU_RESOURCE = "nvidia.com/gpu"
 # On AL2023 NVIDIA nodes, which lack a device plugin (Bottlerocket NVIDIA ships one)
 DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"
+# Cluster Autoscaler's AWS provider (cloudprovider/aws/aws_cloud_provider.go GPULabel): a node
+# still starting that carries it will have GPUs, so pending GPU pods wait for it instead of
+# causing a second scale-up (kubernetes/autoscaler#1949, #3164). CA reads a node group's labels
+# from the node template: ASG tags under this prefix, and for EKS managed node groups the
+# labels of eks:DescribeNodegroup (cloudprovider/aws/aws_manager.go buildNodeFromTemplate).
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+CA_NODE_TEMPLATE_LABEL = "k8s.io/cluster-autoscaler/node-template/label/"
 
 # Namespaces
 SERVING_NAMESPACE = "kvcache-serving"

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
 from .images import ImageResolver
-from .instances import GPU_SHAPES, gpu_shape
+from .instances import GPU_SHAPES, accelerator_label, gpu_shape
 from .notices import ACK_PATTERN
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
@@ -324,6 +324,8 @@ def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) ->
                               f"{allowed} (offered in {facts.region})")
     if gpu and len({gpu_shape(t).gpus for t in types}) > 1:
         raise r.fail("instanceTypes", list(types), "types with the same GPU count per node")
+    if gpu and len({accelerator_label(t) for t in types}) > 1:   # one node label per group
+        raise r.fail("instanceTypes", list(types), "types with the same GPU model")
     min_size = r.integer("minSize", 0, 1000)
     max_size = r.integer("maxSize", 1, 1000)
     if min_size > max_size:

@@ -6,13 +6,24 @@ preserves, so `repo:tag@digest` resolves in ECR too). Never `latest`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from .context import ROOT
 from .regions import RegionFacts
 
 MIRROR_PREFIX = "kvcache"
+
+
+# When an environment deploys an image (deployed_images): every environment; only with
+# in-cluster Prometheus/Grafana (observability: self-hosted); only with the in-cluster L2
+# (k8s/serving.py in_cluster_cache); only where an endpoint file names it; never as such (the
+# base the router image is built on, whose layers it carries).
+ALWAYS, SELF_HOSTED_OBSERVABILITY, IN_CLUSTER_CACHE, NAMED, BASE = (
+    "always", "self-hosted observability", "in-cluster cache", "named", "base")
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,8 @@ class Image:
     digest: str | None  # sha256:<64 hex> of the multi-arch index
     purpose: str
     written: str | None = None  # an endpoint file's image, as the file writes it
+    deployed: str = ALWAYS      # when an environment deploys it (above)
+    built_from: str | None = None   # catalogue key of its base: built by `tools mirror`
 
     @property
     def mirror_repository(self) -> str:
@@ -38,25 +51,41 @@ class Image:
         return f"{self.source}:{self.pin}"
 
 
+# The router image: built, not pulled (tools/router_image.py, by `python -m tools mirror`),
+# from images/router/lock.json. Its tag names the router releases and the lock's hash, so a
+# changed input is a new tag (ECR tags are immutable); its digest is the same wherever it is
+# built (tools/image_build.py), printed by `python -m tools mirror --resolve --only router`.
+ROUTER_LOCK = ROOT / "images" / "router" / "lock.json"
+
+
+def router_tag(lock: bytes) -> str:
+    """`<vllm-router>-<sglang-router>-<12 hex of the lock>`."""
+    pins = dict(r.split("==", 1) for r in json.loads(lock)["requirements"])
+    return (f"{pins['vllm-router']}-{pins['sglang-router']}-"
+            f"{hashlib.sha256(lock).hexdigest()[:12]}")
+
+
 IMAGES: dict[str, Image] = {i.key: i for i in (
     # No public record ties a digest to an lmcache/vllm-openai tag yet: `digest=None` makes
     # the mirror tool resolve and print it, and synth warns until it is filled in here.
     Image("vllm-lmcache", "docker.io/lmcache/vllm-openai", "v0.5.4", None,
-          "vLLM 0.27.1 + LMCache 0.5.4: the workers"),
+          "vLLM 0.27.1 + LMCache 0.5.4: workers of the files that name it", deployed=NAMED),
     Image("valkey", "docker.io/valkey/valkey", "9.0.2-alpine",
           "sha256:68677f85c863830af7836ff07c4a13b7f085ebeff62f4dedb71499ca27d229f2",
-          "self-hosted L2 cache"),
+          "self-hosted L2 cache", deployed=IN_CLUSTER_CACHE),
     # v1.89.0's digest as two independent public records pin it (a compose file pulling by
     # digest, an ops log of the running image); `mirror --resolve` prints it to re-check.
     Image("redis-exporter", "docker.io/oliver006/redis_exporter", "v1.89.0",
           "sha256:fed773ffd2bb2eac706e0ed9cc2fff41651193ee4977e2a4f6919658ad2313f4",
-          "Valkey metrics: sidecar in the self-hosted L2 cache pod"),
+          "Valkey metrics: sidecar in the self-hosted L2 cache pod", deployed=IN_CLUSTER_CACHE),
     Image("aws-cli", "docker.io/amazon/aws-cli", "2.37.5",
           "sha256:fb7ccfc7b4e3a05017e6c9ded4ba959b99af622130e211fb976c68c2f4d3f224",
           "init containers: stage weights from S3, fetch the cache secret"),
     Image("python", "docker.io/library/python", "3.12.13-slim-bookworm",
           "sha256:8a7e7cc04fd3e2bd787f7f24e22d5d119aa590d429b50c95dfe12b3abe52f48b",
-          "base of the router image built from the pinned vllm-router wheel"),
+          "base of the router image", deployed=BASE),
+    Image("router", "kvcache-eks/router", router_tag(ROUTER_LOCK.read_bytes()), None,
+          "routers (vllm-router, sglang-router) and their HAProxy front", built_from="python"),
     Image("nvidia-device-plugin", "nvcr.io/nvidia/k8s-device-plugin", "v0.18.2",
           "sha256:b5788e29e7ae5272de8de863ebe386d6611e608421a6ecc5b4e7d5952aba637f",
           "exposes nvidia.com/gpu on AL2023 NVIDIA nodes"),
@@ -79,7 +108,8 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
           "Prometheus: agent remote-writing to AMP (global), server (China)"),
     Image("alertmanager", "quay.io/prometheus/alertmanager", "v0.34.0",
           "sha256:690c7b525f4367aa91f73e2f91c632206d32e97c6384bdbf2fb7a861b420340d",
-          "Alertmanager for the in-cluster Prometheus (China)"),
+          "Alertmanager for the in-cluster Prometheus (China)",
+          deployed=SELF_HOSTED_OBSERVABILITY),
     Image("prometheus-operator", "quay.io/prometheus-operator/prometheus-operator", "v0.93.1",
           "sha256:e52bb28fd41c98dd407c7a8cba8bdcfe7eabd7447e250afaf1fe7bb816dedbff",
           "Prometheus Operator (kube-prometheus-stack)"),
@@ -95,21 +125,26 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
           "Kubernetes object state (pod readiness, replicas)"),
     Image("grafana", "docker.io/grafana/grafana", "13.2.0",
           "sha256:3fd54ae1214669f8355f065ec9f6445d5279a3d77095ab048ca045685272429b",
-          "in-cluster Grafana (China)"),
+          "in-cluster Grafana (China)", deployed=SELF_HOSTED_OBSERVABILITY),
     Image("k8s-sidecar", "quay.io/kiwigrid/k8s-sidecar", "2.10.1",
           "sha256:7eac5c4fed714a18d038fc9fea57d8744d113367935dac0ea4eb6a87cef704a3",
-          "Grafana sidecar loading dashboards and data sources from ConfigMaps"),
+          "Grafana sidecar loading dashboards and data sources from ConfigMaps",
+          deployed=SELF_HOSTED_OBSERVABILITY),
     Image("dcgm-exporter", "nvcr.io/nvidia/k8s/dcgm-exporter", "4.5.3-4.8.2-distroless",
           "sha256:60d3b00ac80b4ae77f94dae2f943685605585ad9e92fdccda3154d009ae317cc",
           "GPU metrics on GPU nodes"),
 )}
 
 
-def deployed_images(endpoint_images: Iterable[Image] = ()) -> list[Image]:
-    """The catalogue and every endpoint file's worker image: what the mirror copies, what ECR
-    holds repositories for and what preflight checks, one entry per repository and tag."""
+def deployed_images(endpoint_images: Iterable[Image], *, self_hosted_observability: bool,
+                    in_cluster_cache: bool) -> list[Image]:
+    """What one environment deploys: the catalogue images its parts use and every endpoint
+    file's worker image. What the mirror copies (or builds), what ECR holds repositories for
+    and what preflight checks, one entry per repository and tag."""
+    wanted = {ALWAYS, *([SELF_HOSTED_OBSERVABILITY] if self_hosted_observability else []),
+              *([IN_CLUSTER_CACHE] if in_cluster_cache else [])}
     seen: dict[tuple[str, str], Image] = {}
-    for image in (*IMAGES.values(), *endpoint_images):
+    for image in (*(i for i in IMAGES.values() if i.deployed in wanted), *endpoint_images):
         seen.setdefault((image.mirror_repository, image.tag), image)
     return list(seen.values())
 
@@ -183,7 +218,11 @@ class ImageResolver:
         return self.resolve(IMAGES[key])
 
     def resolve(self, image: Image) -> str:
-        """Upstream as written (endpoint files) or pinned (catalogue); the mirror in ECR."""
+        """Upstream as written (endpoint files) or pinned (catalogue); the mirror in ECR. An
+        image we build has no upstream: the account's ECR everywhere."""
+        if image.built_from:
+            return f"{self.account}.{self.facts.ecr_host_suffix}/{image.mirror_repository}:" \
+                f"{image.pin}"
         if not self.use_ecr:
             return image.written or image.source_ref
         return f"{self.registry}/{image.mirror_repository}:{image.pin}"
@@ -240,20 +279,12 @@ def image_for(reference: str) -> Image:
 # vLLM published KV events (`--kv-events-config`, which kvaware needs) from 0.9.0 on. Where an
 # image's vLLM version is known, kvaware is allowed or refused; elsewhere it is only a warning.
 KV_EVENTS_SINCE = (0, 9)
-_VLLM_VERSION_BY_KEY = {"vllm-lmcache": (0, 27)}
-# Repositories whose tags start with the vLLM version they carry.
-_VLLM_VERSION_TAGGED = ("docker.io/vllm/vllm-openai", "public.ecr.aws/deep-learning-containers/vllm")
 
 
 def vllm_version(image: Image) -> tuple[int, int] | None:
     """The vLLM (major, minor) an image carries, where we know it; None where we do not."""
-    if image.key in _VLLM_VERSION_BY_KEY:
-        return _VLLM_VERSION_BY_KEY[image.key]
-    if image.source in _VLLM_VERSION_TAGGED or image.source.endswith(".amazonaws.com/vllm"):
-        match = re.match(r"v?(\d+)\.(\d+)", image.tag)
-        if match:
-            return int(match[1]), int(match[2])
-    return None
+    version = image_release(image).vllm
+    return version[:2] if version else None
 
 
 def catalogue_key_for(reference: str) -> str | None:
@@ -343,11 +374,63 @@ def image_family(image: Image) -> ImageFamily | None:
     return None
 
 
-def lmcache_version(image: Image) -> tuple[int, int, int] | None:
-    """The LMCache release an image carries, where a public record says: lmcache/vllm-openai
-    release tags are the LMCache release they were built at (LMCache's release workflow).
-    vllm/vllm-openai and the DLC images install an unpinned `lmcache` at build time: None."""
-    if image.source.split("/", 1)[1] != "lmcache/vllm-openai":
-        return None
-    m = _LMCACHE_TAG.match(image.tag)
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+Version = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ImageRelease:
+    """The vLLM and LMCache releases an image carries, as its published build files say; None
+    where they leave it open (an unpinned install resolved when the image was built, of which no
+    record keeps the result). What a config key or a flag does depends on this pair
+    (k8s/workers.py: the tier settings, layerwise and its guard)."""
+
+    vllm: Version | None
+    lmcache: Version | None
+    source: str
+
+
+# lmcache/vllm-openai release tags. LMCache's docker/Dockerfile, target `image-release` (built by
+# .github/workflows/publish.yml when a release is published): `uv pip install vllm[runai,
+# tensorizer]`, unpinned, so the newest vLLM on PyPI that day, then `uv pip install lmcache`,
+# the release just published. The vLLM of a tag is therefore the newest vLLM on PyPI when that
+# LMCache release was uploaded (PyPI upload times):
+_LMCACHE_IMAGE_VLLM: dict[Version, tuple[Version, str]] = {
+    (0, 3, 7): ((0, 10, 2), "LMCache 0.3.7 uploaded 2025-09-29; vLLM 0.10.2 (2025-09-13) was "
+                "the newest, 0.11.0 followed on 2025-10-04"),
+    (0, 5, 4): ((0, 27, 1), "LMCache 0.5.4 uploaded 2026-08-20; vLLM 0.27.1 (2026-08-11) was "
+                "the newest, 0.28.0 followed on 2026-08-26"),
+}
+_LMCACHE_DOCKERFILE = ("LMCache docker/Dockerfile target image-release: unpinned `uv pip install "
+                       "vllm`, then the LMCache release of the tag")
+# vllm/vllm-openai: the tag is the vLLM release (vllm docker/Dockerfile builds the tag's
+# source); LMCache comes from requirements/kv_connectors.txt, which names `lmcache` without a
+# version (0.10.2 to 0.14.0) or with a floor only (`lmcache >= 0.3.9` by 0.27.1), resolved when
+# the image was built. The AWS DLC vllm images are `FROM vllm/vllm-openai:v<version>`.
+_VLLM_OPENAI = ("vllm docker/Dockerfile (the tag's own vLLM); LMCache from "
+                "requirements/kv_connectors.txt, unpinned or a floor only")
+_DLC = "aws/deep-learning-containers vllm/x86_64/gpu/Dockerfile: FROM vllm/vllm-openai:v<version>"
+_VERSION_TAG = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?![\d.])")
+
+
+def image_release(image: Image) -> ImageRelease:
+    """What the image's build files say about the vLLM and LMCache it carries."""
+    path = image.source.split("/", 1)[1]
+    if path == "lmcache/vllm-openai":
+        m = _LMCACHE_TAG.match(image.tag)
+        if not m:        # latest, nightly, -lightweight builds: whatever was newest that day
+            return ImageRelease(None, None, _LMCACHE_DOCKERFILE + "; a moving tag")
+        lmcache = (int(m[1]), int(m[2]), int(m[3]))
+        vllm, when = _LMCACHE_IMAGE_VLLM.get(lmcache, (None, "no record of its build date"))
+        return ImageRelease(vllm, lmcache, f"{_LMCACHE_DOCKERFILE}; {when}")
+    family = image_family(image)
+    if family in (VLLM_OPENAI, DLC_VLLM):
+        m = _VERSION_TAG.match(image.tag)
+        vllm = (int(m[1]), int(m[2]), int(m[3])) if m else None
+        return ImageRelease(vllm, None, _DLC if family is DLC_VLLM else _VLLM_OPENAI)
+    return ImageRelease(None, None, "not an image family we know")
+
+
+def lmcache_version(image: Image) -> Version | None:
+    """The LMCache release an image carries, where a public record says (lmcache/vllm-openai
+    release tags); vllm/vllm-openai and the DLC images install an unpinned `lmcache`: None."""
+    return image_release(image).lmcache

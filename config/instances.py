@@ -1,7 +1,13 @@
 """GPU instance shapes, so a worker's GPU, CPU and memory requests follow its instance type.
 
-Figures from the EC2 accelerated-computing instance pages. Only types we can size are accepted
-for GPU node groups; the region check lives in `regions.py`.
+Sizes (GPUs, vCPUs, GiB) as EC2's DescribeInstanceTypes reports them, read from Karpenter's
+generated instance-type reference (aws/karpenter-provider-aws,
+website/content/en/docs/reference/instance-types.md, August 2026; p3 from the EC2
+accelerated-computing page, which that reference no longer lists). Only types we can size are
+accepted for GPU node groups; the region check lives in `regions.py`. Every family here is
+x86_64 with NVIDIA GPUs: the node groups' AL2023 and Bottlerocket NVIDIA AMI types fit all of
+them (EKS's AMI pages), and tests/constructs/test_gpu_nodegroups.py synthesizes a node group of
+each in every partition that offers it.
 """
 from __future__ import annotations
 
@@ -16,44 +22,64 @@ class GpuShape:
     gpu_memory_gib: int
 
 
-def _family(gpu_mem: int, rows: dict[str, tuple[int, int, int]]) -> dict[str, GpuShape]:
-    return {size: GpuShape(g, c, m, gpu_mem) for size, (g, c, m) in rows.items()}
+@dataclass(frozen=True)
+class GpuFamily:
+    """One EC2 GPU family: its GPU, as NVIDIA, Cluster Autoscaler and prefill see it."""
+
+    gpu: str                 # NVIDIA's name
+    # Cluster Autoscaler's AWS provider value of `k8s.amazonaws.com/accelerator`
+    # (cloudprovider/aws/aws_cloud_provider.go availableGPUTypes where it lists the GPU:
+    # nvidia-tesla-t4/-v100/-a100, nvidia-a10g, nvidia-l4, nvidia-l40s; the same pattern for
+    # the GPUs it does not list, which it treats as GPUs all the same: the label's presence
+    # tells it a starting node will have them).
+    accelerator: str
+    tflops: float            # dense BF16/FP16 tensor throughput per GPU (NVIDIA datasheets)
+    gpu_memory_gib: int      # per GPU, nominal (AWS's instance pages)
+    sizes: dict[str, tuple[int, int, int]]   # size -> (GPUs, vCPUs, GiB)
 
 
-_G5_SHAPES = {
+_G5_SIZES = {
     "xlarge": (1, 4, 16), "2xlarge": (1, 8, 32), "4xlarge": (1, 16, 64), "8xlarge": (1, 32, 128),
     "12xlarge": (4, 48, 192), "16xlarge": (1, 64, 256), "24xlarge": (4, 96, 384),
     "48xlarge": (8, 192, 768),
 }
+_P5_48 = {"48xlarge": (8, 192, 2048)}
 
-_FAMILIES: dict[str, dict[str, GpuShape]] = {
-    "g4dn": _family(16, {
+# A10G as bench/emulator.py's profile has it; H200 computes as H100 (same GH100 die); B300 as
+# B200 (HGX B300 datasheet: 36 PFLOPS FP16/BF16 with sparsity for 8 GPUs, as HGX B200).
+GPU_FAMILIES: dict[str, GpuFamily] = {
+    "g4dn": GpuFamily("T4", "nvidia-tesla-t4", 65, 16, {
         "xlarge": (1, 4, 16), "2xlarge": (1, 8, 32), "4xlarge": (1, 16, 64),
         "8xlarge": (1, 32, 128), "12xlarge": (4, 48, 192), "16xlarge": (1, 64, 256),
-        "metal": (8, 96, 384),
-    }),
-    "g5": _family(24, _G5_SHAPES),
-    "g6": _family(24, _G5_SHAPES),
-    "g6e": _family(48, {
+        "metal": (8, 96, 384)}),
+    "g5": GpuFamily("A10G", "nvidia-a10g", 70, 24, _G5_SIZES),
+    "g6": GpuFamily("L4", "nvidia-l4", 121, 24, _G5_SIZES),
+    "gr6": GpuFamily("L4", "nvidia-l4", 121, 24, {"4xlarge": (1, 16, 128),
+                                                   "8xlarge": (1, 32, 256)}),
+    "g6e": GpuFamily("L40S", "nvidia-l40s", 362, 48, {
         "xlarge": (1, 4, 32), "2xlarge": (1, 8, 64), "4xlarge": (1, 16, 128),
         "8xlarge": (1, 32, 256), "12xlarge": (4, 48, 384), "16xlarge": (1, 64, 512),
-        "24xlarge": (4, 96, 768), "48xlarge": (8, 192, 1536),
-    }),
-    "p3": _family(16, {"2xlarge": (1, 8, 61), "8xlarge": (4, 32, 244), "16xlarge": (8, 64, 488)}),
-    "p4d": _family(40, {"24xlarge": (8, 96, 1152)}),
-    "p5": _family(80, {"48xlarge": (8, 192, 2048)}),
+        "24xlarge": (4, 96, 768), "48xlarge": (8, 192, 1536)}),
+    "p3": GpuFamily("V100", "nvidia-tesla-v100", 125, 16, {
+        "2xlarge": (1, 8, 61), "8xlarge": (4, 32, 244), "16xlarge": (8, 64, 488)}),
+    "p3dn": GpuFamily("V100", "nvidia-tesla-v100", 125, 32, {"24xlarge": (8, 96, 768)}),
+    "p4d": GpuFamily("A100", "nvidia-tesla-a100", 312, 40, {"24xlarge": (8, 96, 1152)}),
+    "p4de": GpuFamily("A100", "nvidia-tesla-a100", 312, 80, {"24xlarge": (8, 96, 1152)}),
+    "p5": GpuFamily("H100", "nvidia-h100", 989, 80, {"4xlarge": (1, 16, 256), **_P5_48}),
+    "p5e": GpuFamily("H200", "nvidia-h200", 989, 141, _P5_48),
+    "p5en": GpuFamily("H200", "nvidia-h200", 989, 141, _P5_48),
+    "p6-b200": GpuFamily("B200", "nvidia-b200", 2250, 179, _P5_48),
+    "p6-b300": GpuFamily("B300", "nvidia-b300", 2250, 268, {"48xlarge": (8, 192, 4096)}),
 }
 
-# Each family's GPU and its dense BF16/FP16 tensor throughput per GPU, TFLOPS (NVIDIA's
-# datasheets; A10G as bench/emulator.py's profile has it): what prefill computes at. Used to
+# Each family's GPU and its dense BF16/FP16 TFLOPS per GPU: what prefill computes at. Used to
 # judge at synth time whether reading KV from L2 can beat recomputing it (k8s/workers.py).
 GPU_MODELS: dict[str, tuple[str, float]] = {
-    "g4dn": ("T4", 65), "g5": ("A10G", 70), "g6": ("L4", 121), "g6e": ("L40S", 362),
-    "p3": ("V100", 125), "p4d": ("A100", 312), "p5": ("H100", 989),
-}
+    name: (f.gpu, f.tflops) for name, f in GPU_FAMILIES.items()}
 
 GPU_SHAPES: dict[str, GpuShape] = {
-    f"{fam}.{size}": shape for fam, sizes in _FAMILIES.items() for size, shape in sizes.items()
+    f"{name}.{size}": GpuShape(gpus, vcpus, gib, f.gpu_memory_gib)
+    for name, f in GPU_FAMILIES.items() for size, (gpus, vcpus, gib) in f.sizes.items()
 }
 
 
@@ -66,6 +92,12 @@ def gpu_model(instance_type: str) -> tuple[str, float] | None:
     return GPU_MODELS.get(instance_type.split(".", 1)[0])
 
 
+def accelerator_label(instance_type: str) -> str | None:
+    """The `k8s.amazonaws.com/accelerator` value of a GPU instance type we know."""
+    family = GPU_FAMILIES.get(instance_type.split(".", 1)[0])
+    return family.accelerator if family else None
+
+
 def ec2_type(instance_type: str) -> str:
     """HyperPod writes `ml.g5.24xlarge`; EKS node groups want `g5.24xlarge`."""
     return instance_type.removeprefix("ml.")
@@ -76,20 +108,31 @@ def ec2_type(instance_type: str) -> str:
 # nodeadm/internal/kubelet/config.go and eni_max_pods.go:
 # - kube-reserved CPU: 6% of the first core, 1% of the second, 0.5% of cores 3-4, 0.25% above;
 # - kube-reserved memory: 11 MiB x maxPods + 255 MiB, maxPods = ENIs x (IPv4 per ENI - 1) + 2
-#   (ENI figures from its instance-info.jsonl);
+#   (ENI figures from its instance-info.jsonl; the maxPods below are that formula's result, as
+#   Karpenter's instance-type reference lists them);
 # - eviction-hard memory.available 100Mi.
 # Memory capacity is the nominal memory less what the hypervisor and kernel keep, as Karpenter
 # models it (VM_MEMORY_OVERHEAD_PERCENT, default 7.5%).
-ENIS = {
-    "m6i.large": (3, 10), "m6i.xlarge": (4, 15), "m6i.2xlarge": (4, 15),
-    "m6i.4xlarge": (8, 30), "m7i.xlarge": (4, 15), "m7i.2xlarge": (4, 15),
-    "g4dn.12xlarge": (8, 30), "g5.12xlarge": (15, 50), "g5.24xlarge": (15, 50),
-    "g5.48xlarge": (7, 50), "g6e.12xlarge": (10, 30), "p4d.24xlarge": (15, 50),
-    "p5.48xlarge": (2, 50),
+MAX_PODS = {
+    "m6i.large": 29, "m6i.xlarge": 58, "m6i.2xlarge": 58, "m6i.4xlarge": 234,
+    "m7i.xlarge": 58, "m7i.2xlarge": 58,
+    "g4dn.xlarge": 29, "g4dn.2xlarge": 29, "g4dn.4xlarge": 29, "g4dn.8xlarge": 58,
+    "g4dn.12xlarge": 234, "g4dn.16xlarge": 58, "g4dn.metal": 737,
+    "g5.xlarge": 58, "g5.2xlarge": 58, "g5.4xlarge": 234, "g5.8xlarge": 234,
+    "g5.12xlarge": 737, "g5.16xlarge": 234, "g5.24xlarge": 737, "g5.48xlarge": 345,
+    "g6.xlarge": 58, "g6.2xlarge": 58, "g6.4xlarge": 234, "g6.8xlarge": 234,
+    "g6.12xlarge": 234, "g6.16xlarge": 737, "g6.24xlarge": 737, "g6.48xlarge": 737,
+    "gr6.4xlarge": 234, "gr6.8xlarge": 234,
+    "g6e.xlarge": 58, "g6e.2xlarge": 58, "g6e.4xlarge": 234, "g6e.8xlarge": 234,
+    "g6e.12xlarge": 292, "g6e.16xlarge": 737, "g6e.24xlarge": 492, "g6e.48xlarge": 492,
+    "p3.2xlarge": 58, "p3.8xlarge": 234, "p3.16xlarge": 234,   # amazon-eks-ami eni-max-pods.txt
+    "p3dn.24xlarge": 737, "p4d.24xlarge": 737, "p4de.24xlarge": 737,
+    "p5.4xlarge": 118, "p5.48xlarge": 100, "p5e.48xlarge": 100, "p5en.48xlarge": 198,
+    "p6-b200.48xlarge": 198, "p6-b300.48xlarge": 198,
 }
 VM_MEMORY_OVERHEAD = 0.075
 EVICTION_HARD_MIB = 100
-_DEFAULT_ENIS = (4, 15)   # types not listed: the smallest ENI figures above (more reserved)
+_DEFAULT_MAX_PODS = 58   # a type not listed (a system group's): a 4-ENI, 15-address type
 _GIB_PER_VCPU = {"m": 4, "c": 2, "r": 8}   # the general-purpose families a system group uses
 # Kept free on a GPU node beside its workers: the add-ons' and our DaemonSets (aws-node,
 # kube-proxy, EBS CSI node, device plugin, DCGM exporter, node exporter) with headroom.
@@ -114,8 +157,7 @@ def instance_shape(instance_type: str) -> tuple[int, float, int]:
 
 
 def max_pods(instance_type: str) -> int:
-    enis, ips = ENIS.get(instance_type, _DEFAULT_ENIS)
-    return enis * (ips - 1) + 2
+    return MAX_PODS.get(instance_type, _DEFAULT_MAX_PODS)
 
 
 def kube_reserved_cpu_m(vcpus: int) -> float:

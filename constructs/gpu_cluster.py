@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import (
-    CfnResource, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam,
-    aws_kms as kms,
+    CfnResource, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks,
+    aws_iam as iam, aws_kms as kms,
 )
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 import cdk8s
@@ -21,9 +21,10 @@ from constructs.naming import logical_id
 from constructs.nag import acknowledge, managed_policy, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps, pod_identity_principal
 from config.contracts import (
-    DEVICE_PLUGIN_LABEL,    GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
-    NODE_ROLE_SYSTEM,
+    ACCELERATOR_LABEL, CA_NODE_TEMPLATE_LABEL, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
+    GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
+from config.instances import accelerator_label
 
 # The VPC CNI's own service account; its AWS permissions come through Pod Identity on it, so the
 # node role (reachable by any pod only through IMDS, which hop limit 1 closes) does not hold them.
@@ -108,18 +109,16 @@ class GpuCluster(Construct):
             "ServiceAccount": CNI_SERVICE_ACCOUNT, "RoleArn": self.cni_role.role_arn}])
         cni.node.add_dependency(addons["eks-pod-identity-agent"])
         node_prereqs = (cni, addons["eks-pod-identity-agent"], addons["kube-proxy"])
-        self.system_nodegroup = self._nodegroup(props.system_nodes, private, {
-            NODE_ROLE_LABEL: NODE_ROLE_SYSTEM}, taints=[])
+        self.system_nodegroup = node_group(
+            self, self.cluster, self.cluster, props.system_nodes, subnets=private, node_role=self.node_role,
+            labels={NODE_ROLE_LABEL: NODE_ROLE_SYSTEM})
         self.system_nodegroup.node.add_dependency(*node_prereqs)
         addons["coredns"].node.add_dependency(self.system_nodegroup)  # Deployment: needs nodes
         self.gpu_nodegroups: dict[str, eks.Nodegroup] = {}
         for group in props.gpu_node_groups:
-            labels = {NODE_ROLE_LABEL: NODE_ROLE_GPU}
-            if not group.ami_type.startswith("BOTTLEROCKET"):
-                labels[DEVICE_PLUGIN_LABEL] = "daemonset"
-            self.gpu_nodegroups[group.name] = self._nodegroup(group, private, labels, taints=[
-                eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY,
-                              value=GPU_TAINT_VALUE)])
+            self.gpu_nodegroups[group.name] = node_group(
+                self, self.cluster, self.cluster, group, subnets=private, node_role=self.node_role,
+                labels={NODE_ROLE_LABEL: NODE_ROLE_GPU})
             self.gpu_nodegroups[group.name].node.add_dependency(*node_prereqs)
         ebs_identity = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
             cluster=self.cluster, namespace="kube-system",
@@ -154,27 +153,64 @@ class GpuCluster(Construct):
         device_plugin.node.add_dependency(*self.gpu_nodegroups.values())
         _acknowledge_cluster_findings(self)
 
-    def _nodegroup(self, group: NodeGroupConfig, subnets: ec2.SubnetSelection,
-                   labels: dict[str, str], taints: list[eks.TaintSpec]) -> eks.Nodegroup:
-        device = _DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda")
-        template = ec2.LaunchTemplate(
-            self, f"{logical_id(group.name)}Template",
-            require_imdsv2=True, http_put_response_hop_limit=IMDS_HOP_LIMIT,
-            block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
-                group.disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
-        )
-        return self.cluster.add_nodegroup_capacity(
-            logical_id(group.name),
-            instance_types=[ec2.InstanceType(t) for t in group.instance_types],
-            ami_type=getattr(eks.NodegroupAmiType, group.ami_type),
-            capacity_type=getattr(eks.CapacityType, group.capacity_type),
-            min_size=group.min_size, max_size=group.max_size, desired_size=group.desired_size,
-            labels={**labels, NODE_GROUP_LABEL: group.name}, taints=taints,
-            subnets=subnets, node_role=self.node_role,
-            launch_template_spec=eks.LaunchTemplateSpec(
-                id=template.launch_template_id, version=template.latest_version_number),
-        )
 
+
+# aws-cdk-lib 2.275's Nodegroup judges instance types by its own tables (aws-eks-v2
+# managed-nodegroup.ts getPossibleAmiTypes, private/nodegroup.ts isGpuInstanceType, aws-ec2
+# instance-types.ts): its GPU classes stop at p4d/g6e, so a p5, p5e, p5en or gr6 group with an
+# NVIDIA AMI type is refused (AmiTypeDoesNotMatchInstanceArchitecture), and its type pattern
+# cannot parse p6-b200.48xlarge at all (MalformedInstanceTypeIdentifier), though EKS runs all of
+# them on exactly these AMI types. GPU groups therefore give the L2 neither and set both on the
+# resource; with a launch template the L2 writes no AMI type of its own (`amiType:
+# launchTemplateSpec ? props.amiType : ...`). What CDK's check guarded is held by the config:
+# GPU groups take only types of config/instances.py (all x86_64 NVIDIA) and only x86_64 NVIDIA
+# AMI types.
+
+
+def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
+               group: NodeGroupConfig, *, subnets: ec2.SubnetSelection, node_role: iam.IRole,
+               labels: dict[str, str]) -> eks.Nodegroup:
+    """A managed node group under `owner` (the cluster, where add_nodegroup_capacity puts it)
+    with its launch template under `scope` (IMDSv2 at hop limit 1, an encrypted gp3
+    root or data volume). GPU groups are tainted and labelled for the device plugin and for
+    Cluster Autoscaler (ACCELERATOR_LABEL, also as the node-template tag CA documents; EKS
+    keeps node group tags off the Auto Scaling group, so CA 1.35 takes the label from
+    eks:DescribeNodegroup, which constructs/cluster_scaling.py grants it)."""
+    device = _DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda")
+    template = ec2.LaunchTemplate(
+        scope, f"{logical_id(group.name)}Template",
+        require_imdsv2=True, http_put_response_hop_limit=IMDS_HOP_LIMIT,
+        block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
+            group.disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
+    )
+    labels = {**labels, NODE_GROUP_LABEL: group.name}
+    taints, tags = [], None
+    if group.gpu:
+        accelerator = accelerator_label(group.instance_types[0])
+        labels[ACCELERATOR_LABEL] = accelerator
+        tags = {CA_NODE_TEMPLATE_LABEL + ACCELERATOR_LABEL: accelerator}
+        if not group.ami_type.startswith("BOTTLEROCKET"):
+            labels[DEVICE_PLUGIN_LABEL] = "daemonset"
+        taints = [eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY,
+                                value=GPU_TAINT_VALUE)]
+    ng = eks.Nodegroup(   # the id add_nodegroup_capacity gives: logical IDs stay as they were
+        owner, f"Nodegroup{logical_id(group.name)}", cluster=cluster,
+        instance_types=None if group.gpu else [ec2.InstanceType(t)
+                                               for t in group.instance_types],
+        ami_type=None if group.gpu else getattr(eks.NodegroupAmiType, group.ami_type),
+        capacity_type=getattr(eks.CapacityType, group.capacity_type),
+        min_size=group.min_size, max_size=group.max_size, desired_size=group.desired_size,
+        labels=labels, taints=taints, tags=tags, subnets=subnets, node_role=node_role,
+        launch_template_spec=eks.LaunchTemplateSpec(
+            id=template.launch_template_id, version=template.latest_version_number),
+    )
+    if group.gpu:
+        # jsii's Python enum carries the member name; CloudFormation spells the value in
+        # lowercase x86_64 (AL2023_x86_64_NVIDIA, BOTTLEROCKET_x86_64_NVIDIA)
+        ng.node.default_child.add_property_override(
+            "AmiType", group.ami_type.replace("X86_64", "x86_64"))
+        ng.node.default_child.add_property_override("InstanceTypes", list(group.instance_types))
+    return ng
 
 
 _NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",

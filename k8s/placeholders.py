@@ -25,7 +25,6 @@ class Placeholder:
 
 
 PLACEHOLDERS: dict[str, Placeholder] = {p.name: p for p in (
-    Placeholder("ROUTER_IMAGE", "Serving", "RouterImageUri"),
     Placeholder("API_KEY_SECRET_ARN", "Serving", "ApiKeySecretArn"),
     Placeholder("MODEL_BUCKET", "Storage", "ModelBucketName"),
     Placeholder("LB_SUBNETS", "Network", "LoadBalancerSubnets"),

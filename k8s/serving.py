@@ -13,7 +13,10 @@ from cdk8s import ApiObject, App, Chart
 from config import ConfigError, EnvironmentConfig
 from config.notices import changed
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
-from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
+from config.images import (
+    IMAGES, KV_EVENTS_SINCE, Image, deployed_images, image_family, image_release,
+    lmcache_version, vllm_version,
+)
 from k8s.placeholders import token
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
@@ -197,7 +200,7 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
     lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
                   if cfg.network.existing else token("LB_SUBNETS"))
     return ServingFacts(
-        router_image=token("ROUTER_IMAGE"), model_bucket=token("MODEL_BUCKET"),
+        router_image=cfg.images.uri("router"), model_bucket=token("MODEL_BUCKET"),
         managed_l2=(L2Connection(url=f"rediss://{token('L2_ENDPOINT')}:{CACHE_PORT}",
                                  secret_arn=token("L2_SECRET_ARN"))
                     if cfg.cache.kind == "elasticache" else None),
@@ -249,6 +252,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             memory=s.memory, node_group=cfg.gpu_group_for(s.instance_type).name,
             l1_enabled=s.l1_enabled, l1_size_gib=budget.l1_per_rank_gib, l2=l2,
             family=image_family(s.image), lmcache=lmcache_version(s.image),
+            vllm=image_release(s.image).vllm,
             ranks=budget.ranks, shm_gib=budget.shm_gib,
             publish_kv_events=kvaware, health_check_path=s.health_check_path,
             model_mount_path=s.model_mount_path, extra_args=s.worker_args,
@@ -292,6 +296,14 @@ def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...])
             "kvCacheSpec.enableL2Cache with a redis or valkey backend, or the L2 would not pay "
             "on its GPU): no in-cluster Valkey is deployed", "environment", "cache.kind"))
     return out
+
+
+def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[Image]:
+    """The images this environment deploys (config/images.py deployed_images): what the mirror
+    copies or builds, what ECR keeps repositories for, what preflight looks for."""
+    return deployed_images((s.image for s in specs),
+                           self_hosted_observability=cfg.observability == "self-hosted",
+                           in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

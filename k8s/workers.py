@@ -93,6 +93,7 @@ class WorkerProps:
     working_dir: str | None = None
     family: ImageFamily | None = None  # where the image keeps vLLM (config/images.py)
     lmcache: tuple[int, int, int] | None = None   # the LMCache release the image carries
+    vllm: tuple[int, int, int] | None = None      # the vLLM release the image carries
     ranks: int = 1                    # GPU processes: one LMCache engine (and L1) each
     shm_gib: int = 1
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
@@ -142,7 +143,8 @@ TIER_POLICY: tuple[TierSetting, ...] = (
                 "VLLMPagedMemLayerwiseGPUConnector.batched_from_gpu); loads pipeline the "
                 "same way (retrieve_layer). Not with an L2: 0.3.7 retrieves layerwise from L1 "
                 "only (storage_manager.layerwise_batched_get) and 0.5.4 asserts a retrieve "
-                "comes from one location, so a prefix split between L1 and L2 cannot load",
+                "comes from one location, so a prefix split between L1 and L2 cannot load. "
+                "Only with LAYERWISE_GUARD (layerwise_guard below)",
                 l1_only=True),
     TierSetting("save_unfull_chunk", False, OLDEST_KNOWN_LMCACHE,
                 "only whole 256-token chunks are stored: a partial tail is never looked up "
@@ -335,10 +337,54 @@ def with_socket_timeouts(url: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{REDIS_SOCKET_TIMEOUTS}"
 
 
+# Layerwise needs every forward step to run the per-layer hooks (save_kv_layer, and
+# wait_for_layer_load before a layer reads loaded KV). Two kinds of step skip them:
+# - a full CUDA graph replay (vLLM's default cudagraph_mode is FULL_AND_PIECEWISE from 0.11.0,
+#   PIECEWISE in 0.10.2: config/__init__.py of each release): the graph replays only the GPU
+#   work. LMCache 0.3.7's wait_for_save then calls next() on the last step's exhausted store
+#   generators (they are reset only in save_kv_layer at layer 0): StopIteration, the engine
+#   dies (LMCache/LMCache#2453). 0.5.4 keeps one generator per request and skips requests
+#   without one (vllm_v1_adapter.py wait_for_save), but a request whose whole prompt but its
+#   last token was a hit runs in a one-token decode graph without waiting for its layers to
+#   load: attention reads KV still in flight (vllm-project/vllm#29608), in any release.
+# - async scheduling (default on from vLLM 0.14.0: SchedulerConfig.async_scheduling None ->
+#   True in config/vllm.py): the same StopIteration in LMCache 0.3.x (LMCache/LMCache#1844),
+#   and no LMCache release we read accounts for its placeholder tokens.
+# vLLM's own remedy (vllm-project/vllm#31057, in 0.27.1 not 0.14.0) forces PIECEWISE only when
+# `kv_connector_extra_config.use_layerwise` is set, which LMCache does not read (it takes
+# `lmcache.`-prefixed keys there, and our setting from its config file): it never fires for us.
+# So layerwise is rendered only with the same guard written out, in the flags vLLM reads from
+# 0.10.2 to 0.27.1 (compilation.py validate_cudagraph_mode_before takes the mode's name;
+# --async-scheduling is a BooleanOptionalAction in arg_utils.py), and only for an image whose
+# vLLM we know takes them; where the file sets graphs or scheduling itself, layerwise is off.
+LAYERWISE_GUARD = ("--compilation-config", '{"cudagraph_mode":"PIECEWISE"}',
+                   "--no-async-scheduling")
+LAYERWISE_GUARD_SINCE = (0, 10, 2)   # the oldest vLLM whose parser we read for these flags
+_STEP_FLAGS = ("--compilation-config", "-O", "-cc", "--async-scheduling", "--no-async-scheduling",
+               "--enforce-eager", "--no-enforce-eager")
+
+
+def layerwise_guard(vllm: tuple[int, int, int] | None, args: tuple[str, ...]) -> bool:
+    """Can the worker run LMCache layerwise: a vLLM that takes LAYERWISE_GUARD, and args that
+    do not choose CUDA graphs or scheduling themselves?"""
+    if vllm is None or vllm < LAYERWISE_GUARD_SINCE:
+        return False
+    return not any(a.split("=", 1)[0].split(".", 1)[0].replace("_", "-") in _STEP_FLAGS
+                   or (a.startswith("-O") and not a.startswith("--")) for a in args)
+
+
+def layerwise(p: WorkerProps) -> bool:
+    """Does this worker's LMCache store layer by layer (TIER_POLICY, with its guard)?"""
+    return (tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
+            and layerwise_guard(p.vllm, (*p.command, *p.extra_args)))
+
+
 def lmcache_config(p: WorkerProps) -> dict:
     """LMCache engine settings for the LMCache the worker image carries: TIER_POLICY, L1 per
     rank, and the L2 URL (appended at pod start where it carries a secret)."""
     cfg = tier_settings(p.lmcache, p.l2 is not None)
+    if not layerwise(p):
+        cfg.pop("use_layerwise", None)   # LMCache's default: the store waits in wait_for_save
     cfg.update(local_cpu=p.l1_enabled,
                max_local_cpu_size=float(p.l1_size_gib if p.l1_enabled else 0))
     if p.l2 and not p.l2.secret_arn:  # with a secret, the URL is appended at pod start
@@ -400,6 +446,8 @@ def vllm_args(p: WorkerProps) -> list[str]:
     for flag, value in own.items():
         if flag not in given:
             args += [flag, value]
+    if layerwise(p):
+        args += LAYERWISE_GUARD
     if p.publish_kv_events:
         args += ["--kv-events-config", json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq",

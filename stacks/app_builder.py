@@ -13,6 +13,7 @@ from config.images import unpinned_images
 from config.notices import CHANGED, CHECK, IGNORED, IMAGE_WITHOUT_DIGEST, KINDS, Notice, \
     ack_id, kind_of
 from config.endpoint_spec import EndpointSpec
+from k8s.serving import environment_images, environment_notices
 from k8s.workers import MetricsSource
 from stacks.cache_stack import CacheStack
 from stacks.cluster_stack import ClusterStack
@@ -49,8 +50,8 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     p = cfg.stack_prefix
     network = (None if cfg.network.existing
                else NetworkStack(app, f"{p}-Network", cfg=cfg, **common))
-    storage = StorageStack(app, f"{p}-Storage", cfg=cfg,
-                           endpoint_images=tuple(s.image for s in endpoints), **common)
+    images = tuple(environment_images(cfg, endpoints))
+    storage = StorageStack(app, f"{p}-Storage", cfg=cfg, images=images, **common)
     observability = (ObservabilityStack(app, f"{p}-Observability", cfg=cfg, **common)
                      if cfg.observability == "managed" else None)
     cluster = ClusterStack(
@@ -65,7 +66,6 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         model_bucket=storage.model_bucket, model_key=storage.model_key,
         l2_url=l2.url_without_credentials if l2 else None,
         l2_secret_arn=l2.auth_secret.secret_arn if l2 else None, l2_key=l2.key if l2 else None,
-        router_base_image=cfg.images.uri("python"),
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
         **common)
@@ -95,13 +95,12 @@ def annotate(scope: cdk.Stack, warnings: list[str], acknowledged: tuple[str, ...
 
 
 def notices(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> list[str]:
-    """The synth warnings of an environment: the images still without a digest, the endpoint
-    files' own, and the environment's."""
-    from k8s.serving import environment_notices
-
+    """The synth warnings of an environment: the images it deploys still without a digest, the
+    endpoint files' own, and the environment's."""
+    deployed = environment_images(cfg, endpoints)
     unpinned = [Notice(f"{i.source}:{i.tag} has no digest in config/images.py: run `python -m "
                        f"tools mirror --resolve --only {i.key}` and pin it", CHECK,
-                       IMAGE_WITHOUT_DIGEST) for i in unpinned_images()]
+                       IMAGE_WITHOUT_DIGEST) for i in unpinned_images() if i in deployed]
     return [*unpinned, *(w for s in endpoints for w in s.warnings),
             *environment_notices(cfg, endpoints)]
 

@@ -1,9 +1,7 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import cdk8s
-from aws_cdk import CfnOutput, Fn, Stack, aws_ecr_assets as ecr_assets, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import CfnOutput, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
 from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
 
@@ -18,9 +16,6 @@ from k8s.serving import ServingFacts, build_charts, worker_service_account
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
-ROUTER_CONTEXT = Path(__file__).resolve().parent.parent / "images" / "router"
-# The router image's wheels: the same pins as requirements.txt (tests check they agree).
-ROUTER_VERSIONS = {"VLLM_ROUTER_VERSION": "0.1.17", "SGLANG_ROUTER_VERSION": "0.3.2"}
 
 
 class ServingStack(Stack):
@@ -30,13 +25,12 @@ class ServingStack(Stack):
                  endpoints: tuple[EndpointSpec, ...], cluster: eks.ICluster,
                  model_bucket: s3.IBucket, model_key: kms.IKey | None,
                  l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
-                 router_base_image: str, metrics: MetricsSource, **kwargs) -> None:
+                 metrics: MetricsSource, **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
-        router = ecr_assets.DockerImageAsset(
-            self, "RouterImage", directory=str(ROUTER_CONTEXT),
-            build_args={"BASE_IMAGE": router_base_image, **ROUTER_VERSIONS},
-            platform=ecr_assets.Platform.LINUX_AMD64)
-        CfnOutput(self, "RouterImageUri", value=router.image_uri)  # ${ROUTER_IMAGE} in dist/
+        # Built and pushed to the account's ECR by `python -m tools mirror` (images/router/
+        # lock.json), before this stack deploys: nothing is built or fetched at deploy time.
+        router_image = cfg.images.uri("router")
+        CfnOutput(self, "RouterImageUri", value=router_image)
         # The endpoints' API key: clients send it as a Bearer token, vLLM checks it.
         api_key = sm.Secret(self, "ApiKey", description="API key of the kvcache endpoints",
                             generate_secret_string=sm.SecretStringGenerator(
@@ -87,7 +81,7 @@ class ServingStack(Stack):
             acknowledge(role, {wildcard(f"{bucket_arn}/{prefix}"):
                               "Objects under the endpoint's own model prefix only."})
         managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
-        self.facts = ServingFacts(router_image=router.image_uri,
+        self.facts = ServingFacts(router_image=router_image,
                                   model_bucket=model_bucket.bucket_name,
                                   managed_l2=managed_l2, service_account=accounts,
                                   metrics=metrics, api_key_secret_arn=api_key.secret_arn,

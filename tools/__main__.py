@@ -1,7 +1,8 @@
 """Operator tools around a deploy: `python -m tools <command> --help` for each.
 
   upload-model   copy a local model directory to the environment's model bucket
-  mirror         copy the pinned images (and charts) into the environment's ECR
+  mirror         copy the pinned images (and charts) into the environment's ECR, build the router
+  router-lock    re-resolve the router image's pinned wheels and Debian packages (maintainers)
   preflight      check an account and region before `cdk deploy`
   smoke          send one request through an endpoint's router and say what is wrong
   fill           fill the GitOps YAML's placeholders (dist/<env>/) from the stacks' outputs
@@ -17,7 +18,7 @@ from typing import Sequence
 
 from bench import benchmark, calibrate
 from config.errors import printable
-from tools import fill, mirror, preflight, smoke, upload_model
+from tools import fill, mirror, preflight, router_image, smoke, upload_model
 from tools.cli import run_command
 
 
@@ -32,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tools", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (upload_model, mirror, preflight, smoke, fill, benchmark, calibrate):
+    for module in (upload_model, mirror, preflight, router_image, smoke, fill, benchmark,
+                   calibrate):
         module.register(sub)
     return p
 

@@ -1,4 +1,5 @@
-"""Copy the pinned images (and Helm charts) of `config/images.py` into the environment's ECR.
+"""Copy the pinned images (and Helm charts) the environment deploys into its ECR, and build
+the router image there (tools/router_image.py).
 
     python -m tools mirror --env china          # from a machine outside China, into China ECR
     python -m tools mirror --resolve            # only print digests of unpinned images
@@ -31,10 +32,11 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from config.arguments import ToolError, add_command, err_console, load_environment, out_console
 from tools.cli import Aws, load_endpoints
@@ -245,7 +247,7 @@ class Row:
     source: str
     dest: str
     digest: str | None = None
-    action: str = ""  # present | copied | would copy | resolved | failed
+    action: str = ""  # present | copied | built | would copy | would build | resolved | failed
     note: str = ""
     unpinned: bool = False
 
@@ -268,8 +270,11 @@ class Mirror:
     parameters so tests can use their own against local registries."""
 
     def __init__(self, skopeo: Skopeo, registry: str | None, *, dry_run: bool = False,
-                 jobs: int = 2) -> None:
+                 jobs: int = 2, builders: Mapping[str, Callable[[Path], Any]] | None = None,
+                 ) -> None:
         self.skopeo, self.registry, self.dry_run, self.jobs = skopeo, registry, dry_run, jobs
+        # catalogue key -> build(layout) -> tools.image_build.Built, for images we build
+        self.builders = dict(builders or {})
 
     def run(self, images: Iterable[Any], charts: Iterable[ChartRef] = (),
             progress: bool = True) -> MirrorReport:
@@ -292,6 +297,8 @@ class Mirror:
         return report
 
     def _image(self, image: Any) -> Row:
+        if getattr(image, "built_from", None):
+            return self._built(image)
         dest = f"{self.registry}/{image.mirror_repository}:{image.tag}" if self.registry else ""
         row = Row("image", image.key, f"{image.source}:{image.tag}", dest, image.digest)
         try:
@@ -309,6 +316,47 @@ class Mirror:
                 return row
             self._place(row, f"docker://{image.source}@{row.digest}")
         except SkopeoError as err:
+            row.action, row.note = "failed", str(err)
+        return row
+
+    def _built(self, image: Any) -> Row:
+        """An image we build (tools/image_build.py): built where the destination lacks its
+        tag, checked against the pinned digest, pushed by digest."""
+        from tools.image_build import BuildError
+
+        dest = f"{self.registry}/{image.mirror_repository}:{image.tag}" if self.registry else ""
+        row = Row("image", image.key, f"built from {image.built_from}", dest, image.digest)
+        try:
+            if self.registry:
+                present = self.skopeo.digest(dest, dest=True)
+                if present is not None:
+                    if image.digest and present != image.digest:
+                        raise SkopeoError(f"{dest} holds {present}, not {image.digest}: tags "
+                                          "are immutable in ECR")
+                    row.action, row.digest, row.unpinned = "present", present, not image.digest
+                    return row
+                if self.dry_run:
+                    row.action = "would build"
+                    return row
+            if image.key not in self.builders:
+                raise SkopeoError(f"no build for {image.key}")
+            with tempfile.TemporaryDirectory(prefix=f"build-{image.key}-") as tmp:
+                built = self.builders[image.key](Path(tmp) / "layout")
+                if image.digest and built.digest != image.digest:
+                    raise SkopeoError(
+                        f"built {built.digest}, the catalogue pins {image.digest}: an input "
+                        f"changed, or this machine's zlib ({zlib.ZLIB_RUNTIME_VERSION}) "
+                        "compresses differently")
+                row.digest, row.unpinned = built.digest, not image.digest
+                if not self.registry:
+                    row.action = "resolved"
+                    return row
+                self.skopeo.copy(f"oci:{built.layout}:{built.tag}", f"docker://{dest}")
+            after = self.skopeo.digest(dest, dest=True)
+            if after != row.digest:
+                raise SkopeoError(f"{dest} has digest {after} after the push, not {row.digest}")
+            row.action = "built"
+        except (SkopeoError, BuildError) as err:
             row.action, row.note = "failed", str(err)
         return row
 
@@ -415,16 +463,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src-tls-verify", default="true", choices=("true", "false"))
     p.add_argument("--dest-tls-verify", default="true", choices=("true", "false"))
     p.add_argument("--jobs", type=int, default=2, help="images copied at once (default 2)")
+    p.add_argument("--cache", default="~/.cache/kvcache-eks/build",
+                   help="where the router image's pinned wheels and Debian packages are kept")
+    p.add_argument("--pypi-files-mirror", metavar="URL", help="a mirror of "
+                   "https://files.pythonhosted.org for the router image's wheels")
+    p.add_argument("--debian-mirror", metavar="URL",
+                   help="a mirror of https://deb.debian.org/debian")
+    p.add_argument("--debian-security-mirror", metavar="URL",
+                   help="a mirror of https://deb.debian.org/debian-security")
 
 
 def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
-    from config.images import deployed_images
+    from k8s.serving import environment_images
 
     if not shutil.which("skopeo"):
         raise ToolError("skopeo not found: install it (Debian: apt-get install skopeo)", 2)
-    # The catalogue and the worker image of every endpoint file the environment serves.
+    # What the environment deploys: the catalogue images its parts use, every endpoint file's
+    # worker image, and the router image, built here.
     cfg = load_environment(args)
-    images = deployed_images(e.image for e in load_endpoints(cfg))
+    images = environment_images(cfg, load_endpoints(cfg))
     charts = catalogue_charts()
     if args.only:
         known = list(dict.fromkeys([i.key for i in images] + [c.key for c in charts]))
@@ -451,9 +508,34 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         skopeo = Skopeo(src_tls_verify=args.src_tls_verify == "true",
                         dest_tls_verify=args.dest_tls_verify == "true",
                         src_authfile=args.src_authfile, dest_authfile=dest_authfile)
-        report = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs).run(
-            images, charts)
+        report = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs,
+                        builders=image_builders(args, skopeo)).run(images, charts)
     return print_report(report)
+
+
+def image_builders(args: argparse.Namespace, skopeo: Skopeo) -> dict[str, Callable]:
+    """The images we build, each from its recipe on its base's upstream source (the same
+    digest wherever it is built), with inputs from PyPI and Debian or the mirrors given."""
+    import config.images as catalogue
+    from tools.image_build import Fetcher, build
+    from tools.router_image import load_lock, recipe
+
+    mirrors = {prefix: url for prefix, url in (
+        ("https://files.pythonhosted.org", args.pypi_files_mirror),
+        ("https://deb.debian.org/debian-security", args.debian_security_mirror),
+        ("https://deb.debian.org/debian", args.debian_mirror)) if url}
+    fetcher = Fetcher(Path(args.cache).expanduser(), mirrors)
+    router = catalogue.IMAGES.get("router")
+    if router is None or not router.built_from:
+        return {}
+    base = catalogue.IMAGES[router.built_from]
+
+    def build_router(layout: Path):
+        return build(recipe(load_lock(), base.source), fetcher, layout, router.tag,
+                     inspect_raw=lambda ref: skopeo.manifest(ref, dest=False) or b"",
+                     pull=lambda ref, out, tag: skopeo.copy(f"docker://{ref}",
+                                                            f"oci:{out}:{tag}"))
+    return {"router": build_router}
 
 
 def print_report(report: MirrorReport) -> int:

@@ -68,12 +68,12 @@ def needed_services(cfg: EnvironmentConfig) -> list[str]:
 class Preflight:
     def __init__(self, aws: Aws, endpoints: Iterable[Any], *, bucket: str | None = None,
                  images: Iterable[Any] | None = None) -> None:
-        from config.images import deployed_images
+        from k8s.serving import environment_images
 
         self.aws, self.cfg = aws, aws.cfg
         self.endpoints = tuple(endpoints)
         self.bucket = bucket
-        self.images = list(deployed_images(e.image for e in self.endpoints)
+        self.images = list(environment_images(self.cfg, self.endpoints)
                            if images is None else images)
 
     def run(self) -> list[Row]:
@@ -224,10 +224,15 @@ class Preflight:
         return [Row(f"EKS {version}", PASS if ok else FAIL, detail)]
 
     def images_in_ecr(self) -> list[Row]:
-        if not self.cfg.use_ecr_images:
-            return [Row("images", SKIP, "the environment pulls from the upstream registries")]
+        """The images pods pull from the account's ECR: all of them where the environment uses
+        its mirror, else only those we build (the router image exists nowhere else)."""
         rows = []
-        for image in self.images:
+        images = [i for i in self.images
+                  if self.cfg.use_ecr_images or getattr(i, "built_from", None)]
+        if not self.cfg.use_ecr_images:
+            rows.append(Row("images", SKIP, "the environment pulls the others from the "
+                            "upstream registries"))
+        for image in images:
             check = f"image: {image.key}"
             digest = self._in_ecr(rows, check, image.mirror_repository, image.tag)
             if digest is None:

@@ -216,9 +216,10 @@ def test_every_client_route_passes_the_front(fronted):
 
 
 def test_the_pod_runs_the_front_the_tests_run():
-    """The front container is the router image's haproxy, of the series the Dockerfile checks
-    and these tests run (Debian's package); the router binds only 127.0.0.1."""
-    import re
+    """The front container is the router image's haproxy, of the series its lock pins
+    (images/router/lock.json) and these tests run (Debian's package); the router binds only
+    127.0.0.1."""
+    import json
     import subprocess
 
     from bench.loopback import front_binary
@@ -232,8 +233,8 @@ def test_the_pod_runs_the_front_the_tests_run():
     assert front["ports"][0]["containerPort"] == 8000 and "ports" not in router or all(
         p["name"] != "http" for p in router["ports"])
     assert router["args"][router["args"].index("--host") + 1] == "127.0.0.1"
-    series = re.search(r"ARG HAPROXY_SERIES=(\S+)",
-                       (ROOT / "images" / "router" / "Dockerfile").read_text()).group(1)
+    series = json.loads((ROOT / "images" / "router" / "lock.json").read_text())[
+        "debian"]["haproxy_series"]
     version = subprocess.run([front_binary(), "-v"], capture_output=True, text=True).stdout
     assert version.startswith(f"HAProxy version {series}."), version
 

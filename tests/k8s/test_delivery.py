@@ -56,7 +56,9 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths, name):
     assert "${Token[" not in text
     named = set(PATTERN.findall(text))
     assert named <= set(FILLABLE)
-    assert {"ROUTER_IMAGE", "MODEL_BUCKET", "API_KEY_SECRET_ARN"} <= named
+    assert {"MODEL_BUCKET", "API_KEY_SECRET_ARN"} <= named
+    # the router image is the catalogue's, in the account's ECR: no placeholder
+    assert cfg.images.uri("router") in text and "ROUTER_IMAGE" not in named
     assert ("LB_SUBNETS" in named) is (not cfg.network.existing)
     managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
     assert {"L2_ENDPOINT", "L2_SECRET_ARN"} <= named if managed_l2 else not (

@@ -401,6 +401,13 @@ def test_every_files_workers_fit_their_memory(corpus, variant):
     assert any(b["ranks"] > 1 for b in budgets)   # the TP files are in the corpus
 
 
+def test_every_files_workers_store_layerwise_only_with_the_guard(corpus):
+    """Layerwise only where the image's vLLM, run with the file's args and ours, calls
+    LMCache's layer hooks on every step (no full CUDA graph, no async scheduling)."""
+    from tests.k8s.worker_gates import assert_layerwise_is_guarded
+    assert assert_layerwise_is_guarded(corpus["dev"].docs)   # the gate saw layerwise workers
+
+
 def test_every_files_lmcache_config_is_read_by_its_images_lmcache(corpus, tmp_path):
     """With the parser of the LMCache each file's image carries (all we have where no record
     pins it): every key read as written, none unknown."""

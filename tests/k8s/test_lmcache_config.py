@@ -65,7 +65,9 @@ def check_parsed(parsed: dict, rendered: dict, image_ref: str) -> None:
         assert parsed["values"][key] == value, (image_ref, key, parsed["values"][key])
     version = lmcache_version(image_for(image_ref))
     policy = tier_settings(version, "remote_url" in rendered or "remote_serde" in rendered)
-    assert set(policy) <= set(rendered), (image_ref, set(policy) - set(rendered))
+    # use_layerwise also needs its guard (tests/k8s/worker_gates.py assert_layerwise_is_guarded)
+    assert set(policy) - {"use_layerwise"} <= set(rendered), (image_ref,
+                                                               set(policy) - set(rendered))
 
 
 def test_a_parser_for_every_lmcache_an_image_carries():

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import cdk8s
 import pytest
+import yaml
 
 from config.images import IMAGE_FAMILIES
 from k8s.serving import build_charts
@@ -14,8 +15,8 @@ from k8s.workers import TIER_POLICY, tier_settings
 from tests.conftest import ENVIRONMENTS
 from tests.k8s.test_charts import SEED, _env, _facts
 from tests.k8s.worker_gates import (
-    assert_reaches_vllm, families_for, fake_root, memory_budget, run_container,
-    worker_containers,
+    assert_layerwise_is_guarded, assert_reaches_vllm, families_for, fake_root, lmcache_configs,
+    memory_budget, run_container, upstream_ref, vllm_steps, worker_containers,
 )
 from config.endpoint_spec import parse_endpoint
 
@@ -32,15 +33,10 @@ def test_shipped_workers_reach_vllm_in_their_images_layout(synths, env, tmp_path
     for pod, container in pods:
         api_key = any(c["name"] == "fetch-api-key" for c in pod["initContainers"])
         assert api_key   # every shipped environment has an endpoint API key
-        for family in families_for(_upstream(container["image"])):
+        for family in families_for(upstream_ref(container["image"])):
             root = fake_root(tmp_path, family)
             assert_reaches_vllm(run_container(root, family, container, tmp_path), root,
                                 family, container, api_key)
-
-
-def _upstream(image: str) -> str:
-    """An ECR mirror reference back to its upstream path (kvcache/<path>:<tag>)."""
-    return image.split("/kvcache/", 1)[1] if "/kvcache/" in image else image
 
 
 @pytest.mark.parametrize("env", ENVIRONMENTS)
@@ -148,3 +144,85 @@ def test_the_in_cluster_l2_fits_a_system_node_and_evicts(backend):
     assert args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
     maxmemory = int(args[args.index("--maxmemory") + 1].removesuffix("mb")) / 1024
     assert 0 < maxmemory < _gib(pod["containers"][0]["resources"]["limits"]["memory"])
+
+
+# --- Layerwise only where every step runs LMCache's layer hooks (k8s/workers.py LAYERWISE_GUARD)
+
+def _l1_only_docs(image: str, args: tuple[str, ...] = ()) -> list[dict]:
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["image"] = image
+    raw["spec"]["worker"]["args"] = [*raw["spec"]["worker"]["args"], *args]
+    raw["spec"]["kvCacheSpec"]["enableL2Cache"] = False
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    return [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+
+
+def _layerwise(docs: list[dict]) -> bool:
+    (text,) = lmcache_configs(docs).values()
+    return yaml.safe_load(text).get("use_layerwise") is True
+
+
+# vLLM known (and >= 0.10.2): layerwise with the guard; vLLM unknown: no layerwise
+LAYERWISE = {"lmcache/vllm-openai:v0.3.7": True, "lmcache/vllm-openai:v0.5.4": True,
+             "lmcache/vllm-openai:latest": False, "vllm/vllm-openai:v0.19.1": True,
+             "public.ecr.aws/deep-learning-containers/vllm:0.11.1-gpu-py312-cu129-ubuntu22.04-"
+             "ec2-v1.0": True, "registry.example.com/team/my-inference-image:1.0": False}
+
+
+@pytest.mark.parametrize("image", sorted(LAYERWISE))
+def test_layerwise_only_where_every_step_runs_the_layer_hooks(image):
+    """LMCache 0.3.x dies (StopIteration) and any release reads KV still loading when a step
+    skips the per-layer hooks: a full CUDA graph (vLLM's default from 0.11) or async
+    scheduling (from 0.14). Fails with the guard removed (v0.5.4 = vLLM 0.27.1 runs
+    FULL_AND_PIECEWISE and async scheduling by default) or with layerwise for an image whose
+    vLLM is unknown."""
+    docs = _l1_only_docs(image)
+    assert _layerwise(docs) is LAYERWISE[image]
+    assert assert_layerwise_is_guarded(docs) is LAYERWISE[image]
+
+
+@pytest.mark.parametrize("args", [("--async-scheduling",), ("-O3",), ("--enforce-eager",),
+                                  ("--compilation-config", '{"cudagraph_mode":"FULL"}'),
+                                  ("--compilation-config.cudagraph_mode=FULL",)])
+def test_a_file_that_sets_graphs_or_scheduling_itself_gets_no_layerwise(args):
+    docs = _l1_only_docs("lmcache/vllm-openai:v0.5.4", args)
+    assert not _layerwise(docs)
+    ((_, container),) = worker_containers(docs)
+    assert "--no-async-scheduling" not in container["args"]   # the file's own choice stands
+
+
+def test_the_step_model_reads_vllms_defaults_per_release():
+    """What the gate holds the args to (worker_gates.vllm_steps), on the releases we render."""
+    assert vllm_steps((0, 10, 2), []) == ("PIECEWISE", False)
+    assert vllm_steps((0, 11, 1), []) == ("FULL_AND_PIECEWISE", False)
+    assert vllm_steps((0, 27, 1), []) == ("FULL_AND_PIECEWISE", True)
+    guard = ["--compilation-config", '{"cudagraph_mode":"PIECEWISE"}', "--no-async-scheduling"]
+    assert vllm_steps((0, 27, 1), guard) == ("PIECEWISE", False)
+    assert vllm_steps(None, guard) is None
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_shipped_workers_store_layerwise_only_with_the_guard(synths, env):
+    docs = _docs(synths[env])
+    assert worker_containers(docs)
+    assert_layerwise_is_guarded(docs)
+
+
+def test_every_image_we_render_for_says_its_vllm_and_lmcache_with_a_source():
+    """The release tags we ship or the published files name carry a known pair; moving tags
+    and unpinned installs say so (None) rather than guess."""
+    from config.images import IMAGES as CATALOGUE, image_for, image_release
+    from tests.k8s.test_hyperpod_corpus import SERVED, _yaml
+    refs = {CATALOGUE["vllm-lmcache"].source_ref, *IMAGES,
+            *(_yaml(f)["spec"]["worker"]["image"] for f in SERVED)}
+    pair = {r: (image_release(image_for(r)).vllm, image_release(image_for(r)).lmcache)
+            for r in refs}
+    assert all(image_release(image_for(r)).source for r in refs)
+    assert pair["lmcache/vllm-openai:v0.3.7"] == ((0, 10, 2), (0, 3, 7))
+    assert pair["lmcache/vllm-openai:v0.5.4"] == ((0, 27, 1), (0, 5, 4))
+    assert pair["vllm/vllm-openai:v0.19.1"] == ((0, 19, 1), None)
+    assert pair["lmcache/vllm-openai:latest"] == (None, None)
+    dlc = next(r for r in refs if "deep-learning-containers/vllm:0.11.1" in r)
+    assert pair[dlc] == ((0, 11, 1), None)

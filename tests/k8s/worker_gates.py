@@ -10,16 +10,22 @@ args, the API key read from its file, and the metrics directory emptied.
 Memory: LMCache's L1 per rank x ranks + vLLM's host memory + /dev/shm within the container's
 memory limit, read from the rendered manifests (the ConfigMap LMCache reads, the args vLLM
 gets, the shm volume), not from our own sizing code.
+
+Layerwise: where the ConfigMap says `use_layerwise: true`, every forward step of the image's
+vLLM, run with the rendered args, must call LMCache's per-layer hooks: no full CUDA graph, no
+async scheduling (k8s/workers.py LAYERWISE_GUARD says why). `vllm_steps` is what vLLM makes of
+the args, per release, as read in its own source, not in ours.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
-from config.images import IMAGE_FAMILIES, ImageFamily, image_family, image_for
+from config.images import IMAGE_FAMILIES, ImageFamily, image_family, image_for, image_release
 from config.endpoint_spec import _gib
 from k8s.secret_fetch import API_KEY_FILE
 from k8s.workers import (
@@ -161,3 +167,62 @@ def lmcache_configs(docs: list[dict]) -> dict[str, str]:
             for d in docs if d["kind"] == "ConfigMap"
             and d["metadata"]["name"].endswith("-workers-lmcache")}
 
+
+
+# What a vLLM release does with its step flags, from its source (sdists on PyPI):
+# - cudagraph_mode when not given: PIECEWISE in 0.10.2 (config/__init__.py), FULL_AND_PIECEWISE
+#   from 0.11.0 (config/__init__.py, later config/vllm.py); --enforce-eager makes it NONE;
+#   --compilation-config (-O, -cc) is JSON whose `cudagraph_mode` is a mode's name
+#   (compilation.py validate_cudagraph_mode_before: CUDAGraphMode[value.upper()]).
+# - async scheduling: off unless --async-scheduling up to 0.13.0 (`async_scheduling: bool =
+#   False`), on unless --no-async-scheduling from 0.14.0 (None, resolved to True in
+#   config/vllm.py for a single-node, non-speculative engine).
+FULL_GRAPHS_SINCE = (0, 11, 0)
+ASYNC_SCHEDULING_SINCE = (0, 14, 0)
+
+
+def vllm_steps(vllm: tuple[int, int, int] | None, args: list[str]) -> tuple[str, bool] | None:
+    """(cudagraph_mode, async scheduling) vLLM `vllm` runs with `args`; None if unknown."""
+    if vllm is None:
+        return None
+    mode = "FULL_AND_PIECEWISE" if vllm >= FULL_GRAPHS_SINCE else "PIECEWISE"
+    asynchronous = vllm >= ASYNC_SCHEDULING_SINCE
+    eager = False
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        flag = flag.replace("_", "-")
+        if flag in ("--compilation-config", "-O", "-cc"):
+            config = json.loads(value or args[i + 1])
+            mode = str(config.get("cudagraph_mode", mode)).upper()
+        elif flag == "--enforce-eager":
+            eager = True
+        elif flag == "--async-scheduling":
+            asynchronous = True
+        elif flag == "--no-async-scheduling":
+            asynchronous = False
+    return ("NONE" if eager else mode), asynchronous
+
+
+def upstream_ref(image: str) -> str:
+    """An ECR mirror reference back to its upstream path (kvcache/<path>:<tag>)."""
+    return image.split("/kvcache/", 1)[1] if "/kvcache/" in image else image
+
+
+def assert_layerwise_is_guarded(docs: list[dict]) -> bool:
+    """Every worker that stores layerwise runs each step through LMCache's layer hooks, in the
+    vLLM its image carries (config/images.py image_release). Returns whether any worker stores
+    layerwise (so callers can check the gate saw one)."""
+    configs = lmcache_configs(docs)
+    seen = False
+    for pod, container in worker_containers(docs):
+        name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
+        config = yaml.safe_load(configs[name.removesuffix("-lmcache")])
+        if not config.get("use_layerwise"):
+            continue
+        seen = True
+        vllm = image_release(image_for(upstream_ref(container["image"]))).vllm
+        steps = vllm_steps(vllm, container["args"])
+        assert steps is not None, ("layerwise for an image whose vLLM is unknown", name)
+        mode, asynchronous = steps
+        assert mode in ("PIECEWISE", "NONE") and not asynchronous, (name, mode, asynchronous)
+    return seen

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from config.contracts import (
+    ACCELERATOR_LABEL,
     DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
-from config.instances import allocatable as node_allocatable
+from config.instances import accelerator_label, allocatable as node_allocatable
 
 MANIFEST = "Custom::AWSCDK-EKS-KubernetesResource"
 HELM = "Custom::AWSCDK-EKS-HelmChart"
@@ -131,6 +132,8 @@ def config_node_groups(cfg) -> list[NodeGroup]:
         labels = {NODE_ROLE_LABEL: role, NODE_GROUP_LABEL: g.name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "arm64" if "ARM" in g.ami_type else "amd64",
                   "eks.amazonaws.com/capacityType": g.capacity_type}
+        if role == NODE_ROLE_GPU:
+            labels[ACCELERATOR_LABEL] = accelerator_label(g.instance_types[0])
         if role == NODE_ROLE_GPU and not g.ami_type.startswith("BOTTLEROCKET"):
             labels[DEVICE_PLUGIN_LABEL] = "daemonset"
         return NodeGroup(g.name, g.instance_types, labels, taints, g.min_size, g.max_size)

@@ -95,11 +95,19 @@ def test_model_bucket_is_encrypted_private_tls_only_versioned_logged_and_retaine
     assert '"aws:SecureTransport": "false"' in policies
 
 
-def test_ecr_repository_per_catalogue_image(synth):
+def test_ecr_repository_per_image_the_environment_deploys(synth):
+    from k8s.serving import environment_images, load_endpoints
+    from tests.conftest import ROOT
     repos = resources(synth.template("Storage"), "AWS::ECR::Repository").values()
-    assert {r["Properties"]["RepositoryName"] for r in repos} == {
-        i.mirror_repository for i in IMAGES.values()} | {
+    names = {r["Properties"]["RepositoryName"] for r in repos}
+    assert names == {i.mirror_repository for i in environment_images(
+        synth.cfg, load_endpoints(synth.cfg, ROOT))} | {
         c.mirror_repository for c in CHARTS.values()}
+    assert "kvcache/router" in names    # built by the mirror, pulled from here everywhere
+    # the catalogue's lmcache/vllm-openai:v0.5.4 (no shipped file names it) and the router's
+    # base (inside the router image) get none
+    assert IMAGES["python"].mirror_repository not in names
+    assert IMAGES["vllm-lmcache"].mirror_repository in names   # v0.3.7 of the file: same repo
     for r in repos:
         p = r["Properties"]
         assert p["ImageScanningConfiguration"] == {"ScanOnPush": True}
@@ -304,18 +312,20 @@ def test_scaling_identities(synth):
 
 def test_every_image_is_pinned_by_digest_but_the_documented_one(dev):
     from config.images import unpinned_images
-    # No public record ties a digest to lmcache/vllm-openai:v0.5.4 (see config/images.py);
-    # any other image without one fails here.
-    assert [i.key for i in unpinned_images()] == ["vllm-lmcache"]
+    # No public record ties a digest to lmcache/vllm-openai:v0.5.4 (see config/images.py),
+    # and the router image's is printed by its first build (`tools mirror --resolve --only
+    # router`: no registry here reaches its base); any other image without one fails here.
+    assert [i.key for i in unpinned_images()] == ["vllm-lmcache", "router"]
     for image in IMAGES.values():
         assert image.tag != "latest"
         assert image.digest is None or (image.digest.startswith("sha256:")
                                         and len(image.digest) == 71), image.key
     warnings = [str(m.data) for m in dev.stacks.serving.node.metadata
                 if m.type == "aws:cdk:warning" and "has no digest" in str(m.data)]
-    # The catalogue's one, and the shipped endpoint file's lmcache/vllm-openai:v0.3.7.
+    # The router's (dev does not deploy v0.5.4), and the shipped file's v0.3.7.
     assert len(warnings) == 2 and any("lmcache/vllm-openai:v0.3.7 has no digest" in w
                                       for w in warnings)
+    assert any(w.startswith("kvcache-eks/router:") for w in warnings), warnings
 
 
 def test_alb_controller_chart_comes_from_where_the_region_can_reach(synth):

@@ -40,7 +40,7 @@ def _deploy(stacks: set[str]) -> None:
 def test_every_placeholder_is_filled_and_runtime_variables_survive(dist, tmp_path, aws_env):
     texts = {p.name: p.read_text() for p in dist.rglob("*.yaml")}
     named = {m for t in texts.values() for m in PATTERN.findall(t)}
-    assert {"ROUTER_IMAGE", "MODEL_BUCKET", "API_KEY_SECRET_ARN", "LB_SUBNETS",
+    assert {"MODEL_BUCKET", "API_KEY_SECRET_ARN", "LB_SUBNETS",
             "AMP_QUERY_URL", "AMP_REMOTE_WRITE_URL"} <= named
     runtime = {t.count("${") for t in texts.values()}
     assert max(runtime) > 0   # the router front's ${FRONT_BIND}, the init containers' shell

@@ -190,7 +190,8 @@ def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeyp
     monkeypatch.setattr(config.images, "CHARTS", {c.key: c for c in world["charts"]},
                         raising=False)
     monkeypatch.setattr(mirror_module, "load_endpoints",
-                        lambda cfg: (SimpleNamespace(image=world["images"][1]),))
+                        lambda cfg: (SimpleNamespace(image=world["images"][1],
+                                                     l2_enabled=False, l2_url=None),))
     assert main(["mirror", "--env", "dev", "--dest-registry", dst, "--src-tls-verify",
                  "false", "--dest-tls-verify", "false"]) == 0
     out = capsys.readouterr().out
@@ -232,14 +233,34 @@ def ecr_aws(repositories: list[str]) -> Aws:
     return Aws(cfg, factory=lambda service: {"ecr": ecr}[service])
 
 
+def _args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{**dict(
+        env="china", china=False, profile=None, only=None, resolve=False, dry_run=True,
+        dest_registry=None, dest_authfile=None, src_authfile=None, src_tls_verify="true",
+        dest_tls_verify="true", jobs=1, cache="~/.cache/kvcache-eks/build",
+        pypi_files_mirror=None, debian_mirror=None, debian_security_mirror=None), **kw})
+
+
 def test_ecr_needs_the_storage_stack_repositories():
-    args = argparse.Namespace(env="china", china=False, profile=None, only=["valkey"],
-                              resolve=False, dry_run=True, dest_registry=None,
-                              dest_authfile=None, src_authfile=None, src_tls_verify="true",
-                              dest_tls_verify="true", jobs=1)
     with pytest.raises(ToolError, match=r"ECR repositories missing in cn-northwest-1: "
-                       r"kvcache/valkey/valkey; deploy KvCache-china-Storage first"):
-        mirror_main(args, ecr_aws(["kvcache/amazon/aws-cli"]))
+                       r"kvcache/router; deploy KvCache-china-Storage first"):
+        mirror_main(_args(only=["router"]), ecr_aws(["kvcache/amazon/aws-cli"]))
+
+
+def test_only_what_the_environment_deploys_is_mirrored():
+    """china: ElastiCache (no in-cluster Valkey), the in-cluster Prometheus and Grafana, the
+    shipped file's lmcache/vllm-openai:v0.3.7; not the catalogue's v0.5.4 no file names, nor
+    the Python base (its layers travel inside the router image)."""
+    from k8s.serving import environment_images
+    cfg = load_environment(argparse.Namespace(env="china", china=False))
+    keys = {i.key for i in environment_images(cfg, mirror_module.load_endpoints(cfg))}
+    assert {"router", "aws-cli", "grafana", "alertmanager", "lmcache/vllm-openai:v0.3.7"} <= keys
+    assert not keys & {"vllm-lmcache", "valkey", "redis-exporter", "python"}
+    with pytest.raises(ToolError, match=r"--only = 'vllm-lmcache' is not valid"):
+        mirror_main(_args(only=["vllm-lmcache"]), ecr_aws([]))
+    dev = load_environment(argparse.Namespace(env="dev", china=False))   # managed observability
+    dev_keys = {i.key for i in environment_images(dev, mirror_module.load_endpoints(dev))}
+    assert "router" in dev_keys and not dev_keys & {"grafana", "alertmanager", "k8s-sidecar"}
 
 
 def test_ecr_credentials_go_to_a_private_authfile(tmp_path):

@@ -8,7 +8,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from config.images import CHARTS, deployed_images
+from config.images import CHARTS
+from k8s.serving import environment_images
 from config.arguments import ToolError, load_environment
 from tools.cli import Aws, load_endpoints
 from tools.preflight import FAIL, PASS, WARN, Preflight, print_rows
@@ -77,7 +78,7 @@ def happy(**override) -> dict[str, list[tuple]]:
         "ecr": [("describe_images", {"imageDetails": [{"imageDigest": i.digest or "sha256:" +
                                                        "0" * 64}]},
                  {"repositoryName": i.mirror_repository, "imageIds": [{"imageTag": i.tag}]})
-                for i in deployed_images(e.image for e in load_endpoints(CHINA))]
+                for i in environment_images(CHINA, load_endpoints(CHINA))]
         + [("describe_images", {"imageDetails": [{"imageDigest": "sha256:" + "1" * 64}]},
             {"repositoryName": c.mirror_repository, "imageIds": [{"imageTag": c.version}]})
            for c in CHARTS.values()],
@@ -106,7 +107,8 @@ def test_a_ready_account_passes_every_check(capsys):
     for stub in stubs:
         stub.assert_no_pending_responses()
     got = status(rows)
-    assert got.pop("image: vllm-lmcache") == WARN  # pinned by tag only, for now
+    assert "image: vllm-lmcache" not in got   # the catalogue's, but no china file names it
+    assert got.pop("image: router") == WARN    # built by the mirror; its digest not pinned yet
     # The endpoint file's own worker image is checked in ECR too (tag only: a warning).
     assert got.pop("image: lmcache/vllm-openai:v0.3.7") == WARN
     assert set(got.values()) == {PASS}, rows
@@ -142,7 +144,7 @@ def test_blockers_are_failures_and_exit_non_zero(capsys):
     assert got["quota: Running On-Demand G and VT instances"] == FAIL   # 96 < 192 desired
     assert got["quota: Running On-Demand Standard instances"] == WARN   # 12 <= 16 < 24
     assert got[f"EKS {K8S}"] == FAIL
-    second, third = [i.key for i in deployed_images(e.image for e in load_endpoints(CHINA))][1:3]
+    second, third = [i.key for i in environment_images(CHINA, load_endpoints(CHINA))][1:3]
     assert got[f"image: {second}"] == FAIL and got[f"image: {third}"] == FAIL
     assert got["model: llama-8b-intel-routing"] == FAIL
     detail = {r.check: r.detail for r in rows}
@@ -196,7 +198,7 @@ def test_each_chart_missing_from_the_mirror_is_one_line_naming_it():
     """China's Cluster stack installs its charts from the account's ECR: before the mirror
     runs, `cdk deploy` fails there; preflight names each missing chart (issue 16, finding 4)."""
     calls = happy()
-    images = len(deployed_images(e.image for e in load_endpoints(CHINA)))
+    images = len(environment_images(CHINA, load_endpoints(CHINA)))
     calls["ecr"][images] = ("describe_images", "ImageNotFoundException", None)
     calls["ecr"][images + 1] = ("describe_images", "RepositoryNotFoundException", None)
     aws, _ = stubbed(calls)
@@ -247,3 +249,33 @@ def test_without_credentials_one_line_not_a_fail_row_per_check(monkeypatch, caps
     out = capsys.readouterr()
     assert out.out.count("FAIL") == 1 and "no AWS credentials found" in out.out
     assert out.err.strip().count("\n") == 0 and out.err.startswith("error: 1 blocker(s)")
+
+
+@pytest.mark.parametrize("env", ["china", "dev"])
+def test_the_router_image_missing_from_ecr_is_a_blocker_in_every_environment(env):
+    """The router image is built by the mirror into the account's ECR, also where the other
+    images come from upstream (dev): before `python -m tools mirror` no router pod starts."""
+    from config.images import IMAGES
+    cfg = load_environment(argparse.Namespace(env=env, china=False))
+    router = IMAGES["router"]
+    ecr = boto3.client("ecr", region_name=cfg.region, aws_access_key_id="x",
+                       aws_secret_access_key="y")
+    stub = Stubber(ecr)
+    images = environment_images(cfg, load_endpoints(cfg))
+    for image in images:
+        if cfg.use_ecr_images or image.built_from:
+            stub.add_client_error(
+                "describe_images", service_error_code="ImageNotFoundException",
+                http_status_code=400, expected_params={
+                    "repositoryName": image.mirror_repository,
+                    "imageIds": [{"imageTag": image.tag}]})
+    stub.activate()
+    aws = Aws(cfg, factory=lambda service: {"ecr": ecr}[service])
+    rows = {r.check: r for r in Preflight(aws, load_endpoints(cfg)).images_in_ecr()}
+    assert rows["image: router"].status == FAIL
+    assert rows["image: router"].detail == (
+        f"{router.mirror_repository}:{router.tag} missing: run python -m tools mirror")
+    assert router in images
+    if not cfg.use_ecr_images:   # the others come from upstream: only the router is checked
+        assert [k for k in rows if k.startswith("image: ")] == ["image: router"]
+    stub.assert_no_pending_responses()

@@ -1,0 +1,538 @@
+"""Images built without a container engine: a base image plus one layer per platform made here
+from pinned files, Python wheels (installed with pypa's `installer` for the image's own Python)
+and Debian packages (unpacked with python-debian), pushed with skopeo.
+
+Reproducible: the same base digest and the same files give the same image digest. Every file
+is fetched by URL and checked against its sha256; the layer is a tar with sorted entries, owner
+root and a fixed time, gzip-compressed without a name or time in its header; the config and the
+manifests are written from the base's with sorted keys. One input is the machine's: the deflate
+stream comes from its zlib (zlib's output has not changed across 1.2.x and 1.3.x at a given
+level; zlib-ng, which some distributions ship in its place, compresses differently), so a
+digest the catalogue pins is checked after every build. The build never runs anything inside
+the image, so it builds every platform on any machine.
+
+Checked before anything is pushed: each Debian package's dependencies are installed in the base
+(its dpkg status) or are in the layer, with their versions; the wheels' platform tags fit the
+platform.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable, Mapping, Sequence
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+# A Docker schema 2 base: the same blobs under OCI media types (OCI image-spec, "Docker
+# compatibility": the formats are the same bytes).
+_TO_OCI = {
+    "application/vnd.docker.distribution.manifest.list.v2+json": OCI_INDEX,
+    "application/vnd.docker.distribution.manifest.v2+json": OCI_MANIFEST,
+    "application/vnd.docker.container.image.v1+json": OCI_CONFIG,
+    "application/vnd.docker.image.rootfs.diff.tar.gzip": OCI_LAYER_GZIP,
+    "application/vnd.docker.image.rootfs.diff.tar": OCI_LAYER,
+}
+# Files the layer writes are dated here (SOURCE_DATE_EPOCH of reproducible-builds.org).
+EPOCH = 0
+GZIP_LEVEL = 6
+
+
+class BuildError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A file to fetch: where, and the sha256 it must have."""
+
+    filename: str
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PlatformLayer:
+    """What the layer of one platform holds."""
+
+    platform: str                        # linux/amd64, linux/arm64
+    wheels: tuple[Pinned, ...] = ()
+    debs: tuple[Pinned, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """An image: the base (pinned by index digest), the layers, and the config it runs with."""
+
+    base: str                            # registry/repository@sha256:... of a multi-arch index
+    layers: tuple[PlatformLayer, ...]
+    python: str                          # the base's python, for wheel launchers
+    site_packages: str
+    scripts_dir: str
+    user: str                            # uid:gid the image runs as
+    user_name: str                       # its /etc/passwd entry (none in the base)
+    entrypoint: tuple[str, ...]
+    exposed_ports: tuple[int, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # Depends of Debian packages that only their maintainer scripts need (adduser, init
+    # scripts), which the layer never runs: not required in the base.
+    script_only_depends: frozenset[str] = frozenset()
+    created_by: str = "kvcache-eks tools/image_build.py"
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+@dataclass
+class Fetcher:
+    """Fetches pinned files into a cache keyed by sha256; `mirrors` rewrite URL prefixes (a
+    PyPI or Debian mirror an environment names)."""
+
+    cache: Path
+    mirrors: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 120.0
+    get: Callable[[str, float], bytes] | None = None
+
+    def fetch(self, item: Pinned) -> Path:
+        if "/" in item.filename or item.filename in ("", ".", ".."):
+            raise BuildError(f"not a file name: {item.filename!r}")
+        path = self.cache / item.sha256 / item.filename   # installer reads the wheel's name
+        if path.exists() and _sha256_file(path) == item.sha256:
+            return path
+        url = item.url
+        for prefix in sorted(self.mirrors, key=len, reverse=True):   # the longest match
+            if url.startswith(prefix):
+                url = self.mirrors[prefix].rstrip("/") + url[len(prefix):]
+                break
+        data = (self.get or _http_get)(url, self.timeout)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != item.sha256:
+            raise BuildError(f"{item.filename} from {url}: sha256 {digest}, pinned "
+                             f"{item.sha256}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        return path
+
+
+def _http_get(url: str, timeout: float) -> bytes:
+    import requests
+
+    for attempt in range(3):
+        try:
+            resp = requests.get(url, timeout=timeout)
+        except requests.RequestException as err:
+            if attempt == 2:
+                raise BuildError(f"GET {url}: {err}") from None
+            time.sleep(1 + attempt)
+            continue
+        if resp.status_code == 200:
+            return resp.content
+        if resp.status_code < 500 or attempt == 2:
+            raise BuildError(f"GET {url}: HTTP {resp.status_code}")
+        time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- layer
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tar member of the layer."""
+
+    kind: str              # file | dir | symlink | hardlink
+    mode: int
+    data: bytes = b""
+    target: str = ""       # symlink or hardlink target
+
+
+class Tree:
+    """The layer's files by path (no leading '/'); written out in sorted order."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+
+    def add(self, path: str, entry: Entry) -> None:
+        path = _clean(path)
+        if not path:
+            return
+        parent = str(PurePosixPath(path).parent)
+        if parent != ".":
+            self.add_dir(parent)
+        if entry.kind == "dir" and path in self.entries:
+            return
+        self.entries[path] = entry
+
+    def add_dir(self, path: str, mode: int = 0o755) -> None:
+        path = _clean(path)
+        if path and path not in self.entries:
+            self.add(path, Entry("dir", mode))
+
+    def tar(self) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in sorted(self.entries):
+                e = self.entries[path]
+                info = tarfile.TarInfo(path)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = EPOCH, 0, 0, "", ""
+                info.mode = e.mode
+                if e.kind == "dir":
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                elif e.kind in ("symlink", "hardlink"):
+                    info.type = tarfile.SYMTYPE if e.kind == "symlink" else tarfile.LNKTYPE
+                    info.linkname = e.target
+                    tar.addfile(info)
+                else:
+                    info.size = len(e.data)
+                    tar.addfile(info, io.BytesIO(e.data))
+        return buf.getvalue()
+
+
+def _clean(path: str) -> str:
+    parts = [p for p in PurePosixPath(path).parts if p not in ("/", ".", "")]
+    if ".." in parts:
+        raise BuildError(f"a path leaving the root: {path!r}")
+    return "/".join(parts)
+
+
+def add_deb(tree: Tree, deb: Path) -> dict[str, str]:
+    """Unpack a Debian package's data into the tree; returns its control fields."""
+    from debian.debfile import DebFile
+
+    package = DebFile(str(deb))
+    control = dict(package.debcontrol())
+    with package.data.tgz() as data:
+        for m in data.getmembers():
+            if m.isdir():
+                tree.add_dir(m.name, stat.S_IMODE(m.mode))
+            elif m.issym():
+                tree.add(m.name, Entry("symlink", 0o777, target=m.linkname))
+            elif m.islnk():
+                tree.add(m.name, Entry("hardlink", stat.S_IMODE(m.mode),
+                                       target=_clean(m.linkname)))
+            elif m.isfile():
+                tree.add(m.name, Entry("file", stat.S_IMODE(m.mode),
+                                       data=data.extractfile(m).read()))
+    # What was installed, where image scanners look for it without a dpkg database to edit
+    # (one file per package, as distroless images keep them).
+    tree.add(f"var/lib/dpkg/status.d/{control['Package']}", Entry(
+        "file", 0o644, data=_control_paragraph({**control, "Status": "install ok installed"})))
+    return control
+
+
+def _control_paragraph(fields: Mapping[str, str]) -> bytes:
+    from debian.deb822 import Deb822
+
+    return Deb822(dict(fields)).dump().encode()
+
+
+def add_wheels(tree: Tree, wheels: Sequence[Path], recipe: Recipe) -> None:
+    """Install wheels as pip would into the image's Python, with launchers for its path."""
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    with tempfile.TemporaryDirectory(prefix="wheels-") as root:
+        scheme = {"purelib": recipe.site_packages, "platlib": recipe.site_packages,
+                  "headers": f"{recipe.site_packages}/../../../include",
+                  "scripts": recipe.scripts_dir, "data": "/usr/local"}
+        destination = SchemeDictionaryDestination(
+            scheme, interpreter=recipe.python, script_kind="posix", destdir=root)
+        for wheel in sorted(wheels):
+            with WheelFile.open(wheel) as source:
+                install(source, destination, {"INSTALLER": b"kvcache-eks\n"})
+        _add_tree_from(tree, Path(root))
+
+
+def _add_tree_from(tree: Tree, root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames):
+            rel = (Path(dirpath) / name).relative_to(root)
+            if (Path(dirpath) / name).is_symlink():
+                tree.add(str(rel), Entry("symlink", 0o777,
+                                         target=os.readlink(Path(dirpath) / name)))
+            else:
+                tree.add_dir(str(rel))
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                tree.add(rel, Entry("symlink", 0o777, target=os.readlink(path)))
+            else:
+                mode = 0o755 if os.access(path, os.X_OK) else 0o644
+                tree.add(rel, Entry("file", mode, data=path.read_bytes()))
+
+
+# --------------------------------------------------------------------------- base
+
+
+def read_base(layout: Path, manifest_digest: str) -> tuple[dict, dict, list[Path]]:
+    manifest = json.loads(_blob(layout, manifest_digest))
+    config = json.loads(_blob(layout, manifest["config"]["digest"]))
+    layers = [_blob_path(layout, d["digest"]) for d in manifest["layers"]]
+    return manifest, config, layers
+
+
+def base_files(layers: Sequence[Path], paths: Iterable[str],
+               prefixes: Iterable[str] = ()) -> dict[str, bytes]:
+    """The base's files at `paths` or under `prefixes`, as its layers leave them (a later
+    layer wins; whiteouts remove)."""
+    paths, prefixes = set(paths), tuple(prefixes)
+    found: dict[str, bytes] = {}
+    for layer in layers:
+        with tarfile.open(layer, mode="r:*") as tar:
+            for m in tar:
+                name = _clean(m.name)
+                head, _, leaf = name.rpartition("/")
+                if leaf == ".wh..wh..opq":
+                    found = {k: v for k, v in found.items() if not k.startswith(head + "/")}
+                elif leaf.startswith(".wh."):
+                    gone = f"{head}/{leaf[4:]}".lstrip("/")
+                    found = {k: v for k, v in found.items()
+                             if k != gone and not k.startswith(gone + "/")}
+                elif m.isfile() and (name in paths or name.startswith(prefixes)):
+                    found[name] = tar.extractfile(m).read()
+    return found
+
+
+def installed_packages(files: Mapping[str, bytes]) -> dict[str, str]:
+    """Package -> version from a dpkg status file (and status.d/ entries)."""
+    from debian.deb822 import Deb822
+
+    out = {}
+    texts = [v for k, v in files.items()
+             if k == "var/lib/dpkg/status" or k.startswith("var/lib/dpkg/status.d/")]
+    for text in texts:
+        for para in Deb822.iter_paragraphs(text.decode("utf-8", "replace")):
+            status = para.get("Status", "install ok installed")
+            if para.get("Package") and status.endswith(" installed"):
+                out[para["Package"]] = para.get("Version", "")
+                for provided in _relations(para.get("Provides", "")):
+                    out.setdefault(provided[0][0], para.get("Version", ""))
+    return out
+
+
+def _relations(text: str) -> list[list[tuple[str, str | None, str | None]]]:
+    """[[(name, op, version) alternatives], ...] of a Depends-style field."""
+    from debian.deb822 import PkgRelation
+
+    out = []
+    if not text.strip():
+        return out
+    for group in PkgRelation.parse_relations(text):
+        out.append([(r["name"], *(r["version"] or (None, None))) for r in group])
+    return out
+
+
+def check_depends(controls: Sequence[Mapping[str, str]], base: Mapping[str, str],
+                  script_only: frozenset[str], platform: str) -> None:
+    """Every Depends/Pre-Depends of the layer's packages is satisfied by the base or the
+    layer, versions included; BuildError names what is missing."""
+    from debian.debian_support import version_compare
+
+    have = dict(base)
+    for c in controls:
+        have[c["Package"]] = c["Version"]
+        for provided in _relations(c.get("Provides", "")):
+            have.setdefault(provided[0][0], c["Version"])
+    ops = {"<<": lambda x: x < 0, "<=": lambda x: x <= 0, "=": lambda x: x == 0,
+           ">=": lambda x: x >= 0, ">>": lambda x: x > 0}
+    for c in controls:
+        for field_name in ("Pre-Depends", "Depends"):
+            for group in _relations(c.get(field_name, "")):
+                names = {name.split(":")[0] for name, _, _ in group}
+                if names & script_only:
+                    continue
+                if not any(name.split(":")[0] in have and (
+                        op is None or ops[op](version_compare(have[name.split(":")[0]],
+                                                              version)))
+                        for name, op, version in group):
+                    wants = " | ".join(n + (f" ({o} {v})" if o else "") for n, o, v in group)
+                    raise BuildError(f"{platform}: {c['Package']} {c['Version']} needs {wants}, "
+                                     "which neither the base nor the layer installs")
+
+
+# --------------------------------------------------------------------------- build
+
+
+@dataclass(frozen=True)
+class Built:
+    layout: Path
+    tag: str
+    digest: str                      # of the index: what the catalogue pins
+    platforms: dict[str, str]        # platform -> manifest digest
+
+
+def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
+          inspect_raw: Callable[[str], bytes], pull: Callable[[str, Path, str], None]) -> Built:
+    """Builds `recipe` into the OCI layout `layout` under `tag`. `inspect_raw(reference)` reads
+    a manifest; `pull(reference, layout, tag)` copies one platform's image of the base into the
+    layout (both skopeo)."""
+    repository, _, index_digest = recipe.base.partition("@")
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", index_digest):
+        raise BuildError(f"the base {recipe.base} is not pinned by digest")
+    raw = inspect_raw(recipe.base)
+    if "sha256:" + hashlib.sha256(raw).hexdigest() != index_digest:
+        raise BuildError(f"the base {recipe.base} answered with another manifest")
+    base_index = json.loads(raw)
+    if _TO_OCI.get(base_index.get("mediaType"), base_index.get("mediaType")) != OCI_INDEX:
+        raise BuildError(f"the base {recipe.base} is not a multi-platform index")
+    layout.mkdir(parents=True, exist_ok=True)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    manifests, platforms = [], {}
+    for spec in recipe.layers:
+        os_, arch = spec.platform.split("/", 1)
+        entry = _platform_entry(base_index, os_, arch)
+        if entry is None:
+            raise BuildError(f"the base {recipe.base} has no {spec.platform}")
+        pull(f"{repository}@{entry['digest']}", layout, f"base-{arch}")
+        manifest, config, layers = read_base(layout, _tagged(layout, f"base-{arch}"))
+        body = _platform_manifest(recipe, spec, fetcher, layout, manifest, config, layers)
+        desc = _write_blob(layout, body, OCI_MANIFEST)
+        platforms[spec.platform] = desc["digest"]
+        manifests.append({**desc, "platform": dict(entry["platform"])})
+    index = _json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
+    desc = _write_blob(layout, index, OCI_INDEX)
+    _tag(layout, tag, desc)
+    return Built(layout, tag, desc["digest"], platforms)
+
+
+def _platform_entry(index: dict, os_: str, arch: str) -> dict | None:
+    """The base's manifest for os/arch (arm64: v8 or no variant; never an attestation)."""
+    for m in index.get("manifests", []):
+        p = m.get("platform") or {}
+        if p.get("os") == os_ and p.get("architecture") == arch and p.get("variant") in (
+                None, "v8" if arch == "arm64" else None):
+            return m
+    return None
+
+
+def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, layout: Path,
+                       manifest: dict, config: dict, layers: list[Path]) -> bytes:
+    files = base_files(layers, ("var/lib/dpkg/status", "etc/passwd", "etc/group"),
+                       ("var/lib/dpkg/status.d/",))
+    tree = Tree()
+    controls = [add_deb(tree, fetcher.fetch(d)) for d in spec.debs]
+    check_depends(controls, installed_packages(files), recipe.script_only_depends,
+                  spec.platform)
+    wheels = [fetcher.fetch(w) for w in spec.wheels]
+    _check_wheel_tags(spec, wheels)
+    add_wheels(tree, wheels, recipe)
+    uid, _, gid = recipe.user.partition(":")
+    for path, line in (("etc/passwd", f"{recipe.user_name}:x:{uid}:{gid}::/nonexistent:"
+                                      "/usr/sbin/nologin\n"),
+                       ("etc/group", f"{recipe.user_name}:x:{gid}:\n")):
+        base = files.get(path, b"")
+        if base and not base.endswith(b"\n"):
+            base += b"\n"
+        tree.add(path, Entry("file", 0o644, data=base + line.encode()))
+    layer = tree.tar()
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    layer_desc = _write_blob(layout, gzip.compress(layer, compresslevel=GZIP_LEVEL, mtime=0),
+                             OCI_LAYER_GZIP)
+    cfg = json.loads(json.dumps(config))
+    cfg["rootfs"]["diff_ids"] = [*cfg["rootfs"]["diff_ids"], diff_id]
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(EPOCH))
+    cfg["history"] = [*cfg.get("history", []), {
+        "created": created, "created_by": recipe.created_by,
+        "comment": ", ".join(p.filename for p in (*spec.debs, *spec.wheels))}]
+    cfg["created"] = created
+    run = cfg.setdefault("config", {})
+    run.update(User=recipe.user, Entrypoint=list(recipe.entrypoint), Cmd=None,
+               Labels={**(run.get("Labels") or {}), **recipe.labels})
+    if recipe.exposed_ports:
+        run["ExposedPorts"] = {f"{p}/tcp": {} for p in recipe.exposed_ports}
+    config_desc = _write_blob(layout, _json(cfg), OCI_CONFIG)
+    base_layers = [{"mediaType": _TO_OCI.get(d["mediaType"], d["mediaType"]),
+                    "digest": d["digest"], "size": d["size"]} for d in manifest["layers"]]
+    return _json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config_desc,
+                  "layers": [*base_layers, layer_desc]})
+
+
+_WHEEL_PLATFORM = {"amd64": ("x86_64",), "arm64": ("aarch64",)}
+
+
+def _check_wheel_tags(spec: PlatformLayer, wheels: Sequence[Path]) -> None:
+    arch = spec.platform.split("/", 1)[1]
+    for wheel in wheels:
+        platform_tag = wheel.name.removesuffix(".whl").split("-")[-1]
+        tags = platform_tag.split(".")
+        if not all(t == "any" or (t.startswith(("manylinux", "linux"))
+                                  and t.endswith(_WHEEL_PLATFORM[arch])) for t in tags):
+            raise BuildError(f"{spec.platform}: {wheel.name} is not a wheel for {arch}")
+
+
+# --------------------------------------------------------------------------- OCI layout
+
+
+def _json(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _blob_path(layout: Path, digest: str) -> Path:
+    algorithm, _, hexdigest = digest.partition(":")
+    return layout / "blobs" / algorithm / hexdigest
+
+
+def _blob(layout: Path, digest: str) -> bytes:
+    return _blob_path(layout, digest).read_bytes()
+
+
+def _write_blob(layout: Path, data: bytes, media_type: str) -> dict:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    path = _blob_path(layout, digest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_bytes(data)
+    return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+
+def _index(layout: Path) -> dict:
+    path = layout / "index.json"
+    return json.loads(path.read_text()) if path.exists() else {"schemaVersion": 2,
+                                                               "manifests": []}
+
+
+def _tagged(layout: Path, tag: str) -> str:
+    for m in _index(layout)["manifests"]:
+        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag:
+            return m["digest"]
+    raise BuildError(f"{layout}: no {tag}")
+
+
+def _tag(layout: Path, tag: str, desc: dict) -> None:
+    index = _index(layout)
+    index["manifests"] = [m for m in index["manifests"] if m.get("annotations", {}).get(
+        "org.opencontainers.image.ref.name") != tag]
+    index["manifests"].append({**desc, "annotations": {"org.opencontainers.image.ref.name":
+                                                       tag}})
+    (layout / "index.json").write_text(json.dumps(index))
+
+
+def clear(layout: Path) -> None:
+    shutil.rmtree(layout, ignore_errors=True)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
-from .images import ImageResolver
+from .images import KUBERNETES_VERSIONS, ImageResolver
 from .instances import GPU_SHAPES, accelerator_label, gpu_shape
 from .notices import ACK_PATTERN
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
@@ -22,7 +22,6 @@ from .regions import (
     RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
 )
 
-KUBERNETES_VERSIONS = ("1.35",)  # with aws-cdk.lambda-layer-kubectl-v35; cluster-autoscaler v1.35
 GPU_AMI_TYPES = ("AL2023_X86_64_NVIDIA", "BOTTLEROCKET_X86_64_NVIDIA")
 SYSTEM_AMI_TYPES = ("AL2023_X86_64_STANDARD", "AL2023_ARM_64_STANDARD", "BOTTLEROCKET_X86_64")
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT")

@@ -26,6 +26,34 @@ ALWAYS, SELF_HOSTED_OBSERVABILITY, IN_CLUSTER_CACHE, NAMED, BASE = (
     "always", "self-hosted observability", "in-cluster cache", "named", "base")
 
 
+# The Kubernetes minors an environment may run (`kubernetesVersion`): each is supported by EKS in
+# both partitions in November 2026 (1.33 in extended support, 1.34 to 1.36 in standard support;
+# the EKS user guide's version calendar), its CDK kubectl layer is a dependency
+# (requirements.txt: aws-cdk.lambda-layer-kubectl-vNN), and Cluster Autoscaler runs the same
+# minor (its compatibility rule). Tags: the newest patch of each minor that kubernetes/k8s.io
+# promoted to registry.k8s.io by July 2026 (PR 9676: v1.36.0, v1.34.4, v1.33.5), 1.35's a later
+# one. Only 1.35's digest has a public record here: the others are pinned by tag until
+# `python -m tools mirror --resolve --only cluster-autoscaler-<minor>` prints theirs (synth
+# warns for the one an environment deploys, as for every image without a digest).
+AUTOSCALER: dict[str, tuple[str, str | None]] = {
+    "1.33": ("v1.33.5", None),
+    "1.34": ("v1.34.4", None),
+    "1.35": ("v1.35.2", "sha256:aac369dc283927a623deb1af54696efcc722ae79255aa07788422e495bab887d"),
+    "1.36": ("v1.36.0", None),
+}
+KUBERNETES_VERSIONS = tuple(AUTOSCALER)
+
+
+def autoscaler_key(version: str) -> str:
+    """The catalogue key of the Cluster Autoscaler image for Kubernetes `version` (a minor)."""
+    return f"cluster-autoscaler-{version}"
+
+
+def kubernetes(version: str) -> str:
+    """`Image.deployed` of what only a cluster of this Kubernetes minor deploys."""
+    return f"kubernetes {version}"
+
+
 @dataclass(frozen=True)
 class Image:
     key: str
@@ -98,9 +126,10 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
     Image("keda-admission-webhooks", "ghcr.io/kedacore/keda-admission-webhooks", "2.20.2",
           "sha256:41f74102aba7959c6e8d08b433ab8a5fd6cae7c5646c78f7fe3de40a52df3439",
           "KEDA admission webhooks"),
-    Image("cluster-autoscaler", "registry.k8s.io/autoscaling/cluster-autoscaler", "v1.35.2",
-          "sha256:aac369dc283927a623deb1af54696efcc722ae79255aa07788422e495bab887d",
-          "GPU and system node groups follow pending pods (same minor as Kubernetes)"),
+    *(Image(autoscaler_key(version), "registry.k8s.io/autoscaling/cluster-autoscaler", tag,
+            digest, f"GPU and system node groups follow pending pods (Kubernetes {version})",
+            deployed=kubernetes(version))
+      for version, (tag, digest) in AUTOSCALER.items()),
     # Observability: kube-prometheus-stack 88.5.2's images (public lock of that chart version)
     # and NVIDIA's DCGM exporter. Tag@digest pairs from /tmp/research/images.md.
     Image("prometheus", "quay.io/prometheus/prometheus", "v3.14.0-distroless",
@@ -136,12 +165,13 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
 )}
 
 
-def deployed_images(endpoint_images: Iterable[Image], *, self_hosted_observability: bool,
-                    in_cluster_cache: bool) -> list[Image]:
+def deployed_images(endpoint_images: Iterable[Image], *, kubernetes_version: str,
+                    self_hosted_observability: bool, in_cluster_cache: bool) -> list[Image]:
     """What one environment deploys: the catalogue images its parts use and every endpoint
     file's worker image. What the mirror copies (or builds), what ECR holds repositories for
     and what preflight checks, one entry per repository and tag."""
-    wanted = {ALWAYS, *([SELF_HOSTED_OBSERVABILITY] if self_hosted_observability else []),
+    wanted = {ALWAYS, kubernetes(kubernetes_version),
+              *([SELF_HOSTED_OBSERVABILITY] if self_hosted_observability else []),
               *([IN_CLUSTER_CACHE] if in_cluster_cache else [])}
     seen: dict[tuple[str, str], Image] = {}
     for image in (*(i for i in IMAGES.values() if i.deployed in wanted), *endpoint_images):
@@ -174,7 +204,7 @@ CHARTS: dict[str, Chart] = {c.key: c for c in (
     Chart("keda", "keda", "https://kedacore.github.io/charts", "2.20.2",
           ("keda", "keda-metrics-apiserver", "keda-admission-webhooks")),
     Chart("cluster-autoscaler", "cluster-autoscaler", "https://kubernetes.github.io/autoscaler",
-          "9.54.0", ("cluster-autoscaler",)),
+          "9.54.0", tuple(autoscaler_key(v) for v in AUTOSCALER)),
     # The chart CDK's AlbController installs for ALB_CONTROLLER_VERSION; its image comes from
     # the region's EKS add-on registry, its chart from the mirror where public repos are out.
     Chart("aws-load-balancer-controller", "aws-load-balancer-controller",

@@ -15,7 +15,7 @@ from constructs import Construct
 from config.contracts import (
     HELM_TIMEOUT_MINUTES, KEDA_NAMESPACE, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
-from config.images import CHARTS, IMAGES, ImageResolver
+from config.images import CHARTS, IMAGES, ImageResolver, autoscaler_key
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 
@@ -28,6 +28,7 @@ class ClusterScalingProps:
     cluster: eks.Cluster
     system_nodes: eks.Nodegroup       # where both run: their releases wait for its nodes
     images: ImageResolver
+    kubernetes_version: str           # Cluster Autoscaler runs the same minor
     region: str
     amp_workspace_arn: str | None     # KEDA queries AMP with SigV4 where there is one
 
@@ -96,14 +97,15 @@ class ClusterScaling(Construct):
                      f"<{cluster_id}>/*"): "Only this cluster's node groups.",
         })
         ca_chart = CHARTS["cluster-autoscaler"]
+        autoscaler = autoscaler_key(p.kubernetes_version)
         repo, name = p.images.chart_source("cluster-autoscaler")
         self.autoscaler = eks.HelmChart(
             self, "ClusterAutoscaler", cluster=p.cluster, chart=name, repository=repo,
             version=ca_chart.version, namespace="kube-system", release="cluster-autoscaler",
             wait=True, atomic=True, timeout=Duration.minutes(HELM_TIMEOUT_MINUTES),
             values={
-                "image": {"repository": p.images.repository_of("cluster-autoscaler"),
-                          "tag": IMAGES["cluster-autoscaler"].pin,
+                "image": {"repository": p.images.repository_of(autoscaler),
+                          "tag": IMAGES[autoscaler].pin,
                           "pullPolicy": "IfNotPresent"},
                 "autoDiscovery": {"clusterName": p.cluster.cluster_name},
                 "awsRegion": p.region, "cloudProvider": "aws",

@@ -5,13 +5,14 @@ and one code path for both partitions is the point of this product.
 """
 from __future__ import annotations
 
+import importlib
+
 from dataclasses import dataclass
 
 from aws_cdk import (
     CfnResource, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks,
     aws_iam as iam, aws_kms as kms,
 )
-from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 import cdk8s
 from constructs import Construct
 
@@ -54,6 +55,14 @@ class GpuClusterProps:
     removal_policy: RemovalPolicy
 
 
+def kubectl_layer(scope: Construct, version: str) -> Construct:
+    """The CDK kubectl layer of the cluster's Kubernetes minor (kubectl's skew policy: one
+    minor either way; each accepted version's package is in requirements.txt)."""
+    minor = version.split(".")[1]
+    module = importlib.import_module(f"aws_cdk.lambda_layer_kubectl_v{minor}")
+    return getattr(module, f"KubectlV{minor}Layer")(scope, "KubectlLayer")
+
+
 class GpuCluster(Construct):
     def __init__(self, scope: Construct, id: str, *, props: GpuClusterProps) -> None:
         super().__init__(scope, id)
@@ -76,7 +85,7 @@ class GpuCluster(Construct):
                              eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
                              eks.ClusterLoggingTypes.SCHEDULER],
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
+                kubectl_layer=kubectl_layer(self, props.kubernetes_version),
             ),
             removal_policy=props.removal_policy,
         )

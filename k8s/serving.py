@@ -301,7 +301,7 @@ def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...])
 def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[Image]:
     """The images this environment deploys (config/images.py deployed_images): what the mirror
     copies or builds, what ECR keeps repositories for, what preflight looks for."""
-    return deployed_images((s.image for s in specs),
+    return deployed_images((s.image for s in specs), kubernetes_version=cfg.kubernetes_version,
                            self_hosted_observability=cfg.observability == "self-hosted",
                            in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
 

@@ -32,6 +32,7 @@ class ClusterStack(Stack):
         self.gpu_cluster = built
         self.cluster = built.cluster
         self.scaling = ClusterScaling(self, "Scaling", props=ClusterScalingProps(
-            cluster=self.cluster, system_nodes=built.system_nodegroup, images=cfg.images, region=cfg.region,
+            cluster=self.cluster, system_nodes=built.system_nodegroup, images=cfg.images,
+            kubernetes_version=cfg.kubernetes_version, region=cfg.region,
             amp_workspace_arn=amp_workspace_arn))
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

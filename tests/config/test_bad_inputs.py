@@ -95,7 +95,7 @@ def test_bad_environment_is_one_clear_line(capsys, case, ctx, field):
 def test_a_number_for_a_version_says_to_quote_it(capsys):
     line = refused(capsys, lambda: resolve_environment(_env(kubernetesVersion=1.35)),
                    "kubernetesVersion")
-    assert line.endswith('allowed: 1.35 (in quotes: "1.35"; 1.35 is a number)')
+    assert line.endswith('allowed: 1.33, 1.34, 1.35, 1.36 (in quotes: "1.35"; 1.35 is a number)')
 
 
 def test_narrow_and_private_ranges_pass():

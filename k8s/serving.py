@@ -11,7 +11,9 @@ from pathlib import Path
 from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
-from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
+from config.contracts import (
+    CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, LOAD_BALANCER_CIDR, SERVING_NAMESPACE,
+)
 from config.images import IMAGES, KV_EVENTS_SINCE, image_family, lmcache_version, vllm_version
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
@@ -264,7 +266,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
-            load_balancer_subnets=facts.load_balancer_subnets))
+            load_balancer_subnets=facts.load_balancer_subnets,
+            load_balancer_cidr=LOAD_BALANCER_CIDR))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)

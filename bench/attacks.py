@@ -4,7 +4,7 @@ workers. While each attack runs, a well-behaved client from another address send
 spread over the attack; the figures are its chats (answered, within 5 s) and the router's
 memory (RSS, sampled every 0.25 s) against the container's rendered limit.
 
-    python -m bench.attacks                          # every attack, both cases, ~7 minutes
+    python -m bench.attacks                          # every attack, both cases, ~10 minutes
     python -m bench.attacks --only parked,slots --cases default
     python -m bench.attacks --out bench/data/front_attacks.json --label after
 

@@ -613,6 +613,7 @@ class FakeWorker:
         profile: str | None = None,
         time_scale: float = 1.0,
         virtual: Any = None,
+        fail_marker: str | None = None,
     ) -> None:
         if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
             raise ValueError("timings must be >= 0")
@@ -644,6 +645,9 @@ class FakeWorker:
         self.cache = PrefixCache(block_size, cache_blocks)
         # bench.vtime: generation runs on a virtual clock (the hook serves and times it)
         self.virtual = virtual
+        # A prompt carrying this text gets 500, as vLLM answers an input its engine fails on
+        # (a client can provoke that); counted in ``failed``.
+        self.fail_marker = fail_marker
         self.healthy = True
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(max_num_seqs) if max_num_seqs > 0 else None
@@ -772,6 +776,7 @@ class FakeWorker:
             self._hit_tokens = 0
             self._render_calls = 0
             self._tokenize_calls = 0
+            self._failed = 0
             self._finished = collections.Counter()
             self._ttft = _Histogram(_TTFT_BUCKETS)
             self._e2e = _Histogram(_E2E_BUCKETS)
@@ -792,6 +797,7 @@ class FakeWorker:
                 "hit_tokens": self._hit_tokens,
                 "hit_rate": self._hit_tokens / self._query_tokens if self._query_tokens else 0.0,
                 "render_calls": self._render_calls,
+                "failed": self._failed,
                 "tokenize_calls": self._tokenize_calls,
                 "cache_blocks_used": len(self.cache),
                 "kv_event_batches": self._kv.batches if self._kv else 0,
@@ -961,6 +967,10 @@ class FakeWorker:
 
     def _serve_generation(self, handler: _Handler, body: dict, chat: bool) -> None:
         self._check_model(body)
+        if self.fail_marker and self.fail_marker in json.dumps(body):
+            with self._lock:
+                self._failed += 1
+            raise _BadRequest("EngineCore encountered an issue.", 500)
         prompts = self._prompts(body, chat)
         max_tokens = self._max_tokens(body, chat)
         for ids in prompts:

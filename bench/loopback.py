@@ -350,6 +350,14 @@ def router_binary(implementation: str = "vllm-router") -> str:
     )
 
 
+def container_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """This process's environment plus the literal ``env`` of a rendered container (what the
+    pod gives the router, e.g. its log filter); values from Secrets or fields are skipped."""
+    env = dict(os.environ)
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    return env
+
+
 def router_launch(implementation: str, args: Sequence[str]) -> tuple[str, list[str]]:
     """(binary, argv) that start ``implementation`` with localized ``args`` (which lost the
     rendered leading words): sglang-router takes its ``launch`` subcommand first."""
@@ -602,20 +610,28 @@ def front_binary() -> str:
 
 class FrontProcess:
     """The router pod's front (HAProxy) with the rendered config text, on 127.0.0.1 in front
-    of the router on ``router_port``; a context manager. The config reads its two addresses
-    from the environment (k8s.router_front), so the rendered text runs unchanged."""
+    of the router on ``router_port``; a context manager. The config reads its addresses and
+    files from the environment (k8s.router_front), so the rendered text runs unchanged: the
+    load balancer is ``FAKE_NLB`` (connections from it must start with a PROXY header, see
+    ``nlb_connection``), and the key digest file holds ``api_key``'s, as the pod's init
+    container writes it."""
 
     def __init__(self, config_text: str, router_port: int, *, port: int | None = None,
-                 startup_timeout: float = 10.0) -> None:
-        from k8s.router_front import BIND_ENV, ROUTER_ENV
+                 api_key: str | None = None, startup_timeout: float = 10.0) -> None:
+        from k8s.router_front import (
+            BIND_ENV, KEY_DIGEST_ENV, LOAD_BALANCER_ENV, ROUTER_ENV, key_digest,
+        )
 
         self.port = port or free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="router-front-")
         self.config_path = Path(self._dir.name) / "haproxy.cfg"
         self.config_path.write_text(config_text)
         self.log_path = Path(self._dir.name) / "front.log"
+        digest = Path(self._dir.name) / "api-key.sha256"
+        digest.write_text(key_digest(api_key) if api_key else "")
         self.env = {**os.environ, BIND_ENV: f"{LOOPBACK}:{self.port}",
-                    ROUTER_ENV: f"{LOOPBACK}:{router_port}"}
+                    ROUTER_ENV: f"{LOOPBACK}:{router_port}",
+                    LOAD_BALANCER_ENV: f"{FAKE_NLB}/32", KEY_DIGEST_ENV: str(digest)}
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
 
@@ -656,6 +672,67 @@ class FrontProcess:
         self._dir.cleanup()
 
 
+# --------------------------------------------------------------------------- load balancer
+
+# The loopback tests' network load balancer: connections from this address carry a PROXY
+# protocol v2 header naming the real client, as an AWS NLB's do with proxy protocol on
+# (FrontProcess tells the front so); 127.0.0.1 plays an in-cluster client or the kubelet.
+FAKE_NLB = "127.0.0.2"
+
+
+def proxy_v2_header(client: str | None, client_port: int = 40000, *,
+                    destination: str = "10.0.0.10", destination_port: int = 8000) -> bytes:
+    """The PROXY protocol v2 header an AWS NLB prepends to a connection (haproxy.org
+    proxy-protocol.txt, section 2.2): command PROXY, TCP over IPv4 or IPv6, the client's and
+    the target's address. ``client=None``: command LOCAL with no address, what the NLB sends
+    on its own health checks."""
+    import ipaddress
+    import struct
+
+    signature = b"\r\n\r\n\x00\r\nQUIT\n"
+    if client is None:
+        return signature + bytes([0x20, 0x00]) + struct.pack("!H", 0)
+    src, dst = ipaddress.ip_address(client), ipaddress.ip_address(destination)
+    if src.version != dst.version:
+        dst = ipaddress.ip_address("::ffff:" + str(dst)) if src.version == 6 else dst
+    family = 0x11 if src.version == 4 else 0x21
+    body = src.packed + dst.packed + struct.pack("!HH", client_port, destination_port)
+    return signature + bytes([0x21, family]) + struct.pack("!H", len(body)) + body
+
+
+def nlb_connection(port: int, client: str | None, *, timeout: float = 10.0,
+                   client_port: int = 40000) -> socket.socket:
+    """A TCP connection to ``port`` as the NLB opens it for ``client`` (None: a health
+    check): from FAKE_NLB, the PROXY v2 header already sent."""
+    sock = socket.create_connection((LOOPBACK, port), timeout=timeout,
+                                    source_address=(FAKE_NLB, 0))
+    try:
+        sock.sendall(proxy_v2_header(client, client_port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _NlbConnection(http.client.HTTPConnection):
+    """http.client through the fake NLB on behalf of ``client``."""
+
+    def __init__(self, host: str, port: int, *, client: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.client = client
+
+    def connect(self) -> None:
+        self.sock = nlb_connection(self.port, self.client, timeout=self.timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _connection(host: str, port: int, timeout: float,
+                via_nlb: str | None) -> http.client.HTTPConnection:
+    if via_nlb is None:
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+    return _NlbConnection(host, port, client=via_nlb, timeout=timeout)
+
+
 # --------------------------------------------------------------------------- client
 
 
@@ -670,10 +747,12 @@ def _split(url: str) -> tuple[str, int, str]:
 
 
 def http_json(method: str, url: str, body: Any = None, *, headers: Mapping[str, str] | None = None,
-              timeout: float = 10.0, raw: bool = False) -> tuple[int, Any]:
-    """One request; returns (status, parsed JSON body, or text when ``raw`` or not JSON)."""
+              timeout: float = 10.0, raw: bool = False,
+              via_nlb: str | None = None) -> tuple[int, Any]:
+    """One request; returns (status, parsed JSON body, or text when ``raw`` or not JSON).
+    ``via_nlb``: sent through the fake NLB on behalf of that client address."""
     host, port, path = _split(url)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = _connection(host, port, timeout, via_nlb)
     try:
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
@@ -730,12 +809,14 @@ def chat(
     headers: Mapping[str, str] | None = None,
     timeout: float = 30.0,
     extra_body: Mapping[str, Any] | None = None,
+    via_nlb: str | None = None,
 ) -> ChatResult:
     """One chat completion against a router or a worker at ``url`` (base url or full path).
 
     Sends ``X-Session-ID`` when ``session_id`` is given, and ``model`` (the fake workers'
     default name) as OpenAI clients must: sglang-router fills a missing one with `unknown`,
     which vLLM refuses. Never raises for HTTP-level failures: look at ``status``/``error``.
+    ``via_nlb``: sent through the fake NLB on behalf of that client address (FrontProcess).
     """
     host, port, path = _split(url)
     if not path.rstrip("/").endswith("/chat/completions"):
@@ -752,7 +833,6 @@ def chat(
         hdrs["X-Session-ID"] = session_id
     hdrs.update(headers or {})
 
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     t0 = time.perf_counter()
     ttft = None
     text: list[str] = []
@@ -763,6 +843,7 @@ def chat(
     status = 0
     header_id = None
     error = None
+    conn = _connection(host, port, timeout, via_nlb)
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers=hdrs)
         resp = conn.getresponse()
@@ -934,4 +1015,5 @@ def run_conversations(urls: Sequence[str], sessions: int, turns: int, *,
 
 
 __all__ += ["arg_value", "loopback_router", "localize_for_pool", "metric_sum", "sse_chunks",
-            "filler", "Conversation", "run_conversations", "FrontProcess", "front_binary"]
+            "filler", "Conversation", "run_conversations", "FrontProcess", "front_binary",
+            "FAKE_NLB", "proxy_v2_header", "nlb_connection", "container_env"]

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bench.loopback import (
-    ChatResult, FakeWorkerPool, FrontProcess, RouterProcess, chat, filler, localize_for_pool,
-    router_launch,
+    ChatResult, FakeWorkerPool, FrontProcess, RouterProcess, chat, container_env, filler,
+    localize_for_pool, router_launch,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +43,10 @@ ENV = "dev"
 CASES = [("prefixaware", "sglang-router"), ("roundrobin", "sglang-router"),
          ("prefixaware", "vllm-router"), ("roundrobin", "vllm-router"),
          ("session", "vllm-router"), ("kvaware", "vllm-router")]
+# The endpoint key the router pods here run with; every client sends it (the front refuses
+# clients without it).
+KEY = "endpoint-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 # Slow enough that requests overlap in the router, fast enough for many per second.
 WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhead_ms": 1.0}
 
@@ -56,12 +60,15 @@ class RenderedRouter:
     args: list[str]                 # the router container's args
     front_config: str               # the front's ConfigMap text
     kv_worker_opts: dict            # FakeWorker options of the rendered kvaware workers
+    env: list = dataclasses.field(default_factory=list)   # the router container's env
+    memory_limit: str = "1Gi"       # the router container's memory limit
 
 
 def rendered(strategy: str | None = None, router: str | None = None,
-             replicas: int | None = None) -> RenderedRouter:
+             replicas: int | None = None, context_tokens: int | None = None) -> RenderedRouter:
     """The router pod of the default environment's first endpoint, switched to `strategy`
-    (its own if None), to `router` (as `routerImplementations` would) and `replicas`."""
+    (its own if None), to `router` (as `routerImplementations` would), `replicas` and a
+    model context of `context_tokens` (vLLM's --max-model-len)."""
     import cdk8s
 
     from config import resolve_environment
@@ -74,6 +81,14 @@ def rendered(strategy: str | None = None, router: str | None = None,
     spec = load_endpoints(cfg, ROOT)[0]
     spec = dataclasses.replace(spec, routing_strategy=strategy or spec.routing_strategy,
                                replicas=replicas or spec.replicas)
+    if context_tokens:
+        args = list(spec.worker_args)
+        if "--max-model-len" in args:
+            i = args.index("--max-model-len")
+            del args[i:i + 2]
+        args = [a for a in args if not a.startswith("--max-model-len=")]
+        spec = dataclasses.replace(spec, worker_args=(*args, "--max-model-len",
+                                                      str(context_tokens)))
     if router:
         cfg = dataclasses.replace(cfg, router_implementations={spec.routing_strategy: router})
     docs = [d for chart in build_charts(cdk8s.App(), cfg, (spec,),
@@ -92,23 +107,26 @@ def rendered(strategy: str | None = None, router: str | None = None,
         kv_opts = {"block_size": int(arg_value(wargs, "--block-size") or 16),
                    "kv_events_port": 0, "kv_events_topic": events.get("topic", "")}
     return RenderedRouter(container["command"][-1], list(container["args"]),
-                          front["data"][FRONT_CONFIG], kv_opts)
+                          front["data"][FRONT_CONFIG], kv_opts, list(container.get("env", [])),
+                          container["resources"]["limits"]["memory"])
 
 
 @contextlib.contextmanager
 def router_pod(r: RenderedRouter, pool: FakeWorkerPool, *, extra: tuple[str, ...] = (),
-               front: bool = True, api_key: str | None = None
+               front: bool = True, api_key: str | None = KEY, env: dict | None = None
                ) -> Iterator[tuple[RouterProcess, FrontProcess | None]]:
-    """The rendered router (and its front) in front of `pool`; yields (router, front)."""
+    """The rendered router (and its front) in front of `pool`, the router with its rendered
+    environment (and `env` over it); yields (router, front)."""
     binary, argv = router_launch(r.implementation, localize_for_pool(r.args, pool))
     argv = [*argv, *extra, *(["--api-key", api_key] if api_key else [])]
-    with RouterProcess(argv, binary=binary, api_key=api_key) as process:
+    with RouterProcess(argv, binary=binary, api_key=api_key,
+                       env={**container_env({"env": r.env}), **(env or {})}) as process:
         if "--kv-event-source" in argv:
             pool.wait_kv_subscribers(1)
         if not front:
             yield process, None
             return
-        with FrontProcess(r.front_config, process.port) as f:
+        with FrontProcess(r.front_config, process.port, api_key=api_key) as f:
             yield process, f
 
 
@@ -159,7 +177,7 @@ class Load:
                             filler(f"doc-{i}", self.unique_words) if self.unique_words else "")}]
                 self.results.append((time.monotonic(), ex.submit(
                     chat, self.url, msgs, f"s{s}", False, self.max_tokens,
-                    timeout=self.timeout)))
+                    timeout=self.timeout, headers=AUTH)))
                 i += 1
                 time.sleep(max(0.0, t0 + i / self.rate - time.monotonic()))
 
@@ -208,7 +226,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 def control(a: argparse.Namespace) -> None:
-    key = "endpoint-key"
+    key = KEY
     evil_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=evil_server.serve_forever, daemon=True).start()
     evil = f"http://127.0.0.1:{evil_server.server_address[1]}"
@@ -256,7 +274,8 @@ def burst(a: argparse.Namespace) -> None:
                 time.sleep(4.0)
                 t_bad = time.monotonic()
                 bad = [chat(front.url, [{"role": "user", "content": f"bad {j}"}], f"b{j}",
-                            False, 4, model="no-such-model") for j in range(a.bad)]
+                            False, 4, model="no-such-model", headers=AUTH)
+                       for j in range(a.bad)]
                 time.sleep(21.0)
             after = load.done(since=t_bad)[:200]
             failed = [x.status for x in after if not x.ok]
@@ -377,7 +396,7 @@ def placement(a: argparse.Namespace) -> None:
                 i = order[n]
                 return chat(front.url, [{"role": "system", "content": docs[i]},
                                         {"role": "user", "content": f"q{n}"}],
-                            f"doc-{i}", False, 4)
+                            f"doc-{i}", False, 4, headers=AUTH)
 
             first = [ask(n) for n in range(a.prefixes)]   # one at a time: an idle fleet
             pool.reset()
@@ -395,17 +414,21 @@ def placement(a: argparse.Namespace) -> None:
 
 
 def logs(a: argparse.Namespace) -> None:
-    for strategy in [None, "roundrobin"]:
+    """Log bytes per request at the rendered level and at info (sglang-router's flag,
+    vllm-router's RUST_LOG, which its flag cannot set)."""
+    for strategy in [None, "roundrobin", "session"]:
         r = rendered(strategy)
-        for label, extra in (("rendered", ()), ("info", ("--log-level", "info"))):
+        info = ({"env": {"RUST_LOG": "info"}} if r.implementation == "vllm-router" else
+                {"extra": ("--log-level", "info")})
+        for label, kw in (("rendered", {}), ("info", info)):
             with FakeWorkerPool(4, **WORKER_OPTS) as pool, \
-                    router_pod(r, pool, extra=extra) as (process, front):
+                    router_pod(r, pool, **kw) as (process, front):
                 before = process.log_path.stat().st_size
                 n = 200
                 ok = sum(chat(front.url, [{"role": "user", "content": f"hi {i}"}], f"s{i}",
-                              False, 4).ok for i in range(n))
+                              False, 4, headers=AUTH).ok for i in range(n))
                 bad = sum(not chat(front.url, [{"role": "user", "content": "x"}], "b",
-                                   False, 4, model="nope").ok for _ in range(20))
+                                   False, 4, model="nope", headers=AUTH).ok for _ in range(20))
                 time.sleep(0.5)
                 grown = process.log_path.stat().st_size - before
                 print(f"{_name(strategy, r)} at {label}: {grown} bytes "
@@ -420,11 +443,11 @@ def front_latency(a: argparse.Namespace) -> None:
                         overhead_ms=1.0) as pool, router_pod(r, pool) as (process, front):
         msgs = [{"role": "user", "content": filler("latency", 2000)}]
         for url in (process.url, front.url) * 2:   # warm both paths
-            chat(url, msgs, "s", True, 16)
+            chat(url, msgs, "s", True, 16, headers=AUTH)
         ttft: dict[str, list[float]] = {"router": [], "front": []}
         for _ in range(a.requests):   # interleaved, so drift hits both alike
             for label, url in (("router", process.url), ("front", front.url)):
-                ttft[label].append(chat(url, msgs, "s", True, 16).ttft_s * 1e3)
+                ttft[label].append(chat(url, msgs, "s", True, 16, headers=AUTH).ttft_s * 1e3)
         med = {k: statistics.median(v) for k, v in ttft.items()}
         print(f"TTFT median over {a.requests} streamed requests each (2,000-word prompt, one "
               f"worker): direct to the router {med['router']:.2f} ms, through the front "

@@ -24,9 +24,11 @@ from k8s.objects import (
 )
 from k8s.router_front import (
     DEREGISTER_S, DRAIN_S, FRONT_CONFIG, front_config, front_config_hash, front_container,
+    router_slots,
 )
 from k8s.secret_fetch import (
-    API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+    API_KEY_DIGEST_FILE, API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey,
+    fetch_api_key_container,
 )
 from k8s.workers import MetricsSource
 
@@ -98,7 +100,8 @@ class RouterProps:
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
     load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
     # The NLB's own addresses (its subnets' ranges, cfg.network.load_balancer_cidrs): the only
-    # sources the NetworkPolicy admits to the client port. Empty: no client gets in.
+    # sources the NetworkPolicy admits to the client port, and the only ones the front takes
+    # (and requires) the NLB's PROXY protocol header from. Required by the chart.
     load_balancer_cidrs: tuple[str, ...] = ()
     # "vllm-router" (vllm-project/router) or "sglang-router" (sgl-project's Rust router): its
     # cache_aware keeps the prefix tree in the router and calls no worker per request. The
@@ -148,7 +151,11 @@ HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1, 1, 2
 # cache_aware stops sending to a worker once it holds this many more requests than the
 # least-loaded one (the default, 64, let a hung worker collect 64 requests in 7 s).
 BALANCE_ABS_THRESHOLD = 8
-RETRIES = 8
+# Attempts per request (the first included) and the wait before the second: a worker that
+# died is out of the router ~1.8-2.0 s after its death (the health checks above), so the second
+# attempt goes to a live one; a client whose input makes a worker fail (a 500) costs the
+# workers two calls, not eight (sglang-router and vllm-router both retry a 500).
+RETRY_ATTEMPTS, RETRY_BACKOFF_MS = 2, 2500
 EVICTION_INTERVAL_S = 10     # how long the prefix tree may outgrow its bound
 TREE_MEMORY_SHARE = 0.5      # of the container's memory limit, for cache_aware's prefix tree
 # Memory per tree character, the worst measured (sglang-router 0.3.2, 300-character distinct
@@ -157,7 +164,15 @@ TREE_BYTES_PER_CHAR = 16
 # Request body per context token: ~4 characters of text per token, JSON escaping of non-ASCII
 # text up to 6 bytes per character; plus the request's envelope (parameters, tools).
 BODY_BYTES_PER_TOKEN, BODY_ENVELOPE_BYTES = 16, 64 * 1024
-LOG_LEVEL = {"vllm-router": "warning", "sglang-router": "warn"}  # no line per good request
+# No line per request, warnings and errors kept. sglang-router takes `--log-level warn`;
+# vllm-router 0.1.17's launcher offers `warning`, which its Rust side does not parse (it
+# logs at INFO, the session strategy's routing key three times per request), and its
+# tracing filter reads RUST_LOG before any flag (src/logging.rs, EnvFilter::try_from_default_env).
+SGLANG_LOG_LEVEL = "warn"
+VLLM_ROUTER_LOG_ENV = {"RUST_LOG": "warn"}
+# The NLB's TCP idle timeout (default 350 s): above the front's server timeout, so the router's
+# request timeout is what ends a quiet request (k8s/router_front.py)
+NLB_IDLE_TIMEOUT_S = REQUEST_TIMEOUT_S + 60
 
 
 def memory_bytes(quantity: str) -> int:
@@ -201,23 +216,20 @@ def _common_args(p: RouterProps) -> list[str]:
             "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
             "--health-failure-threshold", str(HEALTH_FAILURES),
             "--request-timeout-secs", str(REQUEST_TIMEOUT_S),
-            # Retries outlast the health checks (~4 s of backoff against ~2-3 s to take a
-            # dead worker out): its requests end on another worker instead of failing
-            # (sglang-router's cache_aware retries on the same worker until then).
-            "--retry-max-retries", str(RETRIES), "--retry-initial-backoff-ms", "100",
-            "--retry-max-backoff-ms", "1000",
+            # The second attempt comes after the health checks took a dead worker out, so it
+            # goes to a live one (sglang-router's cache_aware would pick the same worker
+            # while it is still listed); see RETRY_ATTEMPTS.
+            "--retry-max-retries", str(RETRY_ATTEMPTS),
+            "--retry-initial-backoff-ms", str(RETRY_BACKOFF_MS),
+            "--retry-max-backoff-ms", str(RETRY_BACKOFF_MS), "--retry-jitter-factor", "0",
             "--max-payload-size", str(limits["max_payload_size"]),
-            "--log-level", LOG_LEVEL[p.implementation]]
+            # A breaker counts what clients provoke: sglang-router 0.3.2 a client's 4xx (24
+            # wrong-model requests failed 145 of the next 200 good ones), vllm-router 0.1.17 a
+            # worker's 500 (6 inputs a worker fails on opened it for everyone: 3 of the next
+            # 20 good chats got 503). The health checks above take a dead or hung worker out.
+            "--disable-circuit-breaker"]
     if p.implementation == "sglang-router":
-        # sglang-router 0.3.2 counts a client's 4xx against the worker: 24 wrong-model
-        # requests opened every breaker and failed 145 of the next 200 good requests. The
-        # health checks above take a dead or hung worker out instead.
-        args += ["--disable-circuit-breaker"]
-    else:
-        # vllm-router 0.1.17 counts only 5xx and connection failures: open after 3 in a row,
-        # below the 5 attempts a request may make, so a dead worker stops drawing retries
-        # before a client sees a 500; retry it after 15 s, not the default 60.
-        args += ["--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "15"]
+        args += ["--log-level", SGLANG_LOG_LEVEL]
     if p.policy == "cache_aware":
         args += ["--balance-abs-threshold", str(BALANCE_ABS_THRESHOLD),
                  "--max-tree-size", str(limits["max_tree_size"]),
@@ -265,12 +277,18 @@ class RouterChart(Chart):
                                          "namespace": ns}]})
         key_pod, key_container = {}, {}
         if props.api_key:
-            key_pod = {"initContainers": [fetch_api_key_container(props.api_key, 65532)],
-                       "volumes": API_KEY_VOLUMES}
+            key_pod = {"initContainers": [fetch_api_key_container(
+                props.api_key, 65532, bearer_digest=True)], "volumes": API_KEY_VOLUMES}
             key_container = {"volumeMounts": [
                 {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
         # The front's config, and the front beside the router (k8s.router_front)
-        front_text = front_config(REQUEST_TIMEOUT_S, router_limits(props)["max_payload_size"])
+        if not props.load_balancer_cidrs:
+            raise ValueError(f"router {name}: load_balancer_cidrs (the NLB's addresses) are "
+                             "required: the front expects the NLB's PROXY header from them")
+        max_body = router_limits(props)["max_payload_size"]
+        front_text = front_config(REQUEST_TIMEOUT_S, max_body,
+                                  router_slots(memory_bytes(props.memory), max_body),
+                                  key_check=props.api_key is not None)
         k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}
@@ -302,6 +320,7 @@ class RouterChart(Chart):
                                    "command": router_command(props.implementation,
                                                              props.api_key is not None),
                                    **key_container,
+                                   **router_env(props.implementation),
                                    "args": router_args(props),
                                    "ports": [{"name": "metrics",
                                               "containerPort": ROUTER_METRICS_PORT}],
@@ -319,7 +338,9 @@ class RouterChart(Chart):
                                    "lifecycle": {"preStop": {
                                        "sleep": {"seconds": PRE_STOP_SLEEP_S}}},
                                    "securityContext": hardened(),
-                               }, front_container(props.image, front_volume["name"])],
+                               }, front_container(
+                                   props.image, front_volume["name"], props.load_balancer_cidrs,
+                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key")],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
         if props.metrics is not None:
@@ -333,10 +354,18 @@ class RouterChart(Chart):
             # one replica. session hashes the same key to the same worker on every replica.
             annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"] = (
                 "stickiness.enabled=true,stickiness.type=source_ip")
+        # Proxy protocol v2: the front sees (and limits, and logs) the real client address
+        # (the NLB's targets are pod IPs, where it would otherwise see the NLB's own).
+        annotations[f"{_LB}proxy-protocol"] = "*"
         if props.tls_certificate_arn:
             annotations.update({f"{_LB}ssl-cert": props.tls_certificate_arn,
                                 f"{_LB}ssl-ports": str(ROUTER_PORT),
                                 f"{_LB}ssl-negotiation-policy": TLS_POLICY})
+        else:
+            # a TLS listener's idle timeout is fixed at 350 s (AWS); the front's TCP keepalives
+            # keep its quiet connections open there
+            annotations[f"{_LB}listener-attributes.TCP-{ROUTER_PORT}"] = (
+                f"tcp.idle_timeout.seconds={NLB_IDLE_TIMEOUT_S}")
         if props.load_balancer_subnets:
             # internal or not, the NLB's nodes live in these subnets (load_balancer_cidrs)
             annotations[f"{_LB}subnets"] = props.load_balancer_subnets
@@ -392,6 +421,13 @@ class RouterChart(Chart):
                        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
                            "scaleDown": {"stabilizationWindowSeconds": 300}}}},
                        "triggers": [trigger]}})
+
+
+def router_env(implementation: str) -> dict:
+    """The router container's environment: vllm-router's log filter (see VLLM_ROUTER_LOG_ENV)."""
+    if implementation != "vllm-router":
+        return {}
+    return {"env": [{"name": k, "value": v} for k, v in VLLM_ROUTER_LOG_ENV.items()]}
 
 
 def quantity_cores(cpu: str) -> float:

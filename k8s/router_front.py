@@ -1,4 +1,5 @@
-"""The router's front: HAProxy in the router pod, the only thing on the client port.
+"""The router's front: HAProxy in the router pod, the only thing on the client port, and the
+pod's shield against a hostile client.
 
 Both routers serve their control routes on the port they serve clients on: vllm-router 0.1.17
 takes `POST /add_worker?url=`, `/remove_worker`, `POST /workers`, `DELETE /workers/{url}`
@@ -9,12 +10,31 @@ client holds (measured on loopback: a worker added that way got other clients' c
 everything else is refused with 403 before it reaches the router. HAProxy comes from the router
 image's Debian release (images/router/Dockerfile), the same package the loopback tests run.
 
-The config names its two addresses by environment variable, so the loopback tests run the
+What else it does, each measured with `python -m bench.attacks` (docs/security.md):
+- HTTP/1.1 only (`proto h1`): HAProxy's h2c on a plain bind let one client open 100 streams per
+  connection, each holding a router connection.
+- The real client address: the NLB sends a PROXY protocol v2 header (k8s/router.py turns it on)
+  and the front requires one on every connection from the load balancer's subnets; the kubelet's
+  probes and in-cluster clients come from elsewhere and send none.
+- At most PER_SOURCE_CONNECTIONS connections per client address, whatever they do.
+- The endpoint key, checked here: a client without it gets 401 before the router sees the
+  request (vllm-router checks no key and cache_aware/kv_aware call the workers before the
+  workers' own check), `/v1/models` included; only the probes' routes are open.
+- Request bodies with a declared length only (411 for chunked), at most the router's payload
+  limit (413), the first buffer of it within BODY_WAIT_S and then no pause longer than
+  CLIENT_IDLE_S; a client that stops reading its answer is cut after CLIENT_IDLE_S too (the
+  router would buffer the stream for it).
+- A cap on the router's connections by body size, from the router's memory (router_slots),
+  with a queue of QUEUE_S in front of it.
+- Logs: only abnormal requests, with the client address and the path without its query string.
+
+The config names its addresses and files by environment variable, so the loopback tests run the
 rendered text unchanged on their own ports.
 """
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from config.contracts import ROUTER_BACKEND_PORT, ROUTER_PORT
 from k8s.objects import hardened
@@ -25,13 +45,43 @@ CLIENT_ROUTES = (
     ("GET", "/health"), ("GET", "/liveness"), ("GET", "/readiness"), ("GET", "/v1/models"),
     ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
 )
+# The probes' routes: open without the key (the kubelet and the NLB send none).
+PROBE_PATHS = ("/health", "/liveness", "/readiness")
 FRONT_DIR = "/etc/kvcache-front"
 FRONT_CONFIG = "haproxy.cfg"
 BIND_ENV, ROUTER_ENV = "FRONT_BIND", "ROUTER_ADDR"
+LOAD_BALANCER_ENV, KEY_DIGEST_ENV = "FRONT_LOAD_BALANCER", "FRONT_KEY_DIGEST"
 # Concurrent client connections per router replica; HAProxy allocates two buffers of
 # tune.bufsize (16 KiB) per active stream, so 4096 streams fit in FRONT_MEMORY.
 MAX_CONNECTIONS = 4096
 FRONT_CPU, FRONT_MEMORY = "250m", "192Mi"
+# Connections one client address may hold at once: a client's connection pool (the OpenAI SDK
+# allows up to 1,000; benchmark clients run 256 concurrent requests) beside one attacker's
+# thousands. Clients behind one NAT share it.
+PER_SOURCE_CONNECTIONS = 256
+# Headers, and the first buffer of a body (16 KiB, or the whole body if smaller), must arrive
+# within this; the rest of a body may not pause longer than CLIENT_IDLE_S.
+HEADERS_S = BODY_WAIT_S = 10
+# How long the client may leave the front waiting for data it must send or acknowledge: a body
+# being uploaded, or an answer it stopped reading (vllm-router keeps reading the worker's
+# stream for it: +3.7 MB/s per stream at the fake worker's full speed). HAProxy does not apply
+# it while the client waits for an answer (measured: a 3 s client timeout let a silent 8 s
+# request through), so long generations are not cut by it.
+CLIENT_IDLE_S = 10
+# Bodies up to SMALL_BODY_BYTES and larger ones queue for the router separately: a body the
+# router holds costs it up to ~1.5 bytes of memory per byte (PARKED_RSS_PER_BODY_BYTE, measured:
+# sglang-router 1.24, vllm-router 1.5, 300 bodies at 128 KiB), so large ones get fewer slots.
+SMALL_BODY_BYTES = 64 * 1024
+PARKED_RSS_PER_BODY_BYTE = 1.5
+# Of the router's memory limit, for bodies in flight: beside cache_aware's prefix tree (half,
+# k8s/router.py TREE_MEMORY_SHARE, a bound the soak never came near) and the binary (~80-90 MiB)
+ROUTER_MEMORY_SHARE = 0.25
+ROUTER_SMALL_CONNECTIONS = 1024
+QUEUE_S = 10                        # a request waits this long for a router slot, then 503
+# TCP keepalives on idle client connections: an NLB drops a flow idle for 350 s on a TLS
+# listener (fixed), keepalive packets reset its timer; on TCP listeners the idle timeout is set
+# above the router's request timeout as well (k8s/router.py).
+KEEPALIVE_IDLE_S = 60
 # On termination the front keeps serving while the NLB stops sending it new connections
 # (DEREGISTER_S), then soft-stops (SIGUSR1: it closes its listener and finishes the requests it
 # has, streams included) for at most DRAIN_S (`hard-stop-after`). SIGTERM, what the kubelet
@@ -45,21 +95,63 @@ DRAIN_S = 60
 PRE_STOP = ["/bin/sh", "-c", 'sleep "$1"; pid="${FRONT_PID:-1}"; kill -USR1 "$pid"; '
             'while kill -0 "$pid" 2>/dev/null; do sleep 1; done', "pre-stop",
             str(DEREGISTER_S)]
+# HAProxy's `option httplog` line with the request's method, path (no query string: a key
+# sent there would be logged) and version in place of the request line.
+LOG_FORMAT = ("%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %ac/%fc/%bc/%sc/%rc "
+              '%sq/%bq \\"%HM %HPO %HV\\"')
 
 
-def front_config(request_timeout_s: int, max_body_bytes: int) -> str:
-    """HAProxy's config. Its idle timeouts outlast the router's request timeout, so the router
-    (not the front) decides when a slow generation has taken too long. A body declared larger
-    than the router's payload limit gets 413 here, before any of it is read (sglang-router
-    answers 413 mid-upload and closes, which clients behind a proxy see as a dropped
-    connection); chunked bodies meet the router's own limit. Only abnormal requests are logged
-    (errors, timeouts, refusals), never one line per normal request."""
+def key_digest(api_key: str) -> str:
+    """What the front compares a client's Authorization header with: the SHA-256 (hex) of
+    `Bearer <key>`, the header vLLM's own check expects. The pod's init container writes it
+    (k8s/secret_fetch.py); the key itself is in no config."""
+    return hashlib.sha256(f"Bearer {api_key}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RouterSlots:
+    """Concurrent requests the front lets through to the router, by body size."""
+
+    small: int     # bodies up to SMALL_BODY_BYTES (and GETs)
+    large: int     # larger bodies, up to the payload limit
+
+
+def router_slots(router_memory_bytes: int, max_body_bytes: int) -> RouterSlots:
+    """Slots whose bodies, held whole by the router, fit ROUTER_MEMORY_SHARE of its memory:
+    ROUTER_SMALL_CONNECTIONS small ones, the rest of the share for large ones (dev: 1 GiB,
+    128 KiB payload limit -> 1024 and 853; a 128K-token context, 2 MiB -> 1024 and 51)."""
+    budget = router_memory_bytes * ROUTER_MEMORY_SHARE
+    small_cost = ROUTER_SMALL_CONNECTIONS * SMALL_BODY_BYTES * PARKED_RSS_PER_BODY_BYTE
+    per_large = max(max_body_bytes, SMALL_BODY_BYTES) * PARKED_RSS_PER_BODY_BYTE
+    large = int((budget - small_cost) // per_large)
+    if large < 1:
+        raise ValueError(f"router memory {router_memory_bytes} B holds no request body of "
+                         f"{max_body_bytes} B beside {ROUTER_SMALL_CONNECTIONS} small ones")
+    return RouterSlots(ROUTER_SMALL_CONNECTIONS, min(large, ROUTER_SMALL_CONNECTIONS))
+
+
+def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots, *,
+                 key_check: bool) -> str:
+    """HAProxy's config. Its server timeout outlasts the router's request timeout, so the
+    router (not the front) decides when a slow generation has taken too long. A body declared
+    larger than the router's payload limit gets 413 here, before any of it is read
+    (sglang-router answers 413 mid-upload and closes, which clients behind a proxy see as a
+    dropped connection). Only abnormal requests are logged (errors, timeouts, refusals), never
+    one line per normal request. ``key_check``: the endpoint has an API key (its digest file is
+    named by KEY_DIGEST_ENV)."""
     methods: dict[str, list[str]] = {}
     for method, path in CLIENT_ROUTES:
         methods.setdefault(method, []).append(path)
+    # `method GET`, not METH_GET, which matches HEAD too
     acls = [f"    acl route_{m.lower()} path {' '.join(paths)}" for m, paths in methods.items()]
-    allowed = " or ".join(f"METH_{m} route_{m.lower()}" for m in methods)
-    idle = request_timeout_s + 30
+    allowed = " or ".join(f"{{ method {m} }} route_{m.lower()}" for m in methods)
+    key = [
+        f"    acl probe path {' '.join(PROBE_PATHS)}",
+        "    acl one_key req.fhdr_cnt(authorization) eq 1",
+        f'    acl key_ok req.fhdr(authorization),sha2(256),hex,lower -m str -f '
+        f'"${{{KEY_DIGEST_ENV}}}"',
+        "    http-request deny deny_status 401 unless probe or one_key key_ok",
+    ] if key_check else []
     return "\n".join([
         "global",
         f"    maxconn {MAX_CONNECTIONS}",
@@ -68,24 +160,43 @@ def front_config(request_timeout_s: int, max_body_bytes: int) -> str:
         "defaults",
         "    mode http",
         "    log global",
-        "    option httplog",
+        f'    log-format "{LOG_FORMAT}"',
         "    option dontlog-normal",
         "    option http-no-delay",
+        "    option clitcpka",
+        f"    clitcpka-idle {KEEPALIVE_IDLE_S}s",
+        f"    clitcpka-intvl {KEEPALIVE_IDLE_S}s",
         "    retries 3",
         "    timeout connect 2s",
-        "    timeout http-request 30s",
+        f"    timeout http-request {HEADERS_S}s",
         "    timeout http-keep-alive 60s",
-        f"    timeout client {idle}s",
-        f"    timeout server {idle}s",
+        f"    timeout client {CLIENT_IDLE_S}s",
+        f"    timeout server {request_timeout_s + 30}s",
+        f"    timeout queue {QUEUE_S}s",
         "frontend clients",
-        f'    bind "${{{BIND_ENV}}}"',
+        f'    bind "${{{BIND_ENV}}}" proto h1',
+        # an NLB connection starts with its PROXY v2 header (the NLB's health checks' too,
+        # with command LOCAL); nothing else may send one
+        f'    tcp-request connection expect-proxy layer4 if {{ src "${{{LOAD_BALANCER_ENV}[*]}}" }}',
+        "    stick-table type ipv6 size 100k expire 60s store conn_cur",
+        "    tcp-request session track-sc0 src",
+        f"    tcp-request session reject if {{ sc_conn_cur(0) gt {PER_SOURCE_CONNECTIONS} }}",
         *acls,
         f"    http-request deny deny_status 403 unless {allowed}",
+        *key,
+        # (411 is not among HAProxy's built-in error pages, so `return`, not `deny`)
+        '    http-request return status 411 content-type text/plain string '
+        '"a request body needs a Content-Length" if { req.hdr(transfer-encoding) -m found }',
         f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt "
         f"{max_body_bytes} }}",
+        f"    http-request wait-for-body time {BODY_WAIT_S}s",
+        f"    use_backend router_large if {{ req.hdr_val(content-length) gt "
+        f"{SMALL_BODY_BYTES} }}",
         "    default_backend router",
         "backend router",
-        f'    server router "${{{ROUTER_ENV}}}"',
+        f'    server router "${{{ROUTER_ENV}}}" maxconn {slots.small}',
+        "backend router_large",
+        f'    server router "${{{ROUTER_ENV}}}" maxconn {slots.large}',
         "",
     ])
 
@@ -95,20 +206,30 @@ def front_config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def front_container(image: str, config_volume: str) -> dict:
+def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[str, ...],
+                    key_digest_file: str | None, key_volume: str | None) -> dict:
     """The front's container: the router image's haproxy in the foreground (`-db`), the
-    Service's port, the config from ``config_volume``."""
+    Service's port, the config from ``config_volume``; the NLB's addresses and, where the
+    endpoint has a key, its digest (on ``key_volume``)."""
+    env = [{"name": BIND_ENV, "value": f":{ROUTER_PORT}"},
+           {"name": ROUTER_ENV, "value": f"127.0.0.1:{ROUTER_BACKEND_PORT}"},
+           # one word per CIDR: `${VAR[*]}` in the config makes each an argument of its own
+           {"name": LOAD_BALANCER_ENV, "value": " ".join(load_balancer_cidrs)}]
+    mounts = [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}]
+    if key_digest_file:
+        env.append({"name": KEY_DIGEST_ENV, "value": key_digest_file})
+        mounts.append({"name": key_volume, "mountPath": key_digest_file.rsplit("/", 1)[0],
+                       "readOnly": True})
     return {
         "name": "front", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["haproxy", "-db", "-f", f"{FRONT_DIR}/{FRONT_CONFIG}"],
-        "env": [{"name": BIND_ENV, "value": f":{ROUTER_PORT}"},
-                {"name": ROUTER_ENV, "value": f"127.0.0.1:{ROUTER_BACKEND_PORT}"}],
+        "env": env,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         # its own liveness: it accepts connections (the router's probes go through it)
         "livenessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
         "readinessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
         "lifecycle": {"preStop": {"exec": {"command": PRE_STOP}}},
-        "volumeMounts": [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}],
+        "volumeMounts": mounts,
         "resources": {"requests": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY},
                       "limits": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY}},
         "securityContext": hardened(),

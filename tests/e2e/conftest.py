@@ -21,6 +21,7 @@ from bench.loopback import (  # noqa: E402
     FakeWorkerPool,
     RouterProcess,
     arg_value,
+    container_env,
     free_port,
     localize_for_pool,
     localize_router_args,
@@ -89,9 +90,10 @@ def rendered_implementation(strategy: str) -> str:
 
 def start_rendered_router(strategy: str, args: list[str], **kw) -> RouterProcess:
     """A RouterProcess (not started) of the binary the Deployment for ``strategy`` runs, with
-    localized ``args``."""
-    binary, argv = router_launch(rendered_implementation(strategy), args)
-    return RouterProcess(argv, binary=binary, **kw)
+    localized ``args`` and the container's environment (vllm-router's log filter)."""
+    container = _container(strategy, None, "Deployment", "-router")
+    binary, argv = router_launch(container["command"][-1], args)
+    return RouterProcess(argv, binary=binary, env=container_env(container), **kw)
 
 
 def _rendered_args(strategy: str, replicas: int | None = None) -> list[str]:

@@ -5,7 +5,8 @@ worker that checks `Authorization: Bearer` on /v1 routes as vLLM's --api-key doe
 vllm-router 0.1.17 does not check clients itself: the worker's 401 reaches the client; the
 router's own calls (cache_aware's render/tokenize) carry the router's key. sglang-router 0.3.2
 checks the client's key itself (a client without it never reaches a worker) and sends its own
-key to the worker.
+key to the worker. In the pod the front checks the key before either router sees the request
+(tests/e2e/test_router_front.py); these are the routers alone, what vLLM's check backs up.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from bench.loopback import FakeWorkerPool, chat, filler
-from bench.router_checks import RenderedRouter, router_pod
+from bench.router_checks import AUTH, RenderedRouter, router_pod
 from k8s.router import (
     BALANCE_ABS_THRESHOLD, HEALTH_FAILURES, HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S,
 )
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.e2e
 def _pod(strategy: str) -> RenderedRouter:
     container = _container(strategy, None, "Deployment", "-router")
     return RenderedRouter(container["command"][-1], list(container["args"]),
-                          front_config_text(strategy, None), {})
+                          front_config_text(strategy, None), {}, container.get("env", []),
+                          container["resources"]["limits"]["memory"])
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def default_pod():
 def _good(url: str, i: int):
     return chat(url, [{"role": "system", "content": filler(f"system-{i % 13}", 60)},
                       {"role": "user", "content": f"question {i}"}], f"s{i % 13}", False, 4,
-                timeout=30)
+                timeout=30, headers=AUTH)
 
 
 def test_a_hung_worker_holds_a_handful_and_is_out_in_seconds(default_pod):
@@ -88,7 +89,7 @@ def test_a_body_beyond_the_models_context_is_refused(default_pod):
                 "messages": [{"role": "user", "content": "w" * (size - envelope)}]}
         return requests.post(f"{front.url}/v1/chat/completions", timeout=30,
                              data=json.dumps(body), headers={
-                                 "Content-Type": "application/json"}).status_code
+                                 "Content-Type": "application/json", **AUTH}).status_code
 
     assert send(limit) == 200
     assert send(limit + 1) == 413
@@ -97,6 +98,7 @@ def test_a_body_beyond_the_models_context_is_refused(default_pod):
     try:
         conn.putrequest("POST", "/v1/chat/completions")
         conn.putheader("Content-Type", "application/json")
+        conn.putheader("Authorization", AUTH["Authorization"])
         conn.putheader("Content-Length", str(200 * 2**20))
         conn.endheaders()
         assert conn.getresponse().status == 413

@@ -1,13 +1,20 @@
-"""Nothing that reaches the client port may change the worker set: each strategy's real router,
-started with its rendered args (bound to 127.0.0.1) behind the front (real HAProxy with the
-rendered ConfigMap text), both routers where both serve a strategy. The attacker is a client
+"""The router pod's front against one hostile client: each strategy's real router, started with
+its rendered args and environment (bound to 127.0.0.1) behind the front (real HAProxy with the
+rendered ConfigMap text), both routers where both serve a strategy, the load balancer played by
+FAKE_NLB (PROXY protocol v2, as an AWS NLB with proxy protocol on).
+
+Nothing that reaches the client port may change the worker set. The attacker there is a client
 holding the endpoint key, the strongest one: sglang-router 0.3.2 lets such a client add a
 worker (POST /workers), vllm-router 0.1.17 lets anyone (POST /add_worker), and the worker
 added got other clients' chats with their Authorization header (bench/router_checks.py
-`control` measures it without the front)."""
+`control` measures it without the front). Nothing runs for a client without the key; one
+client's connections, bodies and the worker failures it provokes cost others nothing; no log
+line carries a prompt, a session id or the key. Small, fast versions of the attacks that
+`python -m bench.attacks` runs at full size."""
 from __future__ import annotations
 
 import contextlib
+import json
 import http.server
 import os
 import socket
@@ -21,15 +28,20 @@ import pytest
 import requests
 
 from bench.loopback import (
-    FakeWorkerPool, FrontProcess, RouterProcess, RouterStartError, chat, localize_for_pool,
-    port_clash, router_launch,
+    FAKE_NLB, FakeWorkerPool, FrontProcess, RouterProcess, RouterStartError, chat,
+    container_env, localize_for_pool, nlb_connection, port_clash, proxy_v2_header,
+    router_launch,
 )
-from k8s.router_front import CLIENT_ROUTES, FRONT_CONFIG
+from bench.router_checks import rss_mib
+from k8s.router import memory_bytes
+from k8s.router_front import CLIENT_ROUTES, FRONT_CONFIG, PER_SOURCE_CONNECTIONS
 from config.contracts import default_router
 from tests.e2e.conftest import WORKER_OPTS, _container, _kv_worker_opts, _rendered_docs
 
 pytestmark = pytest.mark.e2e
 KEY = "endpoint-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+FAIL_MARKER = "an-input-the-engine-fails-on"   # the fake workers answer it with 500
 REPLICAS = 2   # the seed endpoint's: kvaware's rendered args list that many workers
 CASES = [("prefixaware", "sglang-router"), ("roundrobin", "sglang-router"),
          ("prefixaware", "vllm-router"), ("roundrobin", "vllm-router"),
@@ -81,15 +93,17 @@ def _start(strategy: str, router: str, attempts: int = 3):
 def _start_once(strategy: str, router: str):
     container = _container(strategy, None, "Deployment", "-router", _override(strategy, router))
     config = front_config_text(strategy, router)
-    opts = {**WORKER_OPTS, **(_kv_worker_opts(REPLICAS) if strategy == "kvaware" else {})}
+    opts = {**WORKER_OPTS, "fail_marker": FAIL_MARKER,
+            **(_kv_worker_opts(REPLICAS) if strategy == "kvaware" else {})}
     with contextlib.ExitStack() as stack:
         pool = stack.enter_context(FakeWorkerPool(REPLICAS, **opts))
         binary, argv = router_launch(router, localize_for_pool(container["args"], pool))
-        process = stack.enter_context(RouterProcess([*argv, "--api-key", KEY], binary=binary,
-                                                    api_key=KEY))
+        process = stack.enter_context(RouterProcess(
+            [*argv, "--api-key", KEY], binary=binary, api_key=KEY,
+            env=container_env(container)))
         if strategy == "kvaware":
             pool.wait_kv_subscribers(1)
-        front = stack.enter_context(FrontProcess(config, process.port))
+        front = stack.enter_context(FrontProcess(config, process.port, api_key=KEY))
         return stack.pop_all(), pool, process, front
 
 
@@ -253,13 +267,14 @@ def test_on_termination_the_front_finishes_open_streams_and_takes_no_new_ones():
     slow = {**WORKER_OPTS, "decode_ms_per_token": 50.0}       # ~2 s for 40 tokens
     with FakeWorkerPool(1, **slow) as pool:
         binary, argv = router_launch(router, localize_for_pool(container["args"], pool))
-        with RouterProcess(argv, binary=binary) as process, \
-                FrontProcess(front_config_text("roundrobin", None), process.port) as front:
+        with RouterProcess(argv, binary=binary, env=container_env(container)) as process, \
+                FrontProcess(front_config_text("roundrobin", None), process.port,
+                             api_key=KEY) as front:
             with ThreadPoolExecutor(1) as streaming:
                 started = time.monotonic()
                 open_stream = streaming.submit(
                     chat, front.url, [{"role": "user", "content": "a long answer please"}],
-                    max_tokens=40)
+                    max_tokens=40, headers=AUTH)
                 time.sleep(0.4)                                 # the stream has begun
                 stopping = subprocess.Popen([*hook[:-1], "0"], env={
                     **os.environ, "FRONT_PID": str(front.proc.pid)})
@@ -282,3 +297,249 @@ def _refused_within(port: int, seconds: float) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+
+# --------------------------------------------------------------------------- one hostile client
+
+
+def _exchange(port: int, data: bytes, *, nlb_client: str | None = None, nlb: bool = False,
+              timeout: float = 5.0) -> bytes:
+    """Send raw bytes, return the response's status line (b"" if the front closed without
+    one). ``nlb``: from the fake NLB, after its PROXY header for ``nlb_client`` (None: the
+    NLB's own health check); else from 127.0.0.1 (in-cluster, or the kubelet)."""
+    sock = (nlb_connection(port, nlb_client, timeout=timeout) if nlb else
+            socket.create_connection(("127.0.0.1", port), timeout=timeout))
+    answer = b""
+    try:
+        sock.sendall(data)
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        return answer.split(b"\r\n", 1)[0]
+    except ConnectionResetError:
+        return b""
+    except TimeoutError:       # no HTTP/1 answer (e.g. an HTTP/2 SETTINGS frame): what came
+        return answer[:64]
+    finally:
+        sock.close()
+
+
+def _closed_unanswered(sock: socket.socket) -> bool:
+    """The front closed (or reset) the connection without an answer."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _get(path: str, headers: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: router\r\n{headers}Connection: close\r\n\r\n".encode()
+
+
+def _chat_body(content: str) -> bytes:
+    return json.dumps({"model": "fake-model", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": content}]}).encode()
+
+
+def _post(path: str, body: bytes, headers: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+            f"{headers}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+@pytest.mark.parametrize("strategy, router", CASES, ids=[f"{s}@{r}" for s, r in CASES])
+def test_nothing_runs_for_a_client_without_the_key(fronted, strategy, router):
+    """vllm-router checks no key, and its cache_aware and kv_aware render every request on a
+    worker with the router's own key before the worker could refuse it (5 keyless chats made
+    10 render calls); sglang-router answered GET /v1/models without one. The front checks the
+    key, so a client without it (or with a wrong one, or two Authorization headers, or the key
+    in the query string) reaches neither the router nor a worker; the probes need none."""
+    routers, _ = fronted
+    pool, process, front = routers[(strategy, router)]
+    pool.reset()
+    served_before = process.served()
+    body = _chat_body("who holds no key")
+    attempts = {
+        "no key": _post("/v1/chat/completions", body),
+        "wrong key": _post("/v1/chat/completions", body, "Authorization: Bearer wrong\r\n"),
+        "key twice": _post("/v1/chat/completions", body,
+                           f"Authorization: Bearer wrong\r\nAuthorization: Bearer {KEY}\r\n"),
+        "key in the query": _post(f"/v1/chat/completions?api_key={KEY}", body),
+        "scheme only": _post("/v1/chat/completions", body, "Authorization: Bearer\r\n"),
+        "models, no key": _get("/v1/models"),
+    }
+    answers = {name: _exchange(front.port, data) for name, data in attempts.items()}
+    assert set(answers.values()) == {b"HTTP/1.1 401 Unauthorized"}, answers
+    stats = pool.stats().values()
+    assert sum(w["render_calls"] + w["tokenize_calls"] + w["requests"] for w in stats) == 0
+    assert process.served() == served_before
+    for probe in ("/health", "/liveness", "/readiness"):
+        assert _exchange(front.port, _get(probe)) == b"HTTP/1.1 200 OK", probe
+    assert _exchange(front.port, _get("/v1/models", f"Authorization: Bearer {KEY}\r\n")) == \
+        b"HTTP/1.1 200 OK"
+    assert KEY not in front.log_text()      # the refused query string is not logged
+
+
+def test_http2_head_and_chunked_bodies_are_refused(fronted):
+    """HAProxy spoke h2c on the plain bind: 100 streams per connection, each holding a router
+    connection (100 x 100 took every slot). HTTP/1.1 only now: the HTTP/2 preface is a bad
+    request. `METH_GET` admitted HEAD; a chunked body has no length the front can check (the
+    router answered 400 past its limit): 411."""
+    routers, _ = fronted
+    _, _, front = routers[("prefixaware", "sglang-router")]
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    assert _exchange(front.port, preface) == b"HTTP/1.1 400 Bad request"
+    assert _exchange(front.port, _get("/health").replace(b"GET", b"HEAD", 1)) == \
+        b"HTTP/1.1 403 Forbidden"
+    chunked = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nAuthorization: Bearer "
+               f"{KEY}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+               f"5\r\nhello\r\n0\r\n\r\n").encode()
+    assert _exchange(front.port, chunked) == b"HTTP/1.1 411 Length Required"
+
+
+def test_the_nlb_path_carries_the_client_address(fronted):
+    """The NLB (proxy protocol v2) names the client in a PROXY header: the front requires it
+    from the load balancer's addresses, logs the client's address, and its health checks
+    (command LOCAL) pass; the kubelet and in-cluster clients send none, and may not send one
+    (an in-cluster client could name any address)."""
+    routers, _ = fronted
+    _, _, front = routers[("session", "vllm-router")]
+    client = "198.51.100.23"
+    assert _exchange(front.port, _get("/readiness"), nlb=True) == b"HTTP/1.1 200 OK"
+    assert _exchange(front.port, _get("/readiness")) == b"HTTP/1.1 200 OK"   # the kubelet
+    refused = _get(f"/add_worker?url=http://evil&api_key={KEY}", "Authorization: Bearer x\r\n")
+    assert _exchange(front.port, refused, nlb=True, nlb_client=client) == b"HTTP/1.1 403 Forbidden"
+    ok = chat(front.url, [{"role": "user", "content": "through the NLB"}], "nlb", False, 2,
+              headers=AUTH, via_nlb=client)
+    assert ok.ok, ok
+    # the NLB's address without its header, and a header from elsewhere: no request served
+    sock = socket.create_connection(("127.0.0.1", front.port), timeout=5,
+                                    source_address=(FAKE_NLB, 0))
+    with sock:
+        sock.sendall(_get("/readiness"))
+        assert _closed_unanswered(sock)
+    spoofed = proxy_v2_header("203.0.113.99") + _get("/readiness")
+    assert _exchange(front.port, spoofed) == b"HTTP/1.1 400 Bad request"
+    time.sleep(0.2)
+    line = [ln for ln in front.log_text().splitlines() if "/add_worker" in ln][-1]
+    assert line.startswith(f"{client}:") and KEY not in line and "evil" not in line, line
+
+
+@pytest.mark.parametrize("strategy, router", [("prefixaware", "sglang-router"),
+                                              ("session", "vllm-router")])
+def test_one_client_cannot_take_the_pods_slots_or_memory(fronted, strategy, router):
+    """One address holding the front's connections (4,200 idle, slowloris and slow-body ones
+    left a well-behaved client 0 of 2 chats) and parking bodies one byte short of their
+    length at the payload limit in the router (+1.2 GiB past its 1 GiB limit with 2,000): the
+    front takes PER_SOURCE_CONNECTIONS from one address and closes the rest, while another
+    client is served promptly and the router stays well inside its memory limit."""
+    routers, _ = fronted
+    _, process, front = routers[(strategy, router)]
+    container = _container(strategy, None, "Deployment", "-router", _override(strategy, router))
+    limit = int(container["args"][container["args"].index("--max-payload-size") + 1])
+    memory_limit = memory_bytes(container["resources"]["limits"]["memory"]) / 2**20
+    attacker, good = "198.51.100.66", "203.0.113.7"
+    body = _chat_body("x" * limit)[:limit - 1]
+    parked = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: "
+              f"application/json\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {limit}"
+              f"\r\n\r\n").encode() + body
+    held: list[socket.socket] = []
+    try:
+        for i in range(PER_SOURCE_CONNECTIONS):
+            sock = nlb_connection(front.port, attacker, client_port=20000 + i)
+            if i % 2:
+                sock.sendall(parked)
+            held.append(sock)
+        time.sleep(0.3)
+        extra = nlb_connection(front.port, attacker, client_port=19999)
+        with extra:
+            extra.sendall(_get("/health"))
+            assert _closed_unanswered(extra), "a connection past the address's share was served"
+        peak = rss_mib(process.pid)
+        chats = []
+        for i in range(20):
+            chats.append(chat(front.url, [{"role": "user", "content": f"good {i}"}], f"g{i}",
+                              False, 2, headers=AUTH, timeout=10, via_nlb=good))
+            peak = max(peak, rss_mib(process.pid))
+    finally:
+        for sock in held:
+            sock.close()
+    served = [c for c in chats if c.ok and c.total_s <= 5.0]
+    assert len(served) >= 19, [(c.status, round(c.total_s, 2)) for c in chats]
+    assert peak < 0.8 * memory_limit, (peak, memory_limit)
+
+
+def test_a_worker_failure_a_client_provokes_costs_others_nothing(fronted):
+    """An input that makes a worker answer 500: vllm-router's breaker opened for everyone
+    (3 of the next 20 good chats got 503) and sglang-router tried it 8 times. Now, while one
+    client sends such inputs, every other client's chat is answered within 5 s, and each costs
+    the workers at most two calls (both routers, side by side); the failures leave no prompt or
+    session id in a log."""
+    routers, _ = fronted
+
+    def case(key: tuple[str, str]) -> tuple:
+        pool, _, front = routers[key]
+        pool.reset()
+        with ThreadPoolExecutor(6) as attacker:
+            bad = [attacker.submit(chat, front.url, [{"role": "user", "content":
+                                                     f"{FAIL_MARKER} {PROMPT} {j}"}],
+                                   f"{SESSION}-b{j}", False, 2, headers=AUTH, timeout=30)
+                   for j in range(6)]
+            time.sleep(0.1)
+            good = [chat(front.url, [{"role": "user", "content": f"fine {i}"}], f"s{i}",
+                         False, 2, headers=AUTH, timeout=10) for i in range(20)]
+            statuses = [f.result().status for f in bad]
+        good += [chat(front.url, [{"role": "user", "content": f"after {i}"}], f"s{i}", False,
+                      2, headers=AUTH, timeout=10) for i in range(5)]
+        return statuses, good, sum(w.stats()["failed"] for w in pool)
+
+    with ThreadPoolExecutor(2) as both:
+        results = dict(zip(["sglang", "vllm"], both.map(case, [
+            ("prefixaware", "sglang-router"), ("session", "vllm-router")])))
+    for name, (statuses, good, calls) in results.items():
+        assert set(statuses) == {500}, (name, statuses)
+        assert all(g.ok and g.total_s <= 5.0 for g in good), \
+            (name, [(g.status, round(g.total_s, 2)) for g in good])
+        assert calls <= 2 * len(statuses), (name, calls)
+    time.sleep(0.3)
+    for key in [("prefixaware", "sglang-router"), ("session", "vllm-router")]:
+        _assert_no_client_data(key, *routers[key][1:])
+
+
+PROMPT, SESSION = "prompt-4111-1111", "session-7f3a9"
+
+
+def _assert_no_client_data(key, process: RouterProcess, front: FrontProcess) -> None:
+    for name, text in {"router": process.log_text(), "front": front.log_text()}.items():
+        for needle in (PROMPT, SESSION, KEY):
+            assert needle not in text, f"{needle!r} in the {name} log of {key}:\n" + \
+                "\n".join(ln for ln in text.splitlines() if needle in ln)[:2000]
+
+
+def test_no_prompt_session_or_key_in_any_log(fronted):
+    """At the rendered log levels: vllm-router 0.1.17 ignored its `--log-level` and, under the
+    session strategy, logged each request's routing key three times at INFO (the prompt
+    itself without a session header); the front logged refused URLs with their query string.
+    Good requests (streamed or not, with and without a session id), refused ones and 4xx
+    leave none of the client's data in any router's or front's log, on every strategy (worker
+    500s: the test above)."""
+    routers, _ = fronted
+
+    def case(key: tuple[str, str]) -> None:
+        pool, process, front = routers[key]
+        sent = [chat(front.url, [{"role": "user", "content": f"{PROMPT} {i}"}],
+                     f"{SESSION}-{i}" if i % 2 else None, stream, 2, headers=AUTH)
+                for i in range(4) for stream in (False, True)]
+        sent.append(chat(front.url, [{"role": "user", "content": PROMPT}], SESSION, False, 2,
+                         headers=AUTH, model="no-such-model"))
+        _exchange(front.port, _post(f"/v1/chat/completions?key={KEY}", _chat_body(PROMPT),
+                                    f"X-Session-ID: {SESSION}\r\n"))
+        _exchange(front.port, _post(f"/add_worker?key={KEY}&p={PROMPT}", b"{}"))
+        assert [r.status for r in sent[:8]] == [200] * 8 and 400 <= sent[-1].status < 500, \
+            (key, [r.status for r in sent])
+        time.sleep(0.3)
+        _assert_no_client_data(key, process, front)
+
+    with ThreadPoolExecutor(len(CASES)) as every:
+        list(every.map(case, CASES))

@@ -7,7 +7,7 @@ import pytest
 
 from k8s.router import (
     BODY_BYTES_PER_TOKEN, BODY_ENVELOPE_BYTES, TREE_BYTES_PER_CHAR, TREE_MEMORY_SHARE,
-    RouterProps, context_tokens, memory_bytes, router_args,
+    RouterProps, context_tokens, memory_bytes, router_args, router_env,
 )
 from config.endpoint_spec import arg_value
 
@@ -46,16 +46,30 @@ def test_tree_flags_only_for_cache_aware():
     assert "--max-tree-size" not in args and "--max-payload-size" in args
 
 
-@pytest.mark.parametrize("implementation, level", [("sglang-router", "warn"),
-                                                   ("vllm-router", "warning")])
-def test_client_port_health_breaker_and_log_level(implementation, level):
+@pytest.mark.parametrize("implementation", ["sglang-router", "vllm-router"])
+def test_client_port_health_breaker_retries_and_log_level(implementation):
     args = router_args(_props(implementation=implementation))
     assert (arg_value(args, "--host"), arg_value(args, "--port")) == ("127.0.0.1", "8001")
-    assert arg_value(args, "--log-level") == level   # no line per good request
     assert int(arg_value(args, "--health-check-interval-secs")) <= 1
-    # sglang-router 0.3.2 counts client 4xx against workers: its breaker must be off;
-    # vllm-router 0.1.17 counts only 5xx and connection failures
-    assert ("--disable-circuit-breaker" in args) is (implementation == "sglang-router")
+    # a breaker counts what clients provoke (sglang-router 0.3.2: a client's 4xx; vllm-router
+    # 0.1.17: a worker's 500 on a client's input): off in both
+    assert "--disable-circuit-breaker" in args
+    # a 500 a client provokes costs at most two worker calls, and the second attempt waits
+    # until a dead worker is out (every health check failing, each after its timeout)
+    assert int(arg_value(args, "--retry-max-retries")) <= 2
+    removal_ms = 1000 * (int(arg_value(args, "--health-check-interval-secs"))
+                         * int(arg_value(args, "--health-failure-threshold"))
+                         + int(arg_value(args, "--health-check-timeout-secs")))
+    assert int(arg_value(args, "--retry-initial-backoff-ms")) * (
+        1 - float(arg_value(args, "--retry-jitter-factor"))) >= removal_ms * 0.8
+    # no line per good request: sglang-router reads its flag; vllm-router 0.1.17's launcher
+    # offers only `warning`, which its Rust side parses to INFO, so RUST_LOG decides
+    # (k8s.router.router_env) and no flag pretends otherwise
+    if implementation == "sglang-router":
+        assert arg_value(args, "--log-level") == "warn"
+    else:
+        assert "--log-level" not in args
+        assert router_env(implementation) == {"env": [{"name": "RUST_LOG", "value": "warn"}]}
 
 
 @pytest.mark.parametrize("bad", ["1G", "512M", "1.5Gi", "Gi", ""])

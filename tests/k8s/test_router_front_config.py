@@ -19,7 +19,7 @@ from k8s.router_front import (
     ROUTER_MEMORY_SHARE, SMALL_BODY_BYTES, key_digest,
 )
 from k8s.secret_fetch import API_KEY_DIGEST_FILE, API_KEY_FILE
-from tests.k8s.test_charts import _env, _facts, _spec, render
+from tests.k8s.test_charts import _env, _facts, _spec
 
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
 NLB_TLS_IDLE_S = 350     # fixed on TLS listeners (AWS: "can't be modified")

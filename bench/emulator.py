@@ -282,6 +282,26 @@ PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
 )}
 
 
+def profile_file_option(p: Any) -> None:
+    """`--profile-file` on a benchmark's argument parser (bench.routing, bench.tiered)."""
+    from pathlib import Path as _Path
+
+    p.add_argument("--profile-file", type=_Path, help="emulate this profile (written by "
+                   "`python -m tools calibrate`) instead of the built-in one")
+
+
+def load_profile_option(p: Any, args: Any) -> str | None:
+    """The profile `--profile-file` names, loaded and registered (its name), or None; a file
+    that is not a profile is the parser's one-line error."""
+    if not getattr(args, "profile_file", None):
+        return None
+    try:
+        return load_profile_file(args.profile_file).name
+    except ValueError as exc:
+        p.error(str(exc))
+        return None
+
+
 def profile(name: str) -> GpuProfile:
     try:
         return PROFILES[name]

@@ -23,6 +23,7 @@ from typing import Any
 from bench.loopback_bench import STRATEGIES, open_loop, run_strategies
 from bench.report import _fmt_span, _num, ratio_span, span, verdict
 from bench.benchmark import BenchConfig
+from bench.emulator import load_profile_option, profile_file_option
 
 # Every HyperPod strategy on the router the chart gives it, and vllm-router's cache_aware.
 VLLM_CACHE_AWARE = "prefixaware@vllm"
@@ -49,26 +50,13 @@ HYPERPOD = {"8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
 
 def use_profile_file(path: Path) -> str:
     """Emulate the GPU of a profile written by `python -m tools calibrate` (here and in the
-    tiered benchmarks)."""
+    tiered benchmarks this module renders)."""
     from bench import tiered
     from bench.emulator import load_profile_file
 
     global PROFILE
     PROFILE = tiered.PROFILE = load_profile_file(path).name
     return PROFILE
-
-
-def profile_file_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
-                   "`python -m tools calibrate`) instead of the built-in one")
-
-
-def apply_profile_file(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.profile_file:
-        try:
-            use_profile_file(a.profile_file)
-        except ValueError as exc:
-            p.error(str(exc))
 
 
 def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
@@ -677,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         global VIRTUAL
         VIRTUAL = False
         TIME_SCALE.update(REAL_TIME_SCALE)
-    apply_profile_file(p, a)
+    if load_profile_option(p, a):
+        use_profile_file(a.profile_file)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stability:
         run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False), a.candidate)

@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.benchmark import BenchConfig, Job, Phase, words
-from bench.emulator import GpuProfile, QWEN3_32B, profile
+from bench.emulator import (
+    GpuProfile, QWEN3_32B, load_profile_option, profile, profile_file_option,
+)
 from bench.tiers import (
     L2Store, TierConfig, ValkeyServer, describe, no_tiers, tier_config,
 )
@@ -933,11 +935,12 @@ def main(argv: list[str] | None = None) -> int:
                    "new salts give the same figures, so one is the default)")
     p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")
     p.add_argument("--render-only", action="store_true")
-    from bench.routing import apply_profile_file, profile_file_option
-
     profile_file_option(p)
     a = p.parse_args(argv)
-    apply_profile_file(p, a)
+    name = load_profile_option(p, a)
+    if name:
+        global PROFILE
+        PROFILE = name
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.render_only:
         todo = a.only or ["hyperpod", "seeds", "l2", "llmd", "drill"]

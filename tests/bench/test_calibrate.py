@@ -59,17 +59,16 @@ def test_the_profile_it_writes_is_one_bench_routing_reads(tmp_path):
     gpu = replace(profile("g5.24xlarge"), name="my-g5", mfu=0.35)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(gpu.to_json() | {"about": "test", "calibration": {}}))
+    from bench import routing, tiered
+
+    before = routing.PROFILE, tiered.PROFILE
     try:
         assert load_profile_file(path) == gpu and PROFILES["my-g5"] == gpu
-        from bench import routing, tiered
-
         routing.use_profile_file(path)
         assert routing.PROFILE == tiered.PROFILE == "my-g5"
     finally:
         PROFILES.pop("my-g5", None)
-        from bench import routing, tiered
-
-        routing.PROFILE = tiered.PROFILE = "g5.24xlarge"
+        routing.PROFILE, tiered.PROFILE = before
     path.write_text('{"name": "x", "nonsense": 1}')
     with pytest.raises(ValueError, match="not an emulator profile"):
         load_profile_file(path)

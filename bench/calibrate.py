@@ -156,10 +156,10 @@ class EmulatedProbe:
     measures there is the emulator's own timing, so a fit must give its parameters back."""
 
     def __init__(self, gpu: GpuProfile) -> None:
-        from bench.fake_worker import PrefixCache
+        from bench.fake_worker import KvCache
 
         self.gpu = gpu
-        self.cache = PrefixCache(16, gpu.kv_tokens // 16)
+        self.cache = KvCache(16, gpu.kv_tokens // 16)
 
     def _run(self, prompts: list[list[int]], tokens: int) -> list:
         from bench.tiers import no_tiers

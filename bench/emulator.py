@@ -322,73 +322,179 @@ class Sequence_:
 
     `lookup()`, if given, is asked for the cached prefix when the sequence is first scheduled
     (as vLLM's scheduler does, so a request queued behind another with the same prefix finds
-    what that one computed); `on_progress(done)` hears of every prefill chunk (the worker
-    caches the computed blocks at once, as vLLM does). `ready_at`: not scheduled before that
-    clock reading (its front-end time)."""
+    what that one computed); `on_progress(done)` hears of every prefill chunk. `ready_at`: not
+    scheduled before that clock reading (its front-end time).
+
+    With a KV cache (`plan_step`'s `kv`): `ids` and `hashes` (its prompt's token ids and block
+    hashes), `held` (the blocks it holds while running). A preempted sequence starts again
+    from its prefix hit: `target` (the tokens to prefill) becomes prompt + tokens produced,
+    `decoded` (tokens since its last prefill) 0."""
 
     __slots__ = ("prompt", "done", "max_tokens", "produced", "times", "lookup", "on_progress",
-                 "ready_at", "extra_s")
+                 "ready_at", "extra_s", "target", "decoded", "order", "preempted", "held",
+                 "ids", "hashes")
 
     def __init__(self, prompt: int, cached: int, max_tokens: int,
                  lookup: Callable[[], int] | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  ready_at: float = 0.0) -> None:
         self.prompt, self.done, self.max_tokens = prompt, min(cached, prompt - 1), max_tokens
+        self.target = prompt
         self.produced = 0
+        self.decoded = 0
         self.times: list[float] = []   # clock reading of each token
         self.lookup, self.on_progress = lookup, on_progress
         self.ready_at = ready_at
         self.extra_s = 0.0             # engine time its first step adds (KV loads)
+        self.order: int | None = None  # admission order while running (None: waiting)
+        self.preempted = 0             # > 0: preempted (the latest gets the highest)
+        self.held: Any = None
+        self.ids: Sequence[int] = ()
+        self.hashes: Sequence[int] = ()
 
     @property
     def context(self) -> int:
-        return self.done + self.produced
+        """Tokens whose KV the next decode step reads and writes (its new token included)."""
+        return self.done + self.decoded
+
+    @property
+    def running(self) -> bool:
+        return self.order is not None
+
+
+_ADMITTED = [0]
 
 
 def plan_step(queue: Sequence[Sequence_], gpu: GpuProfile, now: float,
-              planned_at: float | None = None
+              planned_at: float | None = None, kv: Any = None,
+              preempted: list | None = None
               ) -> tuple[list[Sequence_], list[tuple[Sequence_, int]]]:
-    """vLLM's next step over `queue` (arrival order): the decoding sequences first, then
-    prefill chunks within the token budget; a sequence's `lookup` runs when it is first
-    scheduled. `planned_at`: when the scheduler planned the step (with async scheduling, when
-    the step before it started); only sequences ready by then are in it, unless none is and
-    one is ready now (an idle scheduler plans at once)."""
-    if planned_at is not None and gpu.async_scheduling and planned_at < now:
-        plan = plan_step(queue, gpu, planned_at)
-        if plan[0] or plan[1]:
-            return plan
-    running = [s for s in queue if s.ready_at <= now][:gpu.max_num_seqs]
-    decode = [s for s in running if s.done >= s.prompt and s.produced < s.max_tokens]
-    budget = gpu.max_num_batched_tokens - len(decode)
-    chunks = []
-    for s in running:
-        if budget <= 0:
+    """vLLM 0.24's next step over `queue` (`vllm/v1/core/sched/scheduler.py` schedule()).
+
+    Running sequences first, in the order they were admitted: each its next token, or its
+    next prefill chunk within the token budget (`max_num_batched_tokens`). Then, if no
+    running sequence was preempted in this step, waiting ones (preempted ones first, the
+    latest preempted first, then in arrival order) while budget and `max_num_seqs` allow: a
+    sequence's `lookup` runs when it is first scheduled.
+
+    With `kv` (a `fake_worker.KvCache`), as vLLM's KV cache manager does it: a waiting
+    sequence is admitted only if the blocks its whole prompt still needs (after its prefix
+    hit) are free, else it and every one behind it waits (first come, first served); a
+    running sequence that cannot get a block for its next tokens preempts the last admitted
+    running sequence (its blocks freed, to be recomputed later), and so on until it fits or
+    is itself the one preempted. Preempted sequences are appended to `preempted`.
+
+    `planned_at`: when the scheduler planned the step (with async scheduling, when the step
+    before it started); only sequences ready by then are in it, unless none is and one is
+    ready now (an idle scheduler plans at once)."""
+    at = now
+    if planned_at is not None and gpu.async_scheduling and planned_at < now and any(
+            s.order is not None or s.ready_at <= planned_at for s in queue):
+        at = planned_at
+    running = sorted((s for s in queue if s.order is not None), key=lambda s: s.order)
+    budget = gpu.max_num_batched_tokens
+    decode: list[Sequence_] = []
+    chunks: list[tuple[Sequence_, int]] = []
+    was_preempted = False
+    i = 0
+    while i < len(running) and budget > 0:
+        s = running[i]
+        if s.done < s.target:
+            n = min(s.target - s.done, budget)
+            tokens = s.done + n
+        elif s.produced < s.max_tokens:
+            n, tokens = 1, s.context
+        else:
+            i += 1
+            continue
+        if kv is not None and not kv.grow(s.held, tokens):
+            while True:   # preempt the last admitted until it fits, or `s` itself
+                victim = running.pop()
+                _preempt(victim, kv)
+                was_preempted = True
+                if preempted is not None:
+                    preempted.append(victim)
+                if victim is s or kv.grow(s.held, tokens):
+                    break
+            if victim is s:
+                break
+        if n == 1 and s.done >= s.target:
+            decode.append(s)
+        else:
+            chunks.append((s, n))
+            if kv is not None and s.hashes:
+                kv.commit(s.held, s.hashes, s.ids, tokens // kv.block_size)
+        budget -= n
+        i += 1
+    if was_preempted:
+        return decode, chunks
+    waiting = [s for s in queue if s.order is None and s.ready_at <= at]
+    waiting.sort(key=lambda s: -s.preempted)   # stable: arrival order among the rest
+    for s in waiting:
+        if budget <= 0 or len(running) >= gpu.max_num_seqs:
             break
+        hit = 0
+        if kv is not None:
+            bs = kv.block_size
+            hit = kv.match(s.hashes[:(s.target - 1) // bs])
+            if -(-s.target // bs) - hit + sum(1 for h in s.hashes[:hit] if kv.ref[h] == 0) \
+                    > kv.free_blocks():
+                break      # it waits, and everyone behind it
         if s.lookup is not None:  # first scheduled: what is cached now
             got = s.lookup()
             if got is None:       # an asynchronous lookup still running: not yet
                 continue
-            s.done = max(s.done, min(got, s.prompt - 1))
+            s.done = max(s.done, min(got, s.target - 1))
             s.lookup = None
-        if s.done < s.prompt:
-            n = min(budget, s.prompt - s.done)
-            chunks.append((s, n))
-            budget -= n
+        elif kv is not None:
+            s.done = max(s.done, min(hit * kv.block_size, s.target - 1))
+        n = min(budget, s.target - s.done)
+        if kv is not None:
+            from bench.fake_worker import KvBlocks
+
+            s.held = KvBlocks()
+            hit = min(hit, s.done // kv.block_size)
+            if not kv.admit(s.held, s.hashes, hit, s.target, s.done + n):
+                s.held = None
+                break
+            kv.commit(s.held, s.hashes, s.ids, (s.done + n) // kv.block_size)
+        _ADMITTED[0] += 1
+        s.order = _ADMITTED[0]
+        running.append(s)
+        chunks.append((s, n))
+        budget -= n
     return decode, chunks
 
 
+def _preempt(s: Sequence_, kv: Any) -> None:
+    """vLLM's recompute preemption: the blocks go back (its cached ones stay evictable), the
+    sequence waits at the head of the queue and prefills again what it had, outputs
+    included."""
+    kv.release(s.held)
+    kv.preemptions += 1
+    s.held = None
+    s.order = None
+    _ADMITTED[0] += 1
+    s.preempted = _ADMITTED[0]
+    s.target = s.prompt + s.produced
+    s.done = 0
+    s.decoded = 0
+
+
 def apply_step(decode: list[Sequence_], chunks: list[tuple[Sequence_, int]], now: float) -> None:
-    """The tokens a finished step hands out: one per decoding sequence, and the first token
-    of every sequence whose prefill it completed."""
+    """The tokens a finished step hands out: one per decoding sequence, and the next token of
+    every sequence whose prefill it completed."""
     for s in decode:
         s.produced += 1
+        s.decoded += 1
         s.times.append(now)
     for s, n in chunks:
         s.done += n
         if s.on_progress is not None:
             s.on_progress(s.done)
-        if s.done >= s.prompt:  # the prefill's last step samples the first token
+        if s.done >= s.target:  # the prefill's last step samples a token
             s.produced += 1
+            s.decoded = 1
             s.times.append(now)
 
 

@@ -91,13 +91,11 @@ L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/ca
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "document-64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
-# llm-d's published run: Qwen3-32B, 8 x vLLM TP 2 on 16 H100, round robin vs prefix-aware
-LLMD = {"customers": 150, "context": 6000, "users": 5, "query": 1200, "output": 1000,
-        "kv_demand": 0.73, "replicas": 8, "tp": 2,
-        "qps": (3, 10, 15, 20, 30, 40, 50, 60),
-        "published": {"rr_p50_s_60": 88.1, "pa_p50_s_60": 0.2, "rr_p90_s_60": 154.1,
-                      "pa_p90_s_60": 0.9, "rr_peak_out": 7049, "pa_peak_out": 14941,
-                      "equal_at_or_below_qps": 15, "pa_p90_worse_at_20": (4.2, 2.4)}}
+# llm-d's published Qwen3-32B runs (8 x vLLM TP 2 on 16 H100): their workload, stages and
+# figures per stage, from both write-ups (bench/data/llmd_qwen3_32b_h100.json, sources inside)
+LLMD_FILE = Path(__file__).parent / "data" / "llmd_qwen3_32b_h100.json"
+LLMD_KNEE_S = 2.0     # the knee: the first stage whose mean TTFT passes 2 s
+LLMD_INTERVAL_S = 1.0  # inference-perf's LoadConfig.interval between stages (default)
 
 
 def _quiet_jsii() -> None:
@@ -341,68 +339,135 @@ def render_seeds(d: dict) -> list[str]:
 # --------------------------------------------------------------------------- llm-d
 
 
+def llmd_published() -> dict:
+    return json.loads(LLMD_FILE.read_text())
+
+
 def llmd_gpu() -> GpuProfile:
     """One llm-d replica: Qwen3-32B on 2 x H100 (TP 2), the calibrated H100 figures."""
     h = profile("h100-8b")
     return replace(h, name="h100x2-qwen3-32b", gpus=2, model=QWEN3_32B, network_gbps=3200)
 
 
-def llmd_customers(gpu: GpuProfile, replicas: int) -> int:
-    """Customers whose contexts fill `kv_demand` of the fleet's KV (llm-d: 150 at theirs)."""
-    fleet_kv = gpu.kv_tokens * replicas
-    return max(1, round(LLMD["kv_demand"] * fleet_kv / LLMD["context"]))
+def llmd_prompts(seed: int) -> list[tuple[str, str, str]]:
+    """inference-perf's shared_prefix data set (`SharedPrefixDataGenerator`): per group a
+    system prompt, per prompt of the group a question; the 750 prompts shuffled once and then
+    sent in that order, over and over (`data_index % len(prompts)`). (session, system, question)
+    """
+    w = llmd_published()["workload"]
+    prompts = []
+    for g in range(w["groups"]):
+        system = f"Group {g}. " + words(f"{seed}-llmd-group-{g}", w["system_prompt_len"])
+        for k in range(w["prompts_per_group"]):
+            prompts.append((f"g{g}p{k}", system,
+                            f"Question {g}-{k}: " + words(f"{seed}-llmd-q-{g}-{k}",
+                                                          w["question_len"])))
+    random.Random(f"{seed}/llmd/shuffle").shuffle(prompts)
+    return prompts
 
 
-def llmd_phases(customers: int, stages: tuple[float, ...], stage_s: float, seed: int
-                ) -> Callable:
-    """One phase per QPS stage, run one after the other on warm caches as llm-d's harness
-    does: requests from random customers' users (the customer's 6,000-token context, a fresh
-    1,200-token query, 1,000 output tokens), Poisson arrivals at the stage's rate."""
+def llmd_stages(quick: bool) -> list[tuple[str, float, float]]:
+    """(name, QPS, seconds): the warm-up stage, then their ladder (--quick: every other
+    stage, half as long)."""
+    w = llmd_published()["workload"]
+    ladder = [(f"qps-{q:g}", float(q), float(d)) for q, d in w["stages"]]
+    if quick:
+        ladder = [(n, q, d / 2) for n, q, d in ladder[::2]]
+    rate, secs = w["warmup"]
+    return [("warmup", float(rate), float(secs) / (2 if quick else 1))] + ladder
+
+
+def llmd_phases(stages: list[tuple[str, float, float]], seed: int) -> Callable:
+    """As inference-perf runs a stage list (`inference_perf/loadgen/load_generator.py`,
+    LoadGenerator.run_stage / mp_run): each stage sends Poisson arrivals at its rate for its
+    duration, each request the next prompt of the fixed set, then waits until every request
+    of the stage has finished before the next stage starts (`interval`, 1 s by default, in
+    between). One phase per stage: `bench.vtime` runs a phase until it is drained."""
+    prompts = llmd_prompts(seed)
+
     def make(c: BenchConfig) -> list[Phase]:
-        phases = []
-        for qps in stages:
-            rng = random.Random(f"{seed}/llmd/{qps}")
-            jobs, t = [], 0.0
-            for i in range(int(qps * stage_s)):
+        rng = random.Random(f"{seed}/llmd/arrivals")
+        w = llmd_published()["workload"]
+        phases, i = [], 0
+        for name, qps, secs in stages:
+            jobs, t = [], LLMD_INTERVAL_S
+            while True:
                 t += rng.expovariate(qps)
-                cust, user = rng.randrange(customers), rng.randrange(LLMD["users"])
-                system = f"Customer {c.salt}-{cust}. " + words(f"{seed}-cust-{cust}",
-                                                                LLMD["context"])
-                query = f"User {user} asks {qps}-{i}: " + words(f"{c.salt}-q-{qps}-{i}",
-                                                                 LLMD["query"])
-                jobs.append(Job(f"{c.salt}-c{cust}-u{user}", system, (query,), delays=(0.0,),
+                if t >= LLMD_INTERVAL_S + secs:
+                    break
+                session, system, question = prompts[i % len(prompts)]
+                jobs.append(Job(f"{name}/{session}/{i}", system, (question,), delays=(0.0,),
                                 arrival_s=t))
-            phases.append(Phase(f"qps-{qps:g}", tuple(jobs), LLMD["context"] + LLMD["query"]))
+                i += 1
+            phases.append(Phase(name, tuple(jobs), w["system_prompt_len"] + w["question_len"]))
         return phases
     return make
+
+
+def llmd_stage_figures(runs: dict, output: int) -> dict:
+    """Per stage (a phase of `bench.vtime.run_arm`'s run), over its requests: mean, P50, P90
+    TTFT, and output throughput (their output tokens over the time from the stage's first
+    request sent to its last request done, the stage's whole span); `all`: every stage after
+    the warm-up, their tokens over their spans added up."""
+    out: dict[str, dict] = {}
+    spans, tokens, every = 0.0, 0, []
+    for name, phase in runs.items():
+        xs = phase["samples"]
+        ok = [x for x in xs if x["ttft_s"] is not None and not x["error"]]
+        if not ok:
+            continue
+        tt = sorted(x["ttft_s"] for x in ok)
+        span = max(x["done_s"] for x in ok) - min(x["start_s"] for x in ok)
+        out[name] = {"requests": len(xs), "errors": len(xs) - len(ok),
+                     "ttft_mean_s": sum(tt) / len(tt), "ttft_p50_s": percentile(tt, 50),
+                     "ttft_p90_s": percentile(tt, 90),
+                     "output_tok_s": len(ok) * output / span if span > 0 else None,
+                     "hit_rate": sum(x["cached_tokens"] for x in ok) /
+                     max(1, sum(x["prompt_tokens"] for x in ok))}
+        if name != "warmup":
+            spans += span
+            tokens += len(ok) * output
+            every += tt
+    if every:
+        every.sort()
+        out["all"] = {"requests": len(every), "ttft_mean_s": sum(every) / len(every),
+                      "ttft_p50_s": percentile(every, 50), "ttft_p90_s": percentile(every, 90),
+                      "output_tok_s": tokens / spans if spans else None}
+    return out
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-th percentile by linear interpolation (numpy's default, as inference-perf)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    k = (len(sorted_values) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
 def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = ("roundrobin",
                                                                    "prefixaware")) -> dict:
     path = out / "llmd.json"
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    w = llmd_published()["workload"]
     gpu = llmd_gpu()
-    replicas = LLMD["replicas"]
-    customers = llmd_customers(gpu, replicas)
-    stage_s = 8.0 if quick else 20.0
-    stages = LLMD["qps"][::2] if quick else LLMD["qps"]
-    done["setup"] = {"replicas": replicas, "gpu": gpu.describe(), "customers": customers,
-                     "fleet_kv_tokens": gpu.kv_tokens * replicas, "stage_s": stage_s,
-                     "context_kv_share": customers * LLMD["context"] / (gpu.kv_tokens *
-                                                                        replicas)}
+    stages = llmd_stages(quick)
+    blocks = w["kv_tokens_per_pod"] // 16
+    done["setup"] = {"replicas": w["pods"], "gpu": gpu.describe(),
+                     "kv_tokens": blocks * 16, "stages": stages, "quick": quick}
     for strategy in strategies:
-        if any(k.startswith(f"{strategy}/") for k in done):
+        if strategy in done:
             continue
         t0 = time.time()
-        c = BenchConfig("", max_tokens=LLMD["output"], repeats=1, seed=1, warmup=8)
-        r = run_arm(FleetSpec(gpu, replicas, no_tiers()), strategy,
-                    RunConfig(c, hourly_usd=98.32, instances=replicas / 4),
-                    phases=llmd_phases(customers, stages, stage_s, 1),
+        c = BenchConfig("", max_tokens=w["output_len"], repeats=1, seed=1, warmup=0)
+        spec = FleetSpec(gpu, w["pods"], no_tiers(), gpu_blocks=blocks)
+        r = run_arm(spec, strategy, RunConfig(c, hourly_usd=98.32, instances=w["pods"] / 4),
+                    phases=llmd_phases(stages, 1),
                     log_dir=out / "router-logs" / f"llmd-{strategy}")
-        for name, s in r["scenarios"].items():
-            qps = float(name.split("-", 1)[1])
-            done[f"{strategy}/{qps:g}"] = _compact(s) | {"qps": qps}
-        done[f"{strategy}/wall_seconds"] = r["meta"]["wall_seconds"]
+        done[strategy] = {"stages": llmd_stage_figures(r["runs"][0], w["output_len"]),
+                          "engine": r["engine"], "wall_seconds": r["meta"]["wall_seconds"],
+                          "virtual_seconds": r["meta"]["virtual_seconds"]}
         _save(path, done, f"llm-d {strategy}", t0)
     return done
 

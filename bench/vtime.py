@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import random
 import threading
 import time
 import zlib
@@ -335,6 +336,7 @@ class ModelRouter:
     def __init__(self, policy: str, workers: int) -> None:
         self.policy, self.n = policy, workers
         self.rr = 0
+        self.rng = random.Random(f"model-router/{policy}/{workers}")
         self.inflight = [0] * workers
         self.trees: list[dict[int, None]] = [dict() for _ in range(workers)]
 
@@ -342,6 +344,8 @@ class ModelRouter:
         if self.policy == "roundrobin":
             i = self.rr % self.n
             self.rr += 1
+        elif self.policy == "random":
+            i = self.rng.randrange(self.n)
         elif self.policy == "session":
             key = req.session if session_header else ""
             i = zlib.crc32(key.encode()) % self.n
@@ -817,6 +821,8 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
                                  "gpu_hit": q.gpu_hit, "l1": q.l1_tokens, "l2": q.l2_tokens,
                                  "worker": q.worker,
                                  "start_s": q.t_send - (started[0] if started else 0.0),
+                                 "done_s": None if q.t_done is None else
+                                 q.t_done - (started[0] if started else 0.0),
                                  "error": q.error} for q in reqs]}
             runs.append(out)
     scen = aggregate(runs)
@@ -835,6 +841,10 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
             tiers[w.worker_id] = {k: getattr(c, k) for k in (
                 "lookup_timeouts", "stall_s", "l1_alloc_failures", "get_blocking_failed",
                 "put_failed", "remote_write_bytes", "remote_read_bytes", "stored_tokens")}
+    t_zero = started[0] if started else 0.0
+    engine = {w.worker_id: {"preemptions": w.preempted, "steps": w.steps,
+                            "per_second": engine_seconds(w.samples, t_zero)}
+              for w in fleet.workers}
     return {"meta": {"label": strategy, "strategy": strategy, "seed": run.bench.seed,
                      "repeats": run.bench.repeats, "virtual": True,
                      "router": "real" if real_router else "model",
@@ -843,7 +853,23 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
                      "wall_seconds": round(time.perf_counter() - t0, 1),
                      "virtual_seconds": round(sim.now, 1),
                      "l2_oom_kills": l2.oom_kills if l2 is not None else 0},
-            "scenarios": scen, "runs": runs, "tiers": tiers}
+            "scenarios": scen, "runs": runs, "tiers": tiers, "engine": engine}
+
+
+def engine_seconds(samples: list[tuple[float, int, int, float]], t_zero: float
+                   ) -> dict[int, list[float]]:
+    """The engine's gauges per second of virtual time from `t_zero` (what a 1 s scrape of
+    vllm:num_requests_waiting, _running and kv_cache_usage_perc sees): second -> [waiting,
+    running, KV usage], the mean of the steps planned in it."""
+    acc: dict[int, list[float]] = {}
+    for t, waiting, running, usage in samples:
+        a = acc.setdefault(int(t - t_zero), [0.0, 0.0, 0.0, 0])
+        a[0] += waiting
+        a[1] += running
+        a[2] += usage
+        a[3] += 1
+    return {k: [round(a[0] / a[3], 2), round(a[1] / a[3], 2), round(a[2] / a[3], 4)]
+            for k, a in sorted(acc.items())}
 
 
 class _nullcontext:

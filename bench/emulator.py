@@ -77,6 +77,14 @@ SOURCES = (
     "GB/s GPU->CPU (store_from_gpu_time).",
     "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured here, "
     "project FACTS.md) + 1 ms HTTP.",
+    "Tensor parallelism: 2 all-reduces per layer (attention and MLP outputs; vLLM's "
+    "RowParallelLinear), not overlapped with compute, each a latency plus a ring's 2(n-1)/n "
+    "of the step's activations at 0.8 of the link: NVLink 4 (H100 SXM, p5) 900 GB/s "
+    "bidirectional per GPU, so 450 GB/s per direction (NVIDIA H100 datasheet); NVLink 3 "
+    "(A100, p4d) 600 GB/s, 300 per direction (NVIDIA A100 datasheet); PCIe Gen4 x16 (g5's "
+    "A10Gs have no NVLink) 32 GB/s per direction (PCI-SIG). Latency 10 us on NVLink (vLLM's "
+    "custom all-reduce: 10 us for 32 tokens x 8192 hidden on 2 x H100, vllm-project/vllm "
+    "PR 22086), 30 us over PCIe (assumed, not measured). The 0.8 efficiency is assumed.",
 )
 
 
@@ -138,6 +146,15 @@ class GpuProfile:
     cpu_to_gpu_gbs: float = 46.0          # per GPU
     gpu_to_cpu_gbs: float = 25.0          # per GPU
     network_gbps: float = 50.0            # the instance's NIC
+    # Tensor parallelism: every layer all-reduces its attention output and its MLP output
+    # across the replica's GPUs (Megatron-style sharding, vLLM's RowParallelLinear), over the
+    # instance's GPU interconnect, not overlapped with compute. Per all-reduce: a latency plus
+    # a ring's 2 (n-1)/n x the activations (tokens of the step x d_model x 2 bytes) at the
+    # link's per-direction bandwidth x `allreduce_efficiency`. Sources: SOURCES.
+    interconnect: str = "NVLink 4"
+    link_gbs: float = 450.0               # per GPU, per direction
+    allreduce_latency_us: float = 10.0
+    allreduce_efficiency: float = 0.8
     render_fixed_ms: float = 1.0
     render_us_per_token: float = 1.5
 
@@ -171,18 +188,33 @@ class GpuProfile:
         m = self.model
         return 2 * m.layers * (m.q_dim or m.d_model) * ((context + n) ** 2 - context ** 2)
 
+    def allreduce_seconds(self, tokens: int) -> float:
+        """The step's tensor-parallel all-reduces: 2 per layer (attention, MLP) over the
+        step's `tokens` activations; none on one GPU."""
+        n = self.gpus
+        if n <= 1 or tokens <= 0:
+            return 0.0
+        m = self.model
+        size = tokens * m.d_model * m.dtype_bytes
+        one = self.allreduce_latency_us / 1e6 + 2 * (n - 1) / n * size / (
+            self.link_gbs * 1e9 * self.allreduce_efficiency)
+        return 2 * m.layers * one
+
     def step_seconds(self, decode_contexts: Sequence[int],
                      chunks: Sequence[tuple[int, int]]) -> float:
         """One engine step: a token for each decoding sequence (its context length given) and
-        prefill chunks (context before, tokens)."""
+        prefill chunks (context before, tokens); compute or memory, whichever is longer, then
+        the tensor-parallel all-reduces."""
         m = self.model
-        linear = 2 * m.params_b * 1e9 * (sum(n for _, n in chunks) + len(decode_contexts))
+        tokens = sum(n for _, n in chunks) + len(decode_contexts)
+        linear = 2 * m.params_b * 1e9 * tokens
         attention = sum(self.attention_flops(c, n) for c, n in chunks) + \
             sum(4 * m.layers * (m.q_dim or m.d_model) * c for c in decode_contexts)
         kv_read = sum(decode_contexts) + sum(c + n for c, n in chunks)
         traffic = m.weight_bytes + m.kv_bytes_per_token * kv_read
         compute = linear / self.flops_per_s + attention / self.attention_flops_per_s
-        return max(compute, traffic / self.bytes_per_s) + self.step_overhead_ms / 1e3
+        return (max(compute, traffic / self.bytes_per_s) + self.allreduce_seconds(tokens)
+                + self.step_overhead_ms / 1e3)
 
     def frontend_seconds(self, tokens: int) -> float:
         """What a request waits outside the GPU steps: handling, hashing, first-token path."""
@@ -268,13 +300,16 @@ H100 = dict(gpu="H100-SXM", gpu_memory_gib=79.2, tflops=989, bandwidth_gbs=3350,
             attention_efficiency=0.57, bandwidth_efficiency=0.75, max_num_batched_tokens=8192,
             max_num_seqs=1024)
 SMALL_BATCH = dict(max_num_batched_tokens=2048, max_num_seqs=256)
+# GPU interconnects (SOURCES): per GPU, per direction
+NVLINK3 = dict(interconnect="NVLink 3", link_gbs=300.0, allreduce_latency_us=10.0)
+PCIE4 = dict(interconnect="PCIe Gen4 x16", link_gbs=32.0, allreduce_latency_us=30.0)
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("g5.24xlarge", "g5.24xlarge", "A10G", 4, 22.49, 70, 600, LLAMA_31_8B,
                mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
-               **SMALL_BATCH),
+               **PCIE4, **SMALL_BATCH),
     GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40.0, 312, 1555, LLAMA_31_70B,
                mfu=0.78, attention_efficiency=0.57, bandwidth_efficiency=0.75,
-               network_gbps=400, **SMALL_BATCH),
+               network_gbps=400, **NVLINK3, **SMALL_BATCH),
     GpuProfile("p5.48xlarge", "p5.48xlarge", gpus=8, model=LLAMA_31_70B, network_gbps=3200,
                **H100),
     # The measured card itself: one H100 serving Llama-3.1-8B (the calibration's setup).

@@ -122,12 +122,13 @@ def linear_truth(n: int) -> float:
     return 2e-3 + 50e-6 * n
 
 
-# A GPU on which such an endpoint is physical: 8 GPUs of 5 PFLOPS and 8 TB/s serving
-# Llama-3.1-70B (attention and KV reads small against 50 us and 4 ms per token). On h100-8b it
-# is not: one H100 cannot read Llama-3.1-8B's weights in 4 ms, nor run 64K of attention in
-# 3.3 s at 50 us per token; calibrate must say so instead of writing a profile.
-FAST = replace(profile("p5.48xlarge"), name="fast-8x", gpu="fake", tflops=5000,
-               bandwidth_gbs=8000, gpu_memory_gib=192)
+# A GPU on which such an endpoint is physical: one device of 40 PFLOPS and 40 TB/s serving
+# Llama-3.1-70B (attention, KV reads and a 32-token step's compute small against 50 us and
+# 4 ms per token; no such GPU exists, and the fake is none). On h100-8b it is not: one H100
+# cannot read Llama-3.1-8B's weights in 4 ms, nor run 64K of attention in 3.3 s at 50 us per
+# token; calibrate must say so instead of writing a profile.
+FAST = replace(profile("p5.48xlarge"), name="fast-1x", gpu="fake", gpus=1, tflops=40_000,
+               bandwidth_gbs=40_000, gpu_memory_gib=1000)
 
 
 def test_three_runs_against_a_linear_endpoint_predict_cold_ttft_within_15_percent():

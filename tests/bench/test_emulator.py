@@ -87,10 +87,11 @@ def test_prefill_flops_add_up_over_chunks_and_grow_quadratically():
 
 def test_decode_is_memory_bound_and_prefill_compute_bound():
     assert G5.step_overhead_ms == H100.step_overhead_ms == 0   # none beyond what was measured
-    assert G5.decode_seconds(0) == pytest.approx(LLAMA_31_8B.weight_bytes / G5.bytes_per_s)
+    assert G5.decode_seconds(0) == pytest.approx(LLAMA_31_8B.weight_bytes / G5.bytes_per_s
+                                                 + G5.allreduce_seconds(1))
     assert G5.step_seconds((), [(0, 2048)]) == pytest.approx(
         2 * 8.03e9 * 2048 / G5.flops_per_s
-        + G5.attention_flops(0, 2048) / G5.attention_flops_per_s)
+        + G5.attention_flops(0, 2048) / G5.attention_flops_per_s + G5.allreduce_seconds(2048))
     # batching decode is nearly free; a cached prefix costs the front end and its tail
     assert G5.decode_seconds(2048, 32) < 2 * G5.decode_seconds(2048, 1)
     assert G5.prefill_seconds(8192, cached=8176) < G5.prefill_seconds(8192) / 10
@@ -251,3 +252,16 @@ def test_the_engine_waiting_queue_is_exported_as_vllm_metrics():
     text = w.metrics_text()
     assert 'vllm:num_requests_waiting{engine="0",model_name="fake-model"} 7.0' in text
     assert 'vllm:num_requests_running{engine="0",model_name="fake-model"} 3.0' in text
+
+
+def test_tensor_parallelism_pays_two_all_reduces_per_layer_over_the_interconnect():
+    """Nothing on one GPU; on 4 A10Gs over PCIe a token's all-reduces cost what a ring moves
+    (2 x 3/4 of 4096 x 2 bytes, 64 times) plus a latency each; NVLink is ~14x cheaper per byte."""
+    assert H100.allreduce_seconds(8192) == 0.0
+    per_ar = 30e-6 + 2 * 3 / 4 * 8192 * 4096 * 2 / (32e9 * 0.8)
+    assert G5.allreduce_seconds(8192) == pytest.approx(2 * 32 * per_ar)
+    p5, p4d = PROFILES["p5.48xlarge"], PROFILES["p4d.24xlarge"]
+    assert G5.interconnect.startswith("PCIe") and p5.interconnect == "NVLink 4"
+    assert p5.allreduce_seconds(8192) < p4d.allreduce_seconds(8192)
+    # the all-reduce is part of every step: a TP 8 decode step costs it on top of the weights
+    assert p5.decode_seconds(2048) > p5.model.weight_bytes / p5.bytes_per_s + 160 * 10e-6

@@ -352,6 +352,21 @@ def measured() -> dict:
 # --------------------------------------------------------------------------- engine
 
 
+class KvBlocks:
+    """The blocks one running request holds (`KvCache`): per block the hash it is cached under,
+    or None for a block no hash names (a partly filled tail, or a duplicate of a block another
+    request cached first). `committed`: blocks already offered to the cache."""
+
+    __slots__ = ("blocks", "committed")
+
+    def __init__(self) -> None:
+        self.blocks: list[int | None] = []
+        self.committed = 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
 class Sequence_:
     """One request in the engine: prefill from `cached` to `prompt`, then `max_tokens` steps.
 
@@ -485,8 +500,6 @@ def plan_step(queue: Sequence[Sequence_], gpu: GpuProfile, now: float,
             s.done = max(s.done, min(hit * kv.block_size, s.target - 1))
         n = min(budget, s.target - s.done)
         if kv is not None:
-            from bench.fake_worker import KvBlocks
-
             s.held = KvBlocks()
             hit = min(hit, s.done // kv.block_size)
             if not kv.admit(s.held, s.hashes, hit, s.target, s.done + n):

@@ -59,6 +59,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Sequence
 
+from bench.emulator import KvBlocks
+
 __all__ = [
     "FakeWorker",
     "PrefixCache",
@@ -300,21 +302,6 @@ class PrefixCache:
     def usage(self) -> float:
         """Fraction of the capacity in use (what vLLM reports as kv_cache_usage_perc)."""
         return len(self._blocks) / self.capacity_blocks
-
-
-class KvBlocks:
-    """The blocks one running request holds (`KvCache`): per block the hash it is cached under,
-    or None for a block no hash names (a partly filled tail, or a duplicate of a block another
-    request cached first). `committed`: blocks already offered to the cache."""
-
-    __slots__ = ("blocks", "committed")
-
-    def __init__(self) -> None:
-        self.blocks: list[int | None] = []
-        self.committed = 0
-
-    def __len__(self) -> int:
-        return len(self.blocks)
 
 
 class KvCache(PrefixCache):

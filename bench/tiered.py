@@ -446,8 +446,10 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = ("roundrobin",
-                                                                   "prefixaware")) -> dict:
+LLMD_ARMS = ("roundrobin", "random", "prefixaware")   # cache-blind x 2, cache-aware
+
+
+def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = LLMD_ARMS) -> dict:
     path = out / "llmd.json"
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     w = llmd_published()["workload"]
@@ -465,8 +467,12 @@ def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = ("roundrobin",
         r = run_arm(spec, strategy, RunConfig(c, hourly_usd=98.32, instances=w["pods"] / 4),
                     phases=llmd_phases(stages, 1),
                     log_dir=out / "router-logs" / f"llmd-{strategy}")
+        per_pod = [x[0] for e in r["engine"].values() for x in e["per_second"].values()]
         done[strategy] = {"stages": llmd_stage_figures(r["runs"][0], w["output_len"]),
-                          "engine": r["engine"], "wall_seconds": r["meta"]["wall_seconds"],
+                          "waiting_mean_per_pod": sum(per_pod) / max(1, len(per_pod)),
+                          "waiting_max_per_pod": max(per_pod, default=0),
+                          "preemptions": sum(e["preemptions"] for e in r["engine"].values()),
+                          "wall_seconds": r["meta"]["wall_seconds"],
                           "virtual_seconds": r["meta"]["virtual_seconds"]}
         _save(path, done, f"llm-d {strategy}", t0)
     return done
@@ -865,56 +871,122 @@ def hyperpod_findings(h: dict) -> list[str]:
     return out
 
 
+def llmd_verdict(d: dict) -> dict:
+    """The checks against llm-d's published figures (llm-d-kv-cache-manager's 73-capacity
+    write-up: the only one with mean TTFT per stage): each cache-blind arm's mean and P90 TTFT
+    at every stage within 2x of their random scheduler's, its knee (first stage whose mean
+    passes 2 s) within one stage of theirs, prefix-aware's mean within 2x of their precise
+    scheduler's at every stage, and the output throughput ratio (cache-aware / cache-blind,
+    over every stage) within 25% of theirs."""
+    pub = llmd_published()
+    kvm = pub["kv_cache_manager_73_capacity"]
+    cols = kvm["columns"]
+    mean_i, p90_i, out_i = cols.index("ttft_mean_s"), cols.index("ttft_p90_s"), \
+        cols.index("output_tok_s")
+    stages = [q for q, _ in pub["workload"]["stages"]]
+
+    def knee(means: dict) -> int | None:
+        return next((q for q in stages if means.get(q, 0) > LLMD_KNEE_S), None)
+
+    theirs_blind = {q: kvm["per_qps"][str(q)][kvm["cache_blind"]] for q in stages}
+    theirs_aware = {q: kvm["per_qps"][str(q)][kvm["cache_aware"]] for q in stages}
+    their_knee = knee({q: v[mean_i] for q, v in theirs_blind.items()})
+    their_ratio = kvm["summary"][kvm["cache_aware"]][out_i] / \
+        kvm["summary"][kvm["cache_blind"]][out_i]
+    out: dict[str, Any] = {"their_knee": their_knee, "their_ratio": their_ratio, "arms": {}}
+    aware = d.get("prefixaware", {}).get("stages", {})
+    for arm in ("roundrobin", "random"):
+        st = d.get(arm, {}).get("stages", {})
+        if not st:
+            continue
+        rows, ok = [], True
+        for q in stages:
+            x = st.get(f"qps-{q:g}")
+            if not x:
+                continue
+            r_mean = x["ttft_mean_s"] / theirs_blind[q][mean_i]
+            r_p90 = x["ttft_p90_s"] / theirs_blind[q][p90_i]
+            y = aware.get(f"qps-{q:g}")
+            r_aware = y["ttft_mean_s"] / theirs_aware[q][mean_i] if y else None
+            rows.append({"qps": q, "mean": r_mean, "p90": r_p90, "aware": r_aware})
+        ours_knee = knee({q: st[f"qps-{q:g}"]["ttft_mean_s"] for q in stages
+                          if f"qps-{q:g}" in st})
+        ratio = (aware.get("all", {}).get("output_tok_s") or 0) / \
+            (st.get("all", {}).get("output_tok_s") or 1)
+        within = lambda r: r is not None and 0.5 <= r <= 2.0   # noqa: E731
+        idx = {q: i for i, q in enumerate(stages)}
+        out["arms"][arm] = {
+            "rows": rows, "knee": ours_knee, "ratio": ratio,
+            "blind_ok": all(within(r["mean"]) and within(r["p90"]) for r in rows),
+            "aware_ok": all(within(r["aware"]) for r in rows),
+            "knee_ok": ours_knee is not None and their_knee is not None
+            and abs(idx[ours_knee] - idx[their_knee]) <= 1,
+            "ratio_ok": abs(ratio / their_ratio - 1) <= 0.25}
+    return out
+
+
 def render_llmd(d: dict) -> list[str]:
     if "setup" not in d:
         return []
-    st, pub = d["setup"], LLMD["published"]
-    lines = ["", "## llm-d-shaped: prefix-aware vs round robin past saturation", "",
-             f"Their workload and fleet shape, emulated: {st['replicas']} x Qwen3-32B TP 2 on "
-             f"H100 (calibrated H100 figures; {st['gpu']['kv_tokens']:,} KV tokens per "
-             f"replica), {LLMD['users']} users per customer, {LLMD['context']:,}-token "
-             f"customer contexts, {LLMD['query']:,}-token queries, {LLMD['output']:,} output "
-             f"tokens, Poisson arrivals. Customers: {st['customers']} (llm-d: 150), so that "
-             f"the contexts fill {st['context_kv_share']:.0%} of the fleet's KV (llm-d: 73%). "
-             "No L1/L2 (llm-d's run had none).", "",
-             "| QPS | rr TTFT P50 s | P90 | prefix-aware P50 s | P90 | rr out tok/s | "
-             "prefix-aware out tok/s | hit rr / pa |", "|---|---|---|---|---|---|---|---|"]
-    for qps in LLMD["qps"]:
-        a, b = d.get(f"roundrobin/{qps}"), d.get(f"prefixaware/{qps}")
-        if not a or not b:
-            continue
-        lines.append(f"| {qps} | {a['ttft_s']['p50']:.2f} | {a['ttft_s']['p90']:.2f} | "
-                     f"{b['ttft_s']['p50']:.2f} | {b['ttft_s']['p90']:.2f} | "
-                     f"{a['output_tokens_per_s']:.0f} | {b['output_tokens_per_s']:.0f} | "
-                     f"{a['cache_hit_rate']:.0%} / {b['cache_hit_rate']:.0%} |")
-    peak_rr = max((v["output_tokens_per_s"] for k, v in d.items()
-                   if k.startswith("roundrobin/") and isinstance(v, dict)), default=0)
-    peak_pa = max((v["output_tokens_per_s"] for k, v in d.items()
-                   if k.startswith("prefixaware/") and isinstance(v, dict)), default=0)
-    last = max((q for q in LLMD["qps"] if f"prefixaware/{q}" in d), default=None)
-    lines += ["", "Beside llm-d's published figures (Qwen3-32B, 8 x vLLM TP 2, 16 H100):", "",
-              "| figure | llm-d round robin | llm-d prefix-aware | ours round robin | ours "
-              "prefix-aware |", "|---|---|---|---|---|"]
-    if last:
-        a, b = d[f"roundrobin/{last}"], d[f"prefixaware/{last}"]
-        lines += [f"| TTFT P50 at {last} QPS (llm-d: 60) | {pub['rr_p50_s_60']} s | "
-                  f"{pub['pa_p50_s_60']} s | {a['ttft_s']['p50']:.2f} s | "
-                  f"{b['ttft_s']['p50']:.2f} s |",
-                  f"| TTFT P90 at {last} QPS | {pub['rr_p90_s_60']} s | {pub['pa_p90_s_60']} s "
-                  f"| {a['ttft_s']['p90']:.2f} s | {b['ttft_s']['p90']:.2f} s |"]
-    lines.append(f"| peak output tok/s | {pub['rr_peak_out']:,} | {pub['pa_peak_out']:,} | "
-                 f"{peak_rr:,.0f} | {peak_pa:,.0f} |")
-    eq = [q for q in LLMD["qps"] if f"roundrobin/{q}" in d and f"prefixaware/{q}" in d
-          and abs(d[f"prefixaware/{q}"]["ttft_s"]["p50"] / d[f"roundrobin/{q}"]["ttft_s"]["p50"]
-                  - 1) <= 0.1]
-    worse = [q for q in LLMD["qps"] if f"roundrobin/{q}" in d and f"prefixaware/{q}" in d
-             and d[f"prefixaware/{q}"]["ttft_s"]["p90"] > 1.05 * d[f"roundrobin/{q}"][
-                 "ttft_s"]["p90"]]
-    lines += ["", f"- llm-d: equal at <= {pub['equal_at_or_below_qps']} QPS; ours: P50 within "
-              f"10% at {', '.join(map(str, eq)) or 'no'} QPS.",
-              f"- llm-d: prefix-aware's P90 worse at 20 QPS ({pub['pa_p90_worse_at_20'][0]} vs "
-              f"{pub['pa_p90_worse_at_20'][1]} s); ours: prefix-aware's P90 worse than round "
-              f"robin's at {', '.join(map(str, worse)) or 'no'} QPS."]
+    pub = llmd_published()
+    w, kvm, guide = pub["workload"], pub["kv_cache_manager_73_capacity"], \
+        pub["optimized_baseline_guide"]
+    st = d["setup"]
+    lines = ["", "## llm-d's Qwen3-32B run, reproduced as they ran it", "",
+             f"Their workload and fleet (bench/data/llmd_qwen3_32b_h100.json, copied from "
+             f"both published write-ups, sources there): {w['pods']} x Qwen3-32B TP 2 on H100 "
+             f"({st['kv_tokens']:,} KV tokens per replica, as their run logged; the "
+             "calibrated H100 figures with the TP 2 all-reduce), inference-perf's shared-"
+             f"prefix data: {w['groups']} groups x {w['prompts_per_group']} prompts of "
+             f"{w['system_prompt_len']:,} shared + {w['question_len']:,} own tokens, "
+             f"{w['output_len']:,} output tokens, the 750 prompts shuffled once and sent in "
+             "that order over and over; Poisson stages at their rates and durations (a "
+             f"{w['warmup'][0]} QPS x {w['warmup'][1]} s warm-up, then 3 to 60 QPS), each "
+             "stage, as inference-perf's load generator does, waiting for all its requests "
+             "to finish before the next begins. Arms: round robin, vllm-router's random "
+             "policy (their cache-blind picker was random) and prefixaware (sglang-router's "
+             "cache_aware), all through the real routers on the virtual clock. No L1/L2.", "",
+             "| QPS | ours rr mean / P90 s | ours random mean / P90 s | theirs random mean / "
+             "P90 s | ours prefix-aware mean / P90 s | theirs precise mean / P90 s | their "
+             "guide RR / llm-d P50 s |", "|---|---|---|---|---|---|---|"]
+    cols = kvm["columns"]
+    mi, pi = cols.index("ttft_mean_s"), cols.index("ttft_p90_s")
+    gq = {row[0]: row for row in guide["per_qps"]}
+
+    def cell(arm: str, q: float) -> str:
+        x = d.get(arm, {}).get("stages", {}).get(f"qps-{q:g}")
+        return "-" if not x else f"{x['ttft_mean_s']:.2f} / {x['ttft_p90_s']:.2f}"
+    for q, _ in w["stages"]:
+        rb = kvm["per_qps"][str(q)][kvm["cache_blind"]]
+        ra = kvm["per_qps"][str(q)][kvm["cache_aware"]]
+        g = gq.get(q)
+        lines.append(f"| {q} | {cell('roundrobin', q)} | {cell('random', q)} | "
+                     f"{rb[mi]:.2f} / {rb[pi]:.2f} | {cell('prefixaware', q)} | "
+                     f"{ra[mi]:.2f} / {ra[pi]:.2f} | "
+                     + (f"{g[3]:.1f} / {g[4]:.1f}" if g else "-") + " |")
+    v = llmd_verdict(d)
+    lines += ["", f"Their knee (random, first stage over {LLMD_KNEE_S:g} s mean): "
+              f"{v['their_knee']} QPS; their output throughput, precise / random over every "
+              f"stage: {v['their_ratio']:.2f} (the guide's peak, llm-d / Service: "
+              f"{guide['peak_output_tok_s']['llmd'] / guide['peak_output_tok_s']['rr']:.2f})."]
+    for arm, x in v["arms"].items():
+        worst = max(x["rows"], key=lambda r: max(abs(r["mean"] - 1), abs(r["p90"] - 1)))
+        lines.append(
+            f"- {arm}: knee {x['knee']} QPS ({'within' if x['knee_ok'] else 'NOT within'} one "
+            f"stage); mean and P90 within 2x of theirs at every stage: "
+            f"{'yes' if x['blind_ok'] else 'no'} (furthest at {worst['qps']} QPS: mean "
+            f"{worst['mean']:.2f}x, P90 {worst['p90']:.2f}x); prefix-aware's mean within 2x "
+            f"of precise at every stage: {'yes' if x['aware_ok'] else 'no'}; output "
+            f"throughput ratio {x['ratio']:.2f} against their {v['their_ratio']:.2f} "
+            f"({'within' if x['ratio_ok'] else 'NOT within'} 25%).")
+    for arm in LLMD_ARMS:
+        if arm in d:
+            x = d[arm]
+            lines.append(f"- {arm}: vLLM's waiting queue averaged {x['waiting_mean_per_pod']:.1f} "
+                         f"per pod (peak {x['waiting_max_per_pod']:.0f}), "
+                         f"{x['preemptions']:,} preemptions (theirs: random "
+                         f"{kvm['wait_queue_mean_p90_max']['random'][0]}, precise "
+                         f"{kvm['wait_queue_mean_p90_max']['precise'][0]}).")
     return lines
 
 

@@ -458,7 +458,15 @@ class RealRouter:
                 vw.cache.on_events = fw._kv.publish
             self.workers.append(fw)
         urls = [w.url for w in self.workers]
-        rendered = rendered_router_args(self.strategy, len(urls))
+        # `random`: no HyperPod strategy, the cache-blind picker llm-d's published runs used
+        # (their random-picker; a Kubernetes Service's kube-proxy also picks at random):
+        # vllm-router's random policy with round robin's rendered args otherwise
+        pick_random = name == "random"
+        rendered = rendered_router_args("roundrobin" if pick_random else self.strategy,
+                                        len(urls))
+        if pick_random:
+            i = rendered.index("--policy")
+            rendered = rendered[:i + 1] + ["random"] + rendered[i + 2:]
         kv_map, ep_map = {}, {}
         if kv:
             remote_urls, remote_eps = in_cluster_workers(len(urls))
@@ -468,7 +476,7 @@ class RealRouter:
         port, prom = distinct_ports(2, taken)
         args = localize_router_args(rendered, urls, port, prom, kv_worker_map=kv_map,
                                     kv_endpoint_map=ep_map)
-        self.implementation = implementation(self.strategy)
+        self.implementation = implementation("roundrobin" if pick_random else self.strategy)
         binary, args = router_launch(self.implementation, args)
         self.kv = kv
         log = self._log_path()

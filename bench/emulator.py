@@ -49,6 +49,31 @@ from typing import Any, Callable, Sequence
 GIB = 1024 ** 3
 MEASURED_FILE = Path(__file__).parent / "data" / "h100_vllm_0_24.json"
 
+@dataclass(frozen=True)
+class LMCacheRates:
+    """LMCache's own CPU<->GPU KV copy rates (per GPU) for one release, and where they come
+    from."""
+
+    release: str
+    to_gpu_gbs: float      # retrieve: L1 (pinned CPU memory) -> paged GPU KV
+    to_cpu_gbs: float      # store: paged GPU KV -> L1
+    source: str
+
+
+_SAME_KERNEL = ("LMCache {r}'s VLLMPagedMemGPUConnectorV2.to_gpu/from_gpu make the same "
+                "multi_layer_kv_transfer call 0.5.0 makes (lmcache/v1/gpu_connector, read in both "
+                "releases; the CUDA kernel itself not compared), so 0.5.0's measured rates; "
+                "LMCache publishes no per-release CPU<->GPU figure we found")
+# The release a profile assumes (GpuProfile.lmcache_release) picks its rates.
+LMCACHE_RELEASES = {r.release: r for r in (
+    LMCacheRates("0.5.0", 28.0, 25.0, "measured: LMCache 0.5.0 on vLLM 0.24, one H100 "
+                 "(its retrieve_to_gpu_time: 318 MB in 11.3 ms; store_from_gpu_time: ~25 GB/s; "
+                 "bench/data/h100_vllm_0_24.json)"),
+    LMCacheRates("0.5.4", 28.0, 25.0, _SAME_KERNEL.format(r="0.5.4")),
+    LMCacheRates("0.3.7", 28.0, 25.0, _SAME_KERNEL.format(r="0.3.7")),
+)}
+
+
 SOURCES = (
     "Measured (the calibration): vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B shapes, prefix "
     "caching, chunked prefill 8192, CUDA graphs: cold and prefix-hit TTFT at 2K-64K, decode "
@@ -73,8 +98,9 @@ SOURCES = (
     "server's batch: 8192 tokens / 1024 sequences on an H100, 2048 / 256 on A100 and A10G "
     "(vllm/engine/arg_utils.py, get_batch_defaults).",
     "CPU<->GPU KV: 46 GB/s in vLLM's CPU offload (55 GB/s raw pinned copy), measured on the "
-    "H100; LMCache 0.5.0's own counters there: ~28 GB/s CPU->GPU (retrieve_to_gpu_time), ~25 "
-    "GB/s GPU->CPU (store_from_gpu_time).",
+    "H100; LMCache's, per release (every profile records the one it assumes: 0.5.0): "
+    + "; ".join(f"{r.release}: {r.to_gpu_gbs:g} GB/s CPU->GPU, {r.to_cpu_gbs:g} GPU->CPU, "
+                f"{r.source}" for r in LMCACHE_RELEASES.values()) + ".",
     "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured here, "
     "project FACTS.md) + 1 ms HTTP.",
     "Tensor parallelism: 2 all-reduces per layer (attention and MLP outputs; vLLM's "
@@ -143,8 +169,9 @@ class GpuProfile:
     frontend_fixed_ms: float = 12.2
     frontend_us_per_token: float = 1.09
     connector_us_per_token: float = 0.74
-    cpu_to_gpu_gbs: float = 46.0          # per GPU
+    cpu_to_gpu_gbs: float = 46.0          # per GPU: vLLM's own CPU offload (measured)
     gpu_to_cpu_gbs: float = 25.0          # per GPU
+    lmcache_release: str = "0.5.0"        # the LMCache whose copy rates the tiers use
     network_gbps: float = 50.0            # the instance's NIC
     # Tensor parallelism: every layer all-reduces its attention output and its MLP output
     # across the replica's GPUs (Megatron-style sharding, vLLM's RowParallelLinear), over the
@@ -215,6 +242,15 @@ class GpuProfile:
         compute = linear / self.flops_per_s + attention / self.attention_flops_per_s
         return (max(compute, traffic / self.bytes_per_s) + self.allreduce_seconds(tokens)
                 + self.step_overhead_ms / 1e3)
+
+    @property
+    def lmcache_rates(self) -> LMCacheRates:
+        try:
+            return LMCACHE_RELEASES[self.lmcache_release]
+        except KeyError:
+            raise ValueError(f"{self.name}: no CPU<->GPU rates for LMCache "
+                             f"{self.lmcache_release}; known: {', '.join(LMCACHE_RELEASES)}"
+                             ) from None
 
     def frontend_seconds(self, tokens: int) -> float:
         """What a request waits outside the GPU steps: handling, hashing, first-token path."""

@@ -801,7 +801,7 @@ def break_even() -> list[str]:
     recomputes it. Per token of an 8K prompt, from each profile's model and the measured
     rates (per TP rank, ranks in parallel), beside what k8s renders on that instance type."""
     from bench.emulator import PROFILES
-    from bench.tiers import LMCACHE_CPU_TO_GPU_GBS, measured_rates, redis_rates
+    from bench.tiers import measured_rates, redis_rates
     from k8s.workers import l2_verdict
 
     resp = measured_rates()["clients"].get("resp-native-8t")
@@ -812,14 +812,14 @@ def break_even() -> list[str]:
              "(bench/data/lmcache_rates.json, `python bench/lmcache_rates.py`, loopback, "
              "medians of 3): LMCache's `redis://` client (redis.asyncio, pure-Python parser: "
              "what the images run), and LMCache 0.5.4's C++ `resp://` client:", "",
-             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
-             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read, redis:// | L2 read, resp:// | "
+             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, the profile's LMCache "
+             "release) | L2 read, redis:// | L2 read, resp:// | "
              "L2 rendered by k8s on this instance type, 4 replicas |", "|---|---|---|---|---|---|"]
     for p in PROFILES.values():
         recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
         per_rank = p.model.kv_bytes_per_token / p.gpus
         chunk = 256 * per_rank
-        rates = [(LMCACHE_CPU_TO_GPU_GBS, ""), (redis_rates(chunk)[1], "")]
+        rates = [(p.lmcache_rates.to_gpu_gbs, ""), (redis_rates(chunk)[1], "")]
         if resp:
             rates.append((redis_rates(chunk, "resp-native-8t")[1], ""))
         cells = [f"{per_rank / (r * 1e9) * 1e6:.0f}"

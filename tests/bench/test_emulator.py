@@ -265,3 +265,20 @@ def test_tensor_parallelism_pays_two_all_reduces_per_layer_over_the_interconnect
     assert p5.allreduce_seconds(8192) < p4d.allreduce_seconds(8192)
     # the all-reduce is part of every step: a TP 8 decode step costs it on top of the weights
     assert p5.decode_seconds(2048) > p5.model.weight_bytes / p5.bytes_per_s + 160 * 10e-6
+
+
+def test_lmcache_copy_rates_come_from_the_release_the_profile_assumes():
+    """Every LMCache release a worker image carries has CPU<->GPU rates with a source, and a
+    profile names the release it assumes; an unknown one is an error, not a silent 28 GB/s."""
+    import re
+
+    from bench.emulator import LMCACHE_RELEASES
+    from tests.conftest import ROOT
+
+    carried = re.findall(r"^lmcache==(\S+)", (ROOT / "requirements-lmcache-parsers.txt")
+                         .read_text(), re.M)
+    assert carried and set(carried) <= set(LMCACHE_RELEASES)
+    assert all(r.source for r in LMCACHE_RELEASES.values())
+    assert H100.lmcache_release == "0.5.0" and H100.lmcache_rates.to_gpu_gbs == 28.0
+    with pytest.raises(ValueError, match="no CPU<->GPU rates for LMCache 9.9"):
+        _ = replace(H100, lmcache_release="9.9").lmcache_rates

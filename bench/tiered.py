@@ -24,6 +24,7 @@ The tier configurations are what `k8s/workers.py` renders for the seed endpoint
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -349,7 +350,8 @@ def llmd_gpu() -> GpuProfile:
     return replace(h, name="h100x2-qwen3-32b", gpus=2, model=QWEN3_32B, network_gbps=3200)
 
 
-def llmd_prompts(seed: int) -> list[tuple[str, str, str]]:
+@functools.lru_cache(maxsize=2)
+def llmd_prompts(seed: int) -> tuple[tuple[str, str, str], ...]:
     """inference-perf's shared_prefix data set (`SharedPrefixDataGenerator`): per group a
     system prompt, per prompt of the group a question; the 750 prompts shuffled once and then
     sent in that order, over and over (`data_index % len(prompts)`). (session, system, question)
@@ -363,7 +365,7 @@ def llmd_prompts(seed: int) -> list[tuple[str, str, str]]:
                             f"Question {g}-{k}: " + words(f"{seed}-llmd-q-{g}-{k}",
                                                           w["question_len"])))
     random.Random(f"{seed}/llmd/shuffle").shuffle(prompts)
-    return prompts
+    return tuple(prompts)
 
 
 def llmd_stages(quick: bool) -> list[tuple[str, float, float]]:

@@ -297,6 +297,10 @@ class GpuProfile:
             "decode_ms_per_token": round(self.decode_seconds(2048) * 1e3, 2),
             "decode_ms_per_token_batch_32": round(self.decode_seconds(2048, 32) * 1e3, 2),
             "render_ms_8k": round(self.render_seconds(8192) * 1e3, 2),
+            "allreduce_ms_8k": round(self.allreduce_seconds(self.max_num_batched_tokens) * 1e3, 2),
+            "allreduce_ms_decode": round(self.allreduce_seconds(1) * 1e3, 2),
+            "interconnect": self.interconnect if self.gpus > 1 else "one GPU",
+            "lmcache": f"{self.lmcache_release} ({self.lmcache_rates.to_gpu_gbs:g})",
         }
 
     # -- profile files (written by `python -m tools calibrate`, read by --profile-file)

@@ -378,7 +378,8 @@ def render_doc(doc: Path, out: Path) -> None:
         "", "## Emulator profiles", "",
         "| profile | replica | model | KV bytes/token | KV tokens per replica | prefill tok/s "
         "(2K) | TTFT 2K / 8K / 64K s (alone, no cache) | the same, all but 256 tokens cached | "
-        "decode ms/token (1 / 32 seqs) | render 8K ms |", "|" + "---|" * 10]
+        "decode ms/token (1 / 32 seqs) | render 8K ms | TP all-reduces of a full prefill step (max batched tokens) / a decode "
+        "step ms (interconnect) | LMCache release (CPU->GPU GB/s per GPU) |", "|" + "---|" * 12]
     for p in prof:
         text.append(f"| {p['profile']} | {p['replica']} | {p['model']} | "
                     f"{p['kv_bytes_per_token']:,} | {p['kv_tokens']:,} | "
@@ -386,7 +387,8 @@ def render_doc(doc: Path, out: Path) -> None:
                     f"{p['ttft_s']['8k']} / {p['ttft_s']['64k']} | {p['hit_ttft_s']['2k']} / "
                     f"{p['hit_ttft_s']['8k']} / {p['hit_ttft_s']['64k']} | "
                     f"{p['decode_ms_per_token']} / {p['decode_ms_per_token_batch_32']} | "
-                    f"{p['render_ms_8k']} |")
+                    f"{p['render_ms_8k']} | {p['allreduce_ms_8k']} / {p['allreduce_ms_decode']} "
+                    f"({p['interconnect']}) | {p['lmcache']} |")
     text += ["", "Sources of the profile figures:", ""] + [f"- {s}" for s in SOURCES]
     text += held_against_hardware(out)
     text += ["", "## Every strategy (ratios against round robin at the same workers)"]

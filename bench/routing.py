@@ -378,8 +378,9 @@ def render_doc(doc: Path, out: Path) -> None:
         "", "## Emulator profiles", "",
         "| profile | replica | model | KV bytes/token | KV tokens per replica | prefill tok/s "
         "(2K) | TTFT 2K / 8K / 64K s (alone, no cache) | the same, all but 256 tokens cached | "
-        "decode ms/token (1 / 32 seqs) | render 8K ms | TP all-reduces of a full prefill step (max batched tokens) / a decode "
-        "step ms (interconnect) | LMCache release (CPU->GPU GB/s per GPU) |", "|" + "---|" * 12]
+        "decode ms/token (1 / 32 seqs) | render 8K ms | TP all-reduces of a full prefill step "
+        "(max batched tokens) / a decode step ms (interconnect) | LMCache release (CPU->GPU "
+        "GB/s per GPU) |", "|" + "---|" * 12]
     for p in prof:
         text.append(f"| {p['profile']} | {p['replica']} | {p['model']} | "
                     f"{p['kv_bytes_per_token']:,} | {p['kv_tokens']:,} | "

@@ -88,7 +88,8 @@ def tried(what: str, fn: Any, tries: int = TRIES) -> Any:
         except (OSError, RuntimeError, ValueError, KeyError, IndexError,
                 http.client.HTTPException) as exc:
             last = exc
-    raise ProbeError(f"{what} failed {tries} times: {str(last).splitlines()[0][:200] if last else ''}")
+    first = str(last).splitlines()[0][:200] if last and str(last) else type(last).__name__
+    raise ProbeError(f"{what} failed {tries} times: {first}")
 
 
 class HttpProbe:

@@ -985,7 +985,8 @@ def render_llmd(d: dict) -> list[str]:
         if arm in d:
             x = d[arm]
             lines.append(f"- {arm}: vLLM's waiting queue averaged "
-                         f"{x['waiting_mean_per_pod']:.1f} per pod (peak {x['waiting_max_per_pod']:.0f}), "
+                         f"{x['waiting_mean_per_pod']:.1f} per pod (peak "
+                         f"{x['waiting_max_per_pod']:.0f}), "
                          f"{x['preemptions']:,} preemptions (theirs: random "
                          f"{kvm['wait_queue_mean_p90_max']['random'][0]}, precise "
                          f"{kvm['wait_queue_mean_p90_max']['precise'][0]}).")

@@ -49,6 +49,31 @@ from typing import Any, Callable, Sequence
 GIB = 1024 ** 3
 MEASURED_FILE = Path(__file__).parent / "data" / "h100_vllm_0_24.json"
 
+@dataclass(frozen=True)
+class LMCacheRates:
+    """LMCache's own CPU<->GPU KV copy rates (per GPU) for one release, and where they come
+    from."""
+
+    release: str
+    to_gpu_gbs: float      # retrieve: L1 (pinned CPU memory) -> paged GPU KV
+    to_cpu_gbs: float      # store: paged GPU KV -> L1
+    source: str
+
+
+_SAME_KERNEL = ("LMCache {r}'s VLLMPagedMemGPUConnectorV2.to_gpu/from_gpu make the same "
+                "multi_layer_kv_transfer call 0.5.0 makes (lmcache/v1/gpu_connector, read in both "
+                "releases; the CUDA kernel itself not compared), so 0.5.0's measured rates; "
+                "LMCache publishes no per-release CPU<->GPU figure we found")
+# The release a profile assumes (GpuProfile.lmcache_release) picks its rates.
+LMCACHE_RELEASES = {r.release: r for r in (
+    LMCacheRates("0.5.0", 28.0, 25.0, "measured: LMCache 0.5.0 on vLLM 0.24, one H100 "
+                 "(its retrieve_to_gpu_time: 318 MB in 11.3 ms; store_from_gpu_time: ~25 GB/s; "
+                 "bench/data/h100_vllm_0_24.json)"),
+    LMCacheRates("0.5.4", 28.0, 25.0, _SAME_KERNEL.format(r="0.5.4")),
+    LMCacheRates("0.3.7", 28.0, 25.0, _SAME_KERNEL.format(r="0.3.7")),
+)}
+
+
 SOURCES = (
     "Measured (the calibration): vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B shapes, prefix "
     "caching, chunked prefill 8192, CUDA graphs: cold and prefix-hit TTFT at 2K-64K, decode "
@@ -73,10 +98,19 @@ SOURCES = (
     "server's batch: 8192 tokens / 1024 sequences on an H100, 2048 / 256 on A100 and A10G "
     "(vllm/engine/arg_utils.py, get_batch_defaults).",
     "CPU<->GPU KV: 46 GB/s in vLLM's CPU offload (55 GB/s raw pinned copy), measured on the "
-    "H100; LMCache 0.5.0's own counters there: ~28 GB/s CPU->GPU (retrieve_to_gpu_time), ~25 "
-    "GB/s GPU->CPU (store_from_gpu_time).",
+    "H100; LMCache's, per release (every profile records the one it assumes: 0.5.0): "
+    + "; ".join(f"{r.release}: {r.to_gpu_gbs:g} GB/s CPU->GPU, {r.to_cpu_gbs:g} GPU->CPU, "
+                f"{r.source}" for r in LMCACHE_RELEASES.values()) + ".",
     "Render/tokenize: ~1.5 us per token for a byte-level BPE on one core (measured on one "
     "core of a 2-core machine) + 1 ms HTTP.",
+    "Tensor parallelism: 2 all-reduces per layer (attention and MLP outputs; vLLM's "
+    "RowParallelLinear), not overlapped with compute, each a latency plus a ring's 2(n-1)/n "
+    "of the step's activations at 0.8 of the link: NVLink 4 (H100 SXM, p5) 900 GB/s "
+    "bidirectional per GPU, so 450 GB/s per direction (NVIDIA H100 datasheet); NVLink 3 "
+    "(A100, p4d) 600 GB/s, 300 per direction (NVIDIA A100 datasheet); PCIe Gen4 x16 (g5's "
+    "A10Gs have no NVLink) 32 GB/s per direction (PCI-SIG). Latency 10 us on NVLink (vLLM's "
+    "custom all-reduce: 10 us for 32 tokens x 8192 hidden on 2 x H100, vllm-project/vllm "
+    "PR 22086), 30 us over PCIe (assumed, not measured). The 0.8 efficiency is assumed.",
 )
 
 
@@ -135,9 +169,19 @@ class GpuProfile:
     frontend_fixed_ms: float = 12.2
     frontend_us_per_token: float = 1.09
     connector_us_per_token: float = 0.74
-    cpu_to_gpu_gbs: float = 46.0          # per GPU
+    cpu_to_gpu_gbs: float = 46.0          # per GPU: vLLM's own CPU offload (measured)
     gpu_to_cpu_gbs: float = 25.0          # per GPU
+    lmcache_release: str = "0.5.0"        # the LMCache whose copy rates the tiers use
     network_gbps: float = 50.0            # the instance's NIC
+    # Tensor parallelism: every layer all-reduces its attention output and its MLP output
+    # across the replica's GPUs (Megatron-style sharding, vLLM's RowParallelLinear), over the
+    # instance's GPU interconnect, not overlapped with compute. Per all-reduce: a latency plus
+    # a ring's 2 (n-1)/n x the activations (tokens of the step x d_model x 2 bytes) at the
+    # link's per-direction bandwidth x `allreduce_efficiency`. Sources: SOURCES.
+    interconnect: str = "NVLink 4"
+    link_gbs: float = 450.0               # per GPU, per direction
+    allreduce_latency_us: float = 10.0
+    allreduce_efficiency: float = 0.8
     render_fixed_ms: float = 1.0
     render_us_per_token: float = 1.5
 
@@ -171,18 +215,42 @@ class GpuProfile:
         m = self.model
         return 2 * m.layers * (m.q_dim or m.d_model) * ((context + n) ** 2 - context ** 2)
 
+    def allreduce_seconds(self, tokens: int) -> float:
+        """The step's tensor-parallel all-reduces: 2 per layer (attention, MLP) over the
+        step's `tokens` activations; none on one GPU."""
+        n = self.gpus
+        if n <= 1 or tokens <= 0:
+            return 0.0
+        m = self.model
+        size = tokens * m.d_model * m.dtype_bytes
+        one = self.allreduce_latency_us / 1e6 + 2 * (n - 1) / n * size / (
+            self.link_gbs * 1e9 * self.allreduce_efficiency)
+        return 2 * m.layers * one
+
     def step_seconds(self, decode_contexts: Sequence[int],
                      chunks: Sequence[tuple[int, int]]) -> float:
         """One engine step: a token for each decoding sequence (its context length given) and
-        prefill chunks (context before, tokens)."""
+        prefill chunks (context before, tokens); compute or memory, whichever is longer, then
+        the tensor-parallel all-reduces."""
         m = self.model
-        linear = 2 * m.params_b * 1e9 * (sum(n for _, n in chunks) + len(decode_contexts))
+        tokens = sum(n for _, n in chunks) + len(decode_contexts)
+        linear = 2 * m.params_b * 1e9 * tokens
         attention = sum(self.attention_flops(c, n) for c, n in chunks) + \
             sum(4 * m.layers * (m.q_dim or m.d_model) * c for c in decode_contexts)
         kv_read = sum(decode_contexts) + sum(c + n for c, n in chunks)
         traffic = m.weight_bytes + m.kv_bytes_per_token * kv_read
         compute = linear / self.flops_per_s + attention / self.attention_flops_per_s
-        return max(compute, traffic / self.bytes_per_s) + self.step_overhead_ms / 1e3
+        return (max(compute, traffic / self.bytes_per_s) + self.allreduce_seconds(tokens)
+                + self.step_overhead_ms / 1e3)
+
+    @property
+    def lmcache_rates(self) -> LMCacheRates:
+        try:
+            return LMCACHE_RELEASES[self.lmcache_release]
+        except KeyError:
+            raise ValueError(f"{self.name}: no CPU<->GPU rates for LMCache "
+                             f"{self.lmcache_release}; known: {', '.join(LMCACHE_RELEASES)}"
+                             ) from None
 
     def frontend_seconds(self, tokens: int) -> float:
         """What a request waits outside the GPU steps: handling, hashing, first-token path."""
@@ -229,6 +297,10 @@ class GpuProfile:
             "decode_ms_per_token": round(self.decode_seconds(2048) * 1e3, 2),
             "decode_ms_per_token_batch_32": round(self.decode_seconds(2048, 32) * 1e3, 2),
             "render_ms_8k": round(self.render_seconds(8192) * 1e3, 2),
+            "allreduce_ms_8k": round(self.allreduce_seconds(self.max_num_batched_tokens) * 1e3, 2),
+            "allreduce_ms_decode": round(self.allreduce_seconds(1) * 1e3, 2),
+            "interconnect": self.interconnect if self.gpus > 1 else "one GPU",
+            "lmcache": f"{self.lmcache_release} ({self.lmcache_rates.to_gpu_gbs:g})",
         }
 
     # -- profile files (written by `python -m tools calibrate`, read by --profile-file)
@@ -268,18 +340,41 @@ H100 = dict(gpu="H100-SXM", gpu_memory_gib=79.2, tflops=989, bandwidth_gbs=3350,
             attention_efficiency=0.57, bandwidth_efficiency=0.75, max_num_batched_tokens=8192,
             max_num_seqs=1024)
 SMALL_BATCH = dict(max_num_batched_tokens=2048, max_num_seqs=256)
+# GPU interconnects (SOURCES): per GPU, per direction
+NVLINK3 = dict(interconnect="NVLink 3", link_gbs=300.0, allreduce_latency_us=10.0)
+PCIE4 = dict(interconnect="PCIe Gen4 x16", link_gbs=32.0, allreduce_latency_us=30.0)
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("g5.24xlarge", "g5.24xlarge", "A10G", 4, 22.49, 70, 600, LLAMA_31_8B,
                mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
-               **SMALL_BATCH),
+               **PCIE4, **SMALL_BATCH),
     GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40.0, 312, 1555, LLAMA_31_70B,
                mfu=0.78, attention_efficiency=0.57, bandwidth_efficiency=0.75,
-               network_gbps=400, **SMALL_BATCH),
+               network_gbps=400, **NVLINK3, **SMALL_BATCH),
     GpuProfile("p5.48xlarge", "p5.48xlarge", gpus=8, model=LLAMA_31_70B, network_gbps=3200,
                **H100),
     # The measured card itself: one H100 serving Llama-3.1-8B (the calibration's setup).
     GpuProfile("h100-8b", "p5.48xlarge", gpus=1, model=LLAMA_31_8B, network_gbps=400, **H100),
 )}
+
+
+def profile_file_option(p: Any) -> None:
+    """`--profile-file` on a benchmark's argument parser (bench.routing, bench.tiered)."""
+    from pathlib import Path as _Path
+
+    p.add_argument("--profile-file", type=_Path, help="emulate this profile (written by "
+                   "`python -m tools calibrate`) instead of the built-in one")
+
+
+def load_profile_option(p: Any, args: Any) -> str | None:
+    """The profile `--profile-file` names, loaded and registered (its name), or None; a file
+    that is not a profile is the parser's one-line error."""
+    if not getattr(args, "profile_file", None):
+        return None
+    try:
+        return load_profile_file(args.profile_file).name
+    except ValueError as exc:
+        p.error(str(exc))
+        return None
 
 
 def profile(name: str) -> GpuProfile:
@@ -297,78 +392,197 @@ def measured() -> dict:
 # --------------------------------------------------------------------------- engine
 
 
+class KvBlocks:
+    """The blocks one running request holds (`KvCache`): per block the hash it is cached under,
+    or None for a block no hash names (a partly filled tail, or a duplicate of a block another
+    request cached first). `committed`: blocks already offered to the cache."""
+
+    __slots__ = ("blocks", "committed")
+
+    def __init__(self) -> None:
+        self.blocks: list[int | None] = []
+        self.committed = 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
 class Sequence_:
     """One request in the engine: prefill from `cached` to `prompt`, then `max_tokens` steps.
 
     `lookup()`, if given, is asked for the cached prefix when the sequence is first scheduled
     (as vLLM's scheduler does, so a request queued behind another with the same prefix finds
-    what that one computed); `on_progress(done)` hears of every prefill chunk (the worker
-    caches the computed blocks at once, as vLLM does). `ready_at`: not scheduled before that
-    clock reading (its front-end time)."""
+    what that one computed); `on_progress(done)` hears of every prefill chunk. `ready_at`: not
+    scheduled before that clock reading (its front-end time).
+
+    With a KV cache (`plan_step`'s `kv`): `ids` and `hashes` (its prompt's token ids and block
+    hashes), `held` (the blocks it holds while running). A preempted sequence starts again
+    from its prefix hit: `target` (the tokens to prefill) becomes prompt + tokens produced,
+    `decoded` (tokens since its last prefill) 0."""
 
     __slots__ = ("prompt", "done", "max_tokens", "produced", "times", "lookup", "on_progress",
-                 "ready_at", "extra_s")
+                 "ready_at", "extra_s", "target", "decoded", "order", "preempted", "held",
+                 "ids", "hashes")
 
     def __init__(self, prompt: int, cached: int, max_tokens: int,
                  lookup: Callable[[], int] | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  ready_at: float = 0.0) -> None:
         self.prompt, self.done, self.max_tokens = prompt, min(cached, prompt - 1), max_tokens
+        self.target = prompt
         self.produced = 0
+        self.decoded = 0
         self.times: list[float] = []   # clock reading of each token
         self.lookup, self.on_progress = lookup, on_progress
         self.ready_at = ready_at
         self.extra_s = 0.0             # engine time its first step adds (KV loads)
+        self.order: int | None = None  # admission order while running (None: waiting)
+        self.preempted = 0             # > 0: preempted (the latest gets the highest)
+        self.held: Any = None
+        self.ids: Sequence[int] = ()
+        self.hashes: Sequence[int] = ()
 
     @property
     def context(self) -> int:
-        return self.done + self.produced
+        """Tokens whose KV the next decode step reads and writes (its new token included)."""
+        return self.done + self.decoded
+
+    @property
+    def running(self) -> bool:
+        return self.order is not None
+
+
+_ADMITTED = [0]
 
 
 def plan_step(queue: Sequence[Sequence_], gpu: GpuProfile, now: float,
-              planned_at: float | None = None
+              planned_at: float | None = None, kv: Any = None,
+              preempted: list | None = None
               ) -> tuple[list[Sequence_], list[tuple[Sequence_, int]]]:
-    """vLLM's next step over `queue` (arrival order): the decoding sequences first, then
-    prefill chunks within the token budget; a sequence's `lookup` runs when it is first
-    scheduled. `planned_at`: when the scheduler planned the step (with async scheduling, when
-    the step before it started); only sequences ready by then are in it, unless none is and
-    one is ready now (an idle scheduler plans at once)."""
-    if planned_at is not None and gpu.async_scheduling and planned_at < now:
-        plan = plan_step(queue, gpu, planned_at)
-        if plan[0] or plan[1]:
-            return plan
-    running = [s for s in queue if s.ready_at <= now][:gpu.max_num_seqs]
-    decode = [s for s in running if s.done >= s.prompt and s.produced < s.max_tokens]
-    budget = gpu.max_num_batched_tokens - len(decode)
-    chunks = []
-    for s in running:
-        if budget <= 0:
+    """vLLM 0.24's next step over `queue` (`vllm/v1/core/sched/scheduler.py` schedule()).
+
+    Running sequences first, in the order they were admitted: each its next token, or its
+    next prefill chunk within the token budget (`max_num_batched_tokens`). Then, if no
+    running sequence was preempted in this step, waiting ones (preempted ones first, the
+    latest preempted first, then in arrival order) while budget and `max_num_seqs` allow: a
+    sequence's `lookup` runs when it is first scheduled.
+
+    With `kv` (a `fake_worker.KvCache`), as vLLM's KV cache manager does it: a waiting
+    sequence is admitted only if the blocks its whole prompt still needs (after its prefix
+    hit) are free, else it and every one behind it waits (first come, first served); a
+    running sequence that cannot get a block for its next tokens preempts the last admitted
+    running sequence (its blocks freed, to be recomputed later), and so on until it fits or
+    is itself the one preempted. Preempted sequences are appended to `preempted`.
+
+    `planned_at`: when the scheduler planned the step (with async scheduling, when the step
+    before it started); only sequences ready by then are in it, unless none is and one is
+    ready now (an idle scheduler plans at once)."""
+    at = now
+    if planned_at is not None and gpu.async_scheduling and planned_at < now and any(
+            s.order is not None or s.ready_at <= planned_at for s in queue):
+        at = planned_at
+    running = sorted((s for s in queue if s.order is not None), key=lambda s: s.order)
+    budget = gpu.max_num_batched_tokens
+    decode: list[Sequence_] = []
+    chunks: list[tuple[Sequence_, int]] = []
+    was_preempted = False
+    i = 0
+    while i < len(running) and budget > 0:
+        s = running[i]
+        if s.done < s.target:
+            n = min(s.target - s.done, budget)
+            tokens = s.done + n
+        elif s.produced < s.max_tokens:
+            n, tokens = 1, s.context
+        else:
+            i += 1
+            continue
+        if kv is not None and not kv.grow(s.held, tokens):
+            while True:   # preempt the last admitted until it fits, or `s` itself
+                victim = running.pop()
+                _preempt(victim, kv)
+                was_preempted = True
+                if preempted is not None:
+                    preempted.append(victim)
+                if victim is s or kv.grow(s.held, tokens):
+                    break
+            if victim is s:
+                break
+        if n == 1 and s.done >= s.target:
+            decode.append(s)
+        else:
+            chunks.append((s, n))
+            if kv is not None and s.hashes:
+                kv.commit(s.held, s.hashes, s.ids, tokens // kv.block_size)
+        budget -= n
+        i += 1
+    if was_preempted:
+        return decode, chunks
+    waiting = [s for s in queue if s.order is None and s.ready_at <= at]
+    waiting.sort(key=lambda s: -s.preempted)   # stable: arrival order among the rest
+    for s in waiting:
+        if budget <= 0 or len(running) >= gpu.max_num_seqs:
             break
+        hit = 0
+        if kv is not None:
+            bs = kv.block_size
+            hit = kv.match(s.hashes[:(s.target - 1) // bs])
+            if -(-s.target // bs) - hit + sum(1 for h in s.hashes[:hit] if kv.ref[h] == 0) \
+                    > kv.free_blocks():
+                break      # it waits, and everyone behind it
         if s.lookup is not None:  # first scheduled: what is cached now
             got = s.lookup()
             if got is None:       # an asynchronous lookup still running: not yet
                 continue
-            s.done = max(s.done, min(got, s.prompt - 1))
+            s.done = max(s.done, min(got, s.target - 1))
             s.lookup = None
-        if s.done < s.prompt:
-            n = min(budget, s.prompt - s.done)
-            chunks.append((s, n))
-            budget -= n
+        elif kv is not None:
+            s.done = max(s.done, min(hit * kv.block_size, s.target - 1))
+        n = min(budget, s.target - s.done)
+        if kv is not None:
+            s.held = KvBlocks()
+            hit = min(hit, s.done // kv.block_size)
+            if not kv.admit(s.held, s.hashes, hit, s.target, s.done + n):
+                s.held = None
+                break
+            kv.commit(s.held, s.hashes, s.ids, (s.done + n) // kv.block_size)
+        _ADMITTED[0] += 1
+        s.order = _ADMITTED[0]
+        running.append(s)
+        chunks.append((s, n))
+        budget -= n
     return decode, chunks
 
 
+def _preempt(s: Sequence_, kv: Any) -> None:
+    """vLLM's recompute preemption: the blocks go back (its cached ones stay evictable), the
+    sequence waits at the head of the queue and prefills again what it had, outputs
+    included."""
+    kv.release(s.held)
+    kv.preemptions += 1
+    s.held = None
+    s.order = None
+    _ADMITTED[0] += 1
+    s.preempted = _ADMITTED[0]
+    s.target = s.prompt + s.produced
+    s.done = 0
+    s.decoded = 0
+
+
 def apply_step(decode: list[Sequence_], chunks: list[tuple[Sequence_, int]], now: float) -> None:
-    """The tokens a finished step hands out: one per decoding sequence, and the first token
-    of every sequence whose prefill it completed."""
+    """The tokens a finished step hands out: one per decoding sequence, and the next token of
+    every sequence whose prefill it completed."""
     for s in decode:
         s.produced += 1
+        s.decoded += 1
         s.times.append(now)
     for s, n in chunks:
         s.done += n
         if s.on_progress is not None:
             s.on_progress(s.done)
-        if s.done >= s.prompt:  # the prefill's last step samples the first token
+        if s.done >= s.target:  # the prefill's last step samples a token
             s.produced += 1
+            s.decoded = 1
             s.times.append(now)
 
 

@@ -59,9 +59,12 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Sequence
 
+from bench.emulator import KvBlocks
+
 __all__ = [
     "FakeWorker",
     "PrefixCache",
+    "KvCache",
     "WORD_VOCAB_SIZE",
     "SPECIAL_TOKENS",
     "word_token",
@@ -299,6 +302,199 @@ class PrefixCache:
     def usage(self) -> float:
         """Fraction of the capacity in use (what vLLM reports as kv_cache_usage_perc)."""
         return len(self._blocks) / self.capacity_blocks
+
+
+class KvCache(PrefixCache):
+    """vLLM 0.24's KV block pool with prefix caching, as its scheduler sees it
+    (`vllm/v1/core/block_pool.py`, `kv_cache_manager.py`, `single_type_kv_cache_manager.py`):
+
+    - `capacity_blocks` blocks of `block_size` tokens. A block a running request holds has a
+      reference count; a cached block (a full block, named by its chained hash) shared by N
+      running requests is one block with count N. Blocks whose count is 0 stay cached and are
+      evictable, least recently freed first; blocks no request holds and no hash names are
+      empty and are handed out before any cached block is evicted.
+    - Free blocks = empty + evictable (`get_num_free_blocks`); usage = 1 - free / capacity
+      (what `vllm:kv_cache_usage_perc` reports).
+    - A request's blocks are cached as they are scheduled (`cache_blocks` runs inside
+      `allocate_slots`), so a request scheduled in the next step hits them; a block whose hash
+      is already cached stays the request's own (vLLM keeps a second copy too). A request's
+      blocks are freed last block first, so its tail is evicted before its prefix.
+
+    `lookup` and `insert` keep `PrefixCache`'s meaning (the cached prefix; a finished
+    sequence's blocks cached, evictable), so the fake worker, the router's KV events and
+    LMCache's tiers see the same cache."""
+
+    def __init__(self, block_size: int = 16, capacity_blocks: int = 8192) -> None:
+        super().__init__(block_size, capacity_blocks)
+        self.ref: dict[int, int] = {}      # cached block -> running requests holding it
+        self.lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+        self.private = 0                    # held blocks no hash names
+        self.preemptions = 0
+
+    # -- what vLLM's scheduler asks
+
+    @property
+    def used(self) -> int:
+        return len(self.ref) - len(self.lru) + self.private
+
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self.used
+
+    def usage(self) -> float:
+        return self.used / self.capacity_blocks
+
+    def __len__(self) -> int:
+        return len(self.ref)
+
+    def match(self, hashes: Sequence[int]) -> int:
+        """How many of `hashes`, from the first, are cached (no LRU touch: vLLM's
+        find_longest_cache_hit)."""
+        n = 0
+        for h in hashes:
+            if h not in self.ref:
+                break
+            n += 1
+        return n
+
+    def lookup(self, ids: Sequence[int]) -> int:
+        bs = self.block_size
+        return self.match(self.block_hashes(ids, max(0, len(ids) - 1))) * bs
+
+    def _take(self, n: int, events: list) -> None:
+        """Hand out `n` blocks (the caller checked they are free): empty ones first, then the
+        least recently freed cached ones, whose hashes are forgotten."""
+        empty = self.capacity_blocks - len(self.ref) - self.private
+        evicted = []
+        for _ in range(max(0, n - empty)):
+            h, _ = self.lru.popitem(last=False)
+            del self.ref[h]
+            evicted.append(h)
+        self.private += n
+        if evicted and self.on_events is not None:
+            events.append({"type": "BlockRemoved", "medium": "GPU",
+                           "block_hashes": [_wire_hash(h) for h in evicted]})
+
+    def admit(self, held: KvBlocks, hashes: Sequence[int], hit_blocks: int, total: int,
+              upto: int) -> bool:
+        """A waiting request: its first `hit_blocks` blocks hit the cache; admitted only if
+        the blocks its whole sequence of `total` tokens still needs are free (vLLM 0.24's
+        `scheduler_reserve_full_isl`, on by default; cached hits with no holder count, as
+        taking them off the free list), then given the blocks up to token `upto`."""
+        bs = self.block_size
+        hits = hashes[:hit_blocks]
+        evictable = sum(1 for h in hits if self.ref[h] == 0)
+        if -(-total // bs) - hit_blocks + evictable > self.free_blocks():
+            return False
+        with self._lock:
+            events: list = []
+            for h in hits:
+                if self.ref[h] == 0:
+                    del self.lru[h]
+                self.ref[h] += 1
+            held.blocks.extend(hits)
+            held.committed = hit_blocks
+            need = -(-upto // bs) - hit_blocks
+            if need > 0:
+                self._take(need, events)
+                held.blocks.extend([None] * need)
+            self._emit(events)
+        return True
+
+    def grow(self, held: KvBlocks, tokens: int) -> bool:
+        """Slots for `tokens` tokens of a running request; False when the blocks are not
+        free (the scheduler then preempts)."""
+        need = -(-tokens // self.block_size) - len(held.blocks)
+        if need <= 0:
+            return True
+        if need > self.free_blocks():
+            return False
+        with self._lock:
+            events: list = []
+            self._take(need, events)
+            held.blocks.extend([None] * need)
+            self._emit(events)
+        return True
+
+    def commit(self, held: KvBlocks, hashes: Sequence[int], ids: Sequence[int],
+               blocks: int) -> None:
+        """Cache the request's full blocks up to `blocks` (of `hashes`, the chained hashes of
+        `ids`)."""
+        end = min(blocks, len(hashes), len(held.blocks))
+        if end <= held.committed:
+            return
+        with self._lock:
+            new = []
+            for i in range(held.committed, end):
+                h = hashes[i]
+                if held.blocks[i] is None and h not in self.ref:
+                    self.ref[h] = 1
+                    self.private -= 1
+                    held.blocks[i] = h
+                    new.append(i)
+            held.committed = end
+            if new and self.on_events is not None:
+                self._emit(self._stored(new, hashes, ids))
+
+    def release(self, held: KvBlocks) -> None:
+        """A finished or preempted request's blocks: its cached ones become evictable (its
+        last block first), the rest empty."""
+        with self._lock:
+            for h in reversed(held.blocks):
+                if h is None:
+                    self.private -= 1
+                else:
+                    self.ref[h] -= 1
+                    if self.ref[h] == 0:
+                        self.lru[h] = None
+            held.blocks = []
+            held.committed = 0
+
+    # -- PrefixCache's interface
+
+    def insert(self, ids: Sequence[int]) -> None:
+        """A finished sequence's full blocks, cached and evictable: those already cached are
+        touched, the others take a free block (evicting the least recent) while one is."""
+        hashes = self.block_hashes(ids)
+        with self._lock:
+            events: list = []
+            new = []
+            for i, h in enumerate(hashes):
+                if h in self.ref:
+                    if self.ref[h] == 0:
+                        self.lru.move_to_end(h)
+                    continue
+                if self.free_blocks() < 1:
+                    break
+                self._take(1, events)
+                self.private -= 1
+                self.ref[h] = 0
+                self.lru[h] = None
+                new.append(i)
+            if self.on_events is not None:
+                events[:0] = self._stored(new, hashes, ids) if new else []
+                self._emit(events)
+
+    def clear(self) -> None:
+        with self._lock:
+            if self.used:
+                raise RuntimeError("KvCache.clear with requests still holding blocks")
+            self.ref.clear()
+            self.lru.clear()
+            if self.on_events is not None:
+                self.on_events([{"type": "AllBlocksCleared"}])
+
+    def _stored(self, new: list[int], hashes: Sequence[int], ids: Sequence[int]) -> list:
+        bs = self.block_size
+        return [{"type": "BlockStored",
+                 "block_hashes": [_wire_hash(hashes[i]) for i in run],
+                 "parent_block_hash": _wire_hash(hashes[run[0] - 1]) if run[0] else None,
+                 "token_ids": list(ids[run[0] * bs:(run[-1] + 1) * bs]),
+                 "block_size": bs, "lora_id": None, "medium": "GPU", "lora_name": None}
+                for run in _runs(new)]
+
+    def _emit(self, events: list) -> None:
+        if events and self.on_events is not None:
+            self.on_events(events)
 
 
 def _runs(indexes: Sequence[int]) -> list[list[int]]:
@@ -908,12 +1104,16 @@ class FakeWorker:
 
     def metrics_text(self) -> str:
         labels = f'engine="0",model_name="{_label_value(self.model)}"'
+        # on the virtual clock the emulated engine knows what runs and what waits (its KV
+        # admission); this server only holds the requests open
+        running, waiting = (self.virtual.gauges(self) if self.virtual is not None
+                            else (self._running, self._waiting))
         with self._lock:
             gauges = [
                 ("vllm:num_requests_running", "Number of requests in model execution batches.",
-                 self._running),
+                 running),
                 ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                 self._waiting),
+                 waiting),
                 ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                  self.cache.usage()),
             ]
@@ -998,7 +1198,7 @@ class FakeWorker:
             words = [generate_words(ids, max_tokens) for ids in prompts]
             token_at = self._timeline(req, max_tokens)
             token_at(0)
-            for ids in prompts:
+            for ids in prompts if self.virtual is None else ():
                 self.cache.insert(ids)
             if req.stream:
                 self._stream(handler, req, words, token_at)
@@ -1063,7 +1263,7 @@ class FakeWorker:
         req.finished = True
         e2e = time.perf_counter() - req.t0
         for ids, out in zip(req.prompts, req.outputs):
-            if out:
+            if out and self.virtual is None:   # on the virtual clock the simulation caches
                 self.cache.insert(list(ids) + [word_token(x) for x in out])
         with self._lock:
             self._running -= 1

@@ -23,6 +23,7 @@ from typing import Any
 from bench.loopback_bench import STRATEGIES, open_loop, run_strategies
 from bench.report import _fmt_span, _num, ratio_span, span, verdict
 from bench.benchmark import BenchConfig
+from bench.emulator import load_profile_option, profile_file_option
 
 # Every HyperPod strategy on the router the chart gives it, and vllm-router's cache_aware.
 VLLM_CACHE_AWARE = "prefixaware@vllm"
@@ -49,26 +50,13 @@ HYPERPOD = {"8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
 
 def use_profile_file(path: Path) -> str:
     """Emulate the GPU of a profile written by `python -m tools calibrate` (here and in the
-    tiered benchmarks)."""
+    tiered benchmarks this module renders)."""
     from bench import tiered
     from bench.emulator import load_profile_file
 
     global PROFILE
     PROFILE = tiered.PROFILE = load_profile_file(path).name
     return PROFILE
-
-
-def profile_file_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile-file", type=Path, help="emulate this profile (written by "
-                   "`python -m tools calibrate`) instead of the built-in one")
-
-
-def apply_profile_file(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.profile_file:
-        try:
-            use_profile_file(a.profile_file)
-        except ValueError as exc:
-            p.error(str(exc))
 
 
 def config(ctx: int, workers: int, repeats: int, seed: int) -> BenchConfig:
@@ -390,7 +378,9 @@ def render_doc(doc: Path, out: Path) -> None:
         "", "## Emulator profiles", "",
         "| profile | replica | model | KV bytes/token | KV tokens per replica | prefill tok/s "
         "(2K) | TTFT 2K / 8K / 64K s (alone, no cache) | the same, all but 256 tokens cached | "
-        "decode ms/token (1 / 32 seqs) | render 8K ms |", "|" + "---|" * 10]
+        "decode ms/token (1 / 32 seqs) | render 8K ms | TP all-reduces of a full prefill step "
+        "(max batched tokens) / a decode step ms (interconnect) | LMCache release (CPU->GPU "
+        "GB/s per GPU) |", "|" + "---|" * 12]
     for p in prof:
         text.append(f"| {p['profile']} | {p['replica']} | {p['model']} | "
                     f"{p['kv_bytes_per_token']:,} | {p['kv_tokens']:,} | "
@@ -398,7 +388,8 @@ def render_doc(doc: Path, out: Path) -> None:
                     f"{p['ttft_s']['8k']} / {p['ttft_s']['64k']} | {p['hit_ttft_s']['2k']} / "
                     f"{p['hit_ttft_s']['8k']} / {p['hit_ttft_s']['64k']} | "
                     f"{p['decode_ms_per_token']} / {p['decode_ms_per_token_batch_32']} | "
-                    f"{p['render_ms_8k']} |")
+                    f"{p['render_ms_8k']} | {p['allreduce_ms_8k']} / {p['allreduce_ms_decode']} "
+                    f"({p['interconnect']}) | {p['lmcache']} |")
     text += ["", "Sources of the profile figures:", ""] + [f"- {s}" for s in SOURCES]
     text += held_against_hardware(out)
     text += ["", "## Every strategy (ratios against round robin at the same workers)"]
@@ -502,6 +493,7 @@ def held_against_hardware(out: Path) -> list[str]:
     lines.append(f"| KV tokens at utilization {m['gpu_memory_utilization']} | "
                  f"{m['kv_cache_size_tokens']:,} | "
                  f"{_replace(h, gpu_memory_utilization=m['gpu_memory_utilization']).kv_tokens:,} |")
+    lines += tp_rows()
     ab = out.parent / "ab-check.json"
     if ab.exists():
         rows = json.loads(ab.read_text())["reproduction"]
@@ -527,6 +519,36 @@ def held_against_hardware(out: Path) -> list[str]:
                      "req/s document P90 ratio was 0.49 against 0.70)." if not bad else
                      "all rows but " + ", ".join(bad) + ".")]
     return lines
+
+
+def tp_latency(run: dict) -> float:
+    """A published `vllm bench latency` run replayed on the step model: one prefill step of
+    the batch, then a decode step per output token after the first (seconds)."""
+    from dataclasses import replace as _replace
+
+    from bench.emulator import MODELS, PROFILES
+
+    gpu = _replace(PROFILES["p5.48xlarge"], gpu=run["gpu"], gpus=run["tp"],
+                   gpu_memory_gib=run["gpu_memory_gib"], bandwidth_gbs=run["bandwidth_gbs"],
+                   tflops=run["tflops"], model=MODELS[run["model"]])
+    n, b = run["input_tokens"], run["batch"]
+    t = gpu.step_seconds((), [(0, n)] * b)
+    for k in range(run["output_tokens"] - 1):
+        t += gpu.step_seconds([n + 1 + k] * b, ())
+    return t
+
+
+def tp_rows() -> list[str]:
+    """Tensor-parallel replicas against published runs (bench/data/published_tp.json)."""
+    path = Path(__file__).parent / "data" / "published_tp.json"
+    rows = []
+    for run in json.loads(path.read_text())["runs"]:
+        ours = tp_latency(run) * 1e3
+        rows.append(f"| {run['model']} TP {run['tp']} on {run['gpu']}, {run['input_tokens']} in "
+                    f"/ {run['output_tokens']} out, batch {run['batch']}: mean latency, ms "
+                    f"({run['source'].split(',')[0]}) | {run['mean_latency_ms']:,.1f} | "
+                    f"{ours:,.1f} ({ours / run['mean_latency_ms']:.2f}x) |")
+    return rows
 
 
 def findings(m: dict, st: dict) -> list[str]:
@@ -677,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         global VIRTUAL
         VIRTUAL = False
         TIME_SCALE.update(REAL_TIME_SCALE)
-    apply_profile_file(p, a)
+    if load_profile_option(p, a):
+        use_profile_file(a.profile_file)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stability:
         run_stability(a.out, a.invocations, a.repeats, a.seed, (True, False), a.candidate)

@@ -24,6 +24,7 @@ The tier configurations are what `k8s/workers.py` renders for the seed endpoint
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -37,7 +38,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.benchmark import BenchConfig, Job, Phase, words
-from bench.emulator import GpuProfile, QWEN3_32B, profile
+from bench.emulator import (
+    GpuProfile, QWEN3_32B, load_profile_option, profile, profile_file_option,
+)
 from bench.tiers import (
     L2Store, TierConfig, ValkeyServer, describe, no_tiers, tier_config,
 )
@@ -89,13 +92,11 @@ L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/ca
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "document-64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
-# llm-d's published run: Qwen3-32B, 8 x vLLM TP 2 on 16 H100, round robin vs prefix-aware
-LLMD = {"customers": 150, "context": 6000, "users": 5, "query": 1200, "output": 1000,
-        "kv_demand": 0.73, "replicas": 8, "tp": 2,
-        "qps": (3, 10, 15, 20, 30, 40, 50, 60),
-        "published": {"rr_p50_s_60": 88.1, "pa_p50_s_60": 0.2, "rr_p90_s_60": 154.1,
-                      "pa_p90_s_60": 0.9, "rr_peak_out": 7049, "pa_peak_out": 14941,
-                      "equal_at_or_below_qps": 15, "pa_p90_worse_at_20": (4.2, 2.4)}}
+# llm-d's published Qwen3-32B runs (8 x vLLM TP 2 on 16 H100): their workload, stages and
+# figures per stage, from both write-ups (bench/data/llmd_qwen3_32b_h100.json, sources inside)
+LLMD_FILE = Path(__file__).parent / "data" / "llmd_qwen3_32b_h100.json"
+LLMD_KNEE_S = 2.0     # the knee: the first stage whose mean TTFT passes 2 s
+LLMD_INTERVAL_S = 1.0  # inference-perf's LoadConfig.interval between stages (default)
 
 
 def _quiet_jsii() -> None:
@@ -339,68 +340,142 @@ def render_seeds(d: dict) -> list[str]:
 # --------------------------------------------------------------------------- llm-d
 
 
+def llmd_published() -> dict:
+    return json.loads(LLMD_FILE.read_text())
+
+
 def llmd_gpu() -> GpuProfile:
     """One llm-d replica: Qwen3-32B on 2 x H100 (TP 2), the calibrated H100 figures."""
     h = profile("h100-8b")
     return replace(h, name="h100x2-qwen3-32b", gpus=2, model=QWEN3_32B, network_gbps=3200)
 
 
-def llmd_customers(gpu: GpuProfile, replicas: int) -> int:
-    """Customers whose contexts fill `kv_demand` of the fleet's KV (llm-d: 150 at theirs)."""
-    fleet_kv = gpu.kv_tokens * replicas
-    return max(1, round(LLMD["kv_demand"] * fleet_kv / LLMD["context"]))
+@functools.lru_cache(maxsize=2)
+def llmd_prompts(seed: int) -> tuple[tuple[str, str, str], ...]:
+    """inference-perf's shared_prefix data set (`SharedPrefixDataGenerator`): per group a
+    system prompt, per prompt of the group a question; the 750 prompts shuffled once and then
+    sent in that order, over and over (`data_index % len(prompts)`). (session, system, question)
+    """
+    w = llmd_published()["workload"]
+    prompts = []
+    for g in range(w["groups"]):
+        system = f"Group {g}. " + words(f"{seed}-llmd-group-{g}", w["system_prompt_len"])
+        for k in range(w["prompts_per_group"]):
+            prompts.append((f"g{g}p{k}", system,
+                            f"Question {g}-{k}: " + words(f"{seed}-llmd-q-{g}-{k}",
+                                                          w["question_len"])))
+    random.Random(f"{seed}/llmd/shuffle").shuffle(prompts)
+    return tuple(prompts)
 
 
-def llmd_phases(customers: int, stages: tuple[float, ...], stage_s: float, seed: int
-                ) -> Callable:
-    """One phase per QPS stage, run one after the other on warm caches as llm-d's harness
-    does: requests from random customers' users (the customer's 6,000-token context, a fresh
-    1,200-token query, 1,000 output tokens), Poisson arrivals at the stage's rate."""
+def llmd_stages(quick: bool) -> list[tuple[str, float, float]]:
+    """(name, QPS, seconds): the warm-up stage, then their ladder (--quick: every other
+    stage, half as long)."""
+    w = llmd_published()["workload"]
+    ladder = [(f"qps-{q:g}", float(q), float(d)) for q, d in w["stages"]]
+    if quick:
+        ladder = [(n, q, d / 2) for n, q, d in ladder[::2]]
+    rate, secs = w["warmup"]
+    return [("warmup", float(rate), float(secs) / (2 if quick else 1))] + ladder
+
+
+def llmd_phases(stages: list[tuple[str, float, float]], seed: int) -> Callable:
+    """As inference-perf runs a stage list (`inference_perf/loadgen/load_generator.py`,
+    LoadGenerator.run_stage / mp_run): each stage sends Poisson arrivals at its rate for its
+    duration, each request the next prompt of the fixed set, then waits until every request
+    of the stage has finished before the next stage starts (`interval`, 1 s by default, in
+    between). One phase per stage: `bench.vtime` runs a phase until it is drained."""
+    prompts = llmd_prompts(seed)
+
     def make(c: BenchConfig) -> list[Phase]:
-        phases = []
-        for qps in stages:
-            rng = random.Random(f"{seed}/llmd/{qps}")
-            jobs, t = [], 0.0
-            for i in range(int(qps * stage_s)):
+        rng = random.Random(f"{seed}/llmd/arrivals")
+        w = llmd_published()["workload"]
+        phases, i = [], 0
+        for name, qps, secs in stages:
+            jobs, t = [], LLMD_INTERVAL_S
+            while True:
                 t += rng.expovariate(qps)
-                cust, user = rng.randrange(customers), rng.randrange(LLMD["users"])
-                system = f"Customer {c.salt}-{cust}. " + words(f"{seed}-cust-{cust}",
-                                                                LLMD["context"])
-                query = f"User {user} asks {qps}-{i}: " + words(f"{c.salt}-q-{qps}-{i}",
-                                                                 LLMD["query"])
-                jobs.append(Job(f"{c.salt}-c{cust}-u{user}", system, (query,), delays=(0.0,),
+                if t >= LLMD_INTERVAL_S + secs:
+                    break
+                session, system, question = prompts[i % len(prompts)]
+                jobs.append(Job(f"{name}/{session}/{i}", system, (question,), delays=(0.0,),
                                 arrival_s=t))
-            phases.append(Phase(f"qps-{qps:g}", tuple(jobs), LLMD["context"] + LLMD["query"]))
+                i += 1
+            phases.append(Phase(name, tuple(jobs), w["system_prompt_len"] + w["question_len"]))
         return phases
     return make
 
 
-def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = ("roundrobin",
-                                                                   "prefixaware")) -> dict:
+def llmd_stage_figures(runs: dict, output: int) -> dict:
+    """Per stage (a phase of `bench.vtime.run_arm`'s run), over its requests: mean, P50, P90
+    TTFT, and output throughput (their output tokens over the time from the stage's first
+    request sent to its last request done, the stage's whole span); `all`: every stage after
+    the warm-up, their tokens over their spans added up."""
+    out: dict[str, dict] = {}
+    spans, tokens, every = 0.0, 0, []
+    for name, phase in runs.items():
+        xs = phase["samples"]
+        ok = [x for x in xs if x["ttft_s"] is not None and not x["error"]]
+        if not ok:
+            continue
+        tt = sorted(x["ttft_s"] for x in ok)
+        span = max(x["done_s"] for x in ok) - min(x["start_s"] for x in ok)
+        out[name] = {"requests": len(xs), "errors": len(xs) - len(ok),
+                     "ttft_mean_s": sum(tt) / len(tt), "ttft_p50_s": percentile(tt, 50),
+                     "ttft_p90_s": percentile(tt, 90),
+                     "output_tok_s": len(ok) * output / span if span > 0 else None,
+                     "hit_rate": sum(x["cached_tokens"] for x in ok) /
+                     max(1, sum(x["prompt_tokens"] for x in ok))}
+        if name != "warmup":
+            spans += span
+            tokens += len(ok) * output
+            every += tt
+    if every:
+        every.sort()
+        out["all"] = {"requests": len(every), "ttft_mean_s": sum(every) / len(every),
+                      "ttft_p50_s": percentile(every, 50), "ttft_p90_s": percentile(every, 90),
+                      "output_tok_s": tokens / spans if spans else None}
+    return out
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-th percentile by linear interpolation (numpy's default, as inference-perf)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    k = (len(sorted_values) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+LLMD_ARMS = ("roundrobin", "random", "prefixaware")   # cache-blind x 2, cache-aware
+
+
+def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = LLMD_ARMS) -> dict:
     path = out / "llmd.json"
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    w = llmd_published()["workload"]
     gpu = llmd_gpu()
-    replicas = LLMD["replicas"]
-    customers = llmd_customers(gpu, replicas)
-    stage_s = 8.0 if quick else 20.0
-    stages = LLMD["qps"][::2] if quick else LLMD["qps"]
-    done["setup"] = {"replicas": replicas, "gpu": gpu.describe(), "customers": customers,
-                     "fleet_kv_tokens": gpu.kv_tokens * replicas, "stage_s": stage_s,
-                     "context_kv_share": customers * LLMD["context"] / (gpu.kv_tokens *
-                                                                        replicas)}
+    stages = llmd_stages(quick)
+    blocks = w["kv_tokens_per_pod"] // 16
+    done["setup"] = {"replicas": w["pods"], "gpu": gpu.describe(),
+                     "kv_tokens": blocks * 16, "stages": stages, "quick": quick}
     for strategy in strategies:
-        if any(k.startswith(f"{strategy}/") for k in done):
+        if strategy in done:
             continue
         t0 = time.time()
-        c = BenchConfig("", max_tokens=LLMD["output"], repeats=1, seed=1, warmup=8)
-        r = run_arm(FleetSpec(gpu, replicas, no_tiers()), strategy,
-                    RunConfig(c, hourly_usd=98.32, instances=replicas / 4),
-                    phases=llmd_phases(customers, stages, stage_s, 1),
+        c = BenchConfig("", max_tokens=w["output_len"], repeats=1, seed=1, warmup=0)
+        spec = FleetSpec(gpu, w["pods"], no_tiers(), gpu_blocks=blocks)
+        r = run_arm(spec, strategy, RunConfig(c, hourly_usd=98.32, instances=w["pods"] / 4),
+                    phases=llmd_phases(stages, 1),
                     log_dir=out / "router-logs" / f"llmd-{strategy}")
-        for name, s in r["scenarios"].items():
-            qps = float(name.split("-", 1)[1])
-            done[f"{strategy}/{qps:g}"] = _compact(s) | {"qps": qps}
-        done[f"{strategy}/wall_seconds"] = r["meta"]["wall_seconds"]
+        per_pod = [x[0] for e in r["engine"].values() for x in e["per_second"].values()]
+        done[strategy] = {"stages": llmd_stage_figures(r["runs"][0], w["output_len"]),
+                          "waiting_mean_per_pod": sum(per_pod) / max(1, len(per_pod)),
+                          "waiting_max_per_pod": max(per_pod, default=0),
+                          "preemptions": sum(e["preemptions"] for e in r["engine"].values()),
+                          "wall_seconds": r["meta"]["wall_seconds"],
+                          "virtual_seconds": r["meta"]["virtual_seconds"]}
         _save(path, done, f"llm-d {strategy}", t0)
     return done
 
@@ -728,7 +803,7 @@ def break_even() -> list[str]:
     recomputes it. Per token of an 8K prompt, from each profile's model and the measured
     rates (per TP rank, ranks in parallel), beside what k8s renders on that instance type."""
     from bench.emulator import PROFILES
-    from bench.tiers import LMCACHE_CPU_TO_GPU_GBS, measured_rates, redis_rates
+    from bench.tiers import measured_rates, redis_rates
     from k8s.workers import l2_verdict
 
     resp = measured_rates()["clients"].get("resp-native-8t")
@@ -739,14 +814,14 @@ def break_even() -> list[str]:
              "(bench/data/lmcache_rates.json, `python bench/lmcache_rates.py`, loopback, "
              "medians of 3): LMCache's `redis://` client (redis.asyncio, pure-Python parser: "
              "what the images run), and LMCache 0.5.4's C++ `resp://` client:", "",
-             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
-             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read, redis:// | L2 read, resp:// | "
+             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, the profile's LMCache "
+             "release) | L2 read, redis:// | L2 read, resp:// | "
              "L2 rendered by k8s on this instance type, 4 replicas |", "|---|---|---|---|---|---|"]
     for p in PROFILES.values():
         recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
         per_rank = p.model.kv_bytes_per_token / p.gpus
         chunk = 256 * per_rank
-        rates = [(LMCACHE_CPU_TO_GPU_GBS, ""), (redis_rates(chunk)[1], "")]
+        rates = [(p.lmcache_rates.to_gpu_gbs, ""), (redis_rates(chunk)[1], "")]
         if resp:
             rates.append((redis_rates(chunk, "resp-native-8t")[1], ""))
         cells = [f"{per_rank / (r * 1e9) * 1e6:.0f}"
@@ -798,56 +873,123 @@ def hyperpod_findings(h: dict) -> list[str]:
     return out
 
 
+def llmd_verdict(d: dict) -> dict:
+    """The checks against llm-d's published figures (llm-d-kv-cache-manager's 73-capacity
+    write-up: the only one with mean TTFT per stage): each cache-blind arm's mean and P90 TTFT
+    at every stage within 2x of their random scheduler's, its knee (first stage whose mean
+    passes 2 s) within one stage of theirs, prefix-aware's mean within 2x of their precise
+    scheduler's at every stage, and the output throughput ratio (cache-aware / cache-blind,
+    over every stage) within 25% of theirs."""
+    pub = llmd_published()
+    kvm = pub["kv_cache_manager_73_capacity"]
+    cols = kvm["columns"]
+    mean_i, p90_i, out_i = cols.index("ttft_mean_s"), cols.index("ttft_p90_s"), \
+        cols.index("output_tok_s")
+    stages = [q for q, _ in pub["workload"]["stages"]]
+
+    def knee(means: dict) -> int | None:
+        return next((q for q in stages if means.get(q, 0) > LLMD_KNEE_S), None)
+
+    theirs_blind = {q: kvm["per_qps"][str(q)][kvm["cache_blind"]] for q in stages}
+    theirs_aware = {q: kvm["per_qps"][str(q)][kvm["cache_aware"]] for q in stages}
+    their_knee = knee({q: v[mean_i] for q, v in theirs_blind.items()})
+    their_ratio = kvm["summary"][kvm["cache_aware"]][out_i] / \
+        kvm["summary"][kvm["cache_blind"]][out_i]
+    out: dict[str, Any] = {"their_knee": their_knee, "their_ratio": their_ratio, "arms": {}}
+    aware = d.get("prefixaware", {}).get("stages", {})
+    for arm in ("roundrobin", "random"):
+        st = d.get(arm, {}).get("stages", {})
+        if not st:
+            continue
+        rows, ok = [], True
+        for q in stages:
+            x = st.get(f"qps-{q:g}")
+            if not x:
+                continue
+            r_mean = x["ttft_mean_s"] / theirs_blind[q][mean_i]
+            r_p90 = x["ttft_p90_s"] / theirs_blind[q][p90_i]
+            y = aware.get(f"qps-{q:g}")
+            r_aware = y["ttft_mean_s"] / theirs_aware[q][mean_i] if y else None
+            rows.append({"qps": q, "mean": r_mean, "p90": r_p90, "aware": r_aware})
+        ours_knee = knee({q: st[f"qps-{q:g}"]["ttft_mean_s"] for q in stages
+                          if f"qps-{q:g}" in st})
+        ratio = (aware.get("all", {}).get("output_tok_s") or 0) / \
+            (st.get("all", {}).get("output_tok_s") or 1)
+        within = lambda r: r is not None and 0.5 <= r <= 2.0   # noqa: E731
+        idx = {q: i for i, q in enumerate(stages)}
+        out["arms"][arm] = {
+            "rows": rows, "knee": ours_knee, "ratio": ratio,
+            "blind_ok": all(within(r["mean"]) and within(r["p90"]) for r in rows),
+            "aware_ok": all(within(r["aware"]) for r in rows),
+            "knee_ok": ours_knee is not None and their_knee is not None
+            and abs(idx[ours_knee] - idx[their_knee]) <= 1,
+            "ratio_ok": abs(ratio / their_ratio - 1) <= 0.25}
+    return out
+
+
 def render_llmd(d: dict) -> list[str]:
     if "setup" not in d:
         return []
-    st, pub = d["setup"], LLMD["published"]
-    lines = ["", "## llm-d-shaped: prefix-aware vs round robin past saturation", "",
-             f"Their workload and fleet shape, emulated: {st['replicas']} x Qwen3-32B TP 2 on "
-             f"H100 (calibrated H100 figures; {st['gpu']['kv_tokens']:,} KV tokens per "
-             f"replica), {LLMD['users']} users per customer, {LLMD['context']:,}-token "
-             f"customer contexts, {LLMD['query']:,}-token queries, {LLMD['output']:,} output "
-             f"tokens, Poisson arrivals. Customers: {st['customers']} (llm-d: 150), so that "
-             f"the contexts fill {st['context_kv_share']:.0%} of the fleet's KV (llm-d: 73%). "
-             "No L1/L2 (llm-d's run had none).", "",
-             "| QPS | rr TTFT P50 s | P90 | prefix-aware P50 s | P90 | rr out tok/s | "
-             "prefix-aware out tok/s | hit rr / pa |", "|---|---|---|---|---|---|---|---|"]
-    for qps in LLMD["qps"]:
-        a, b = d.get(f"roundrobin/{qps}"), d.get(f"prefixaware/{qps}")
-        if not a or not b:
-            continue
-        lines.append(f"| {qps} | {a['ttft_s']['p50']:.2f} | {a['ttft_s']['p90']:.2f} | "
-                     f"{b['ttft_s']['p50']:.2f} | {b['ttft_s']['p90']:.2f} | "
-                     f"{a['output_tokens_per_s']:.0f} | {b['output_tokens_per_s']:.0f} | "
-                     f"{a['cache_hit_rate']:.0%} / {b['cache_hit_rate']:.0%} |")
-    peak_rr = max((v["output_tokens_per_s"] for k, v in d.items()
-                   if k.startswith("roundrobin/") and isinstance(v, dict)), default=0)
-    peak_pa = max((v["output_tokens_per_s"] for k, v in d.items()
-                   if k.startswith("prefixaware/") and isinstance(v, dict)), default=0)
-    last = max((q for q in LLMD["qps"] if f"prefixaware/{q}" in d), default=None)
-    lines += ["", "Beside llm-d's published figures (Qwen3-32B, 8 x vLLM TP 2, 16 H100):", "",
-              "| figure | llm-d round robin | llm-d prefix-aware | ours round robin | ours "
-              "prefix-aware |", "|---|---|---|---|---|"]
-    if last:
-        a, b = d[f"roundrobin/{last}"], d[f"prefixaware/{last}"]
-        lines += [f"| TTFT P50 at {last} QPS (llm-d: 60) | {pub['rr_p50_s_60']} s | "
-                  f"{pub['pa_p50_s_60']} s | {a['ttft_s']['p50']:.2f} s | "
-                  f"{b['ttft_s']['p50']:.2f} s |",
-                  f"| TTFT P90 at {last} QPS | {pub['rr_p90_s_60']} s | {pub['pa_p90_s_60']} s "
-                  f"| {a['ttft_s']['p90']:.2f} s | {b['ttft_s']['p90']:.2f} s |"]
-    lines.append(f"| peak output tok/s | {pub['rr_peak_out']:,} | {pub['pa_peak_out']:,} | "
-                 f"{peak_rr:,.0f} | {peak_pa:,.0f} |")
-    eq = [q for q in LLMD["qps"] if f"roundrobin/{q}" in d and f"prefixaware/{q}" in d
-          and abs(d[f"prefixaware/{q}"]["ttft_s"]["p50"] / d[f"roundrobin/{q}"]["ttft_s"]["p50"]
-                  - 1) <= 0.1]
-    worse = [q for q in LLMD["qps"] if f"roundrobin/{q}" in d and f"prefixaware/{q}" in d
-             and d[f"prefixaware/{q}"]["ttft_s"]["p90"] > 1.05 * d[f"roundrobin/{q}"][
-                 "ttft_s"]["p90"]]
-    lines += ["", f"- llm-d: equal at <= {pub['equal_at_or_below_qps']} QPS; ours: P50 within "
-              f"10% at {', '.join(map(str, eq)) or 'no'} QPS.",
-              f"- llm-d: prefix-aware's P90 worse at 20 QPS ({pub['pa_p90_worse_at_20'][0]} vs "
-              f"{pub['pa_p90_worse_at_20'][1]} s); ours: prefix-aware's P90 worse than round "
-              f"robin's at {', '.join(map(str, worse)) or 'no'} QPS."]
+    pub = llmd_published()
+    w, kvm, guide = pub["workload"], pub["kv_cache_manager_73_capacity"], \
+        pub["optimized_baseline_guide"]
+    st = d["setup"]
+    lines = ["", "## llm-d's Qwen3-32B run, reproduced as they ran it", "",
+             f"Their workload and fleet (bench/data/llmd_qwen3_32b_h100.json, copied from "
+             f"both published write-ups, sources there): {w['pods']} x Qwen3-32B TP 2 on H100 "
+             f"({st['kv_tokens']:,} KV tokens per replica, as their run logged; the "
+             "calibrated H100 figures with the TP 2 all-reduce), inference-perf's shared-"
+             f"prefix data: {w['groups']} groups x {w['prompts_per_group']} prompts of "
+             f"{w['system_prompt_len']:,} shared + {w['question_len']:,} own tokens, "
+             f"{w['output_len']:,} output tokens, the 750 prompts shuffled once and sent in "
+             "that order over and over; Poisson stages at their rates and durations (a "
+             f"{w['warmup'][0]} QPS x {w['warmup'][1]} s warm-up, then 3 to 60 QPS), each "
+             "stage, as inference-perf's load generator does, waiting for all its requests "
+             "to finish before the next begins. Arms: round robin, vllm-router's random "
+             "policy (their cache-blind picker was random) and prefixaware (sglang-router's "
+             "cache_aware), all through the real routers on the virtual clock. No L1/L2.", "",
+             "| QPS | ours rr mean / P90 s | ours random mean / P90 s | theirs random mean / "
+             "P90 s | ours prefix-aware mean / P90 s | theirs precise mean / P90 s | their "
+             "guide RR / llm-d P50 s |", "|---|---|---|---|---|---|---|"]
+    cols = kvm["columns"]
+    mi, pi = cols.index("ttft_mean_s"), cols.index("ttft_p90_s")
+    gq = {row[0]: row for row in guide["per_qps"]}
+
+    def cell(arm: str, q: float) -> str:
+        x = d.get(arm, {}).get("stages", {}).get(f"qps-{q:g}")
+        return "-" if not x else f"{x['ttft_mean_s']:.2f} / {x['ttft_p90_s']:.2f}"
+    for q, _ in w["stages"]:
+        rb = kvm["per_qps"][str(q)][kvm["cache_blind"]]
+        ra = kvm["per_qps"][str(q)][kvm["cache_aware"]]
+        g = gq.get(q)
+        lines.append(f"| {q} | {cell('roundrobin', q)} | {cell('random', q)} | "
+                     f"{rb[mi]:.2f} / {rb[pi]:.2f} | {cell('prefixaware', q)} | "
+                     f"{ra[mi]:.2f} / {ra[pi]:.2f} | "
+                     + (f"{g[3]:.1f} / {g[4]:.1f}" if g else "-") + " |")
+    v = llmd_verdict(d)
+    lines += ["", f"Their knee (random, first stage over {LLMD_KNEE_S:g} s mean): "
+              f"{v['their_knee']} QPS; their output throughput, precise / random over every "
+              f"stage: {v['their_ratio']:.2f} (the guide's peak, llm-d / Service: "
+              f"{guide['peak_output_tok_s']['llmd'] / guide['peak_output_tok_s']['rr']:.2f})."]
+    for arm, x in v["arms"].items():
+        worst = max(x["rows"], key=lambda r: max(abs(r["mean"] - 1), abs(r["p90"] - 1)))
+        lines.append(
+            f"- {arm}: knee {x['knee']} QPS ({'within' if x['knee_ok'] else 'NOT within'} one "
+            f"stage); mean and P90 within 2x of theirs at every stage: "
+            f"{'yes' if x['blind_ok'] else 'no'} (furthest at {worst['qps']} QPS: mean "
+            f"{worst['mean']:.2f}x, P90 {worst['p90']:.2f}x); prefix-aware's mean within 2x "
+            f"of precise at every stage: {'yes' if x['aware_ok'] else 'no'}; output "
+            f"throughput ratio {x['ratio']:.2f} against their {v['their_ratio']:.2f} "
+            f"({'within' if x['ratio_ok'] else 'NOT within'} 25%).")
+    for arm in LLMD_ARMS:
+        if arm in d:
+            x = d[arm]
+            lines.append(f"- {arm}: vLLM's waiting queue averaged "
+                         f"{x['waiting_mean_per_pod']:.1f} per pod (peak "
+                         f"{x['waiting_max_per_pod']:.0f}), "
+                         f"{x['preemptions']:,} preemptions (theirs: random "
+                         f"{kvm['wait_queue_mean_p90_max']['random'][0]}, precise "
+                         f"{kvm['wait_queue_mean_p90_max']['precise'][0]}).")
     return lines
 
 
@@ -933,11 +1075,12 @@ def main(argv: list[str] | None = None) -> int:
                    "new salts give the same figures, so one is the default)")
     p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")
     p.add_argument("--render-only", action="store_true")
-    from bench.routing import apply_profile_file, profile_file_option
-
     profile_file_option(p)
     a = p.parse_args(argv)
-    apply_profile_file(p, a)
+    name = load_profile_option(p, a)
+    if name:
+        global PROFILE
+        PROFILE = name
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.render_only:
         todo = a.only or ["hyperpod", "seeds", "l2", "llmd", "drill"]

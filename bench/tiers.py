@@ -84,7 +84,8 @@ REDIS_MODE = "asyncio"
 L2_NODE_GBS = 12.5 / 8         # the L2 node's NIC: m6i.xlarge and cache.r7g.large burst 12.5 Gbps
 RTT_S = 0.0005                 # one in-VPC round trip (+ a small command)
 SOCKET_RECREATE_S = 0.2        # a timed-out lookup stalled ~1.2 s at lookup_timeout_ms 1000
-LMCACHE_CPU_TO_GPU_GBS = 28.0  # LMCache 0.5.0's retrieve_to_gpu_time (318 MB in 11.3 ms)
+# LMCache's CPU<->GPU copy rates: per release, from the profile (bench.emulator
+# LMCACHE_RELEASES, GpuProfile.lmcache_release)
 REFUSED_S = 0.001              # an op against a dead L2 (its Service has no endpoint: refused)
 L2_RESTART_S = 20.0            # an OOM-killed lmcache_server pod back (container restart)
 
@@ -161,7 +162,7 @@ class TierConfig:
     get_gbs: float = 0.0
     server_gbs: float = 0.0              # the L2 server's own bound, shared by every connection
     layerwise: bool = False              # use_layerwise: per-layer stores and loads, pipelined
-    cpu_to_gpu_gbs: float = LMCACHE_CPU_TO_GPU_GBS
+    cpu_to_gpu_gbs: float | None = None  # None: the profile's LMCache release's rate
     label: str = ""
 
     @property
@@ -878,7 +879,7 @@ class LMCacheWorker:
             gpu_hit % cfg.chunk_size if in_l1[first] else 0))
         res.l2_tokens = loaded_tokens - res.l1_tokens
         res.copy_s = loaded_tokens * self.gpu.model.kv_bytes_per_token / (
-            self.gpu.gpus * cfg.cpu_to_gpu_gbs * 1e9)
+            self.gpu.gpus * (cfg.cpu_to_gpu_gbs or self.gpu.lmcache_rates.to_gpu_gbs) * 1e9)
         res.load_s = load + res.copy_s
         c.hit_tokens += loaded_tokens
         c.l1_hit_tokens += res.l1_tokens
@@ -944,7 +945,7 @@ class LMCacheWorker:
                     if k in self.l1:
                         self.l1[k] = 0.0
         return stored * cfg.chunk_size * self.gpu.model.kv_bytes_per_token / (
-            self.gpu.gpus * self.gpu.gpu_to_cpu_gbs * 1e9)
+            self.gpu.gpus * self.gpu.lmcache_rates.to_cpu_gbs * 1e9)
 
     def finish(self, request: int) -> None:
         self.saved.pop(request, None)

@@ -15,9 +15,11 @@ fan-out's tokenizer cost for vllm-router's cache_aware and kv_aware). `ModelRout
 in-process (round robin, a session hash, and an approximation of cache_aware) for fast tests
 only: no figure in docs/benchmarks.md comes from it.
 
-Per worker: `bench.emulator`'s step model (continuous batching, chunked prefill, front end),
-the GPU prefix cache (`fake_worker.PrefixCache`, an LRU of the profile's KV capacity) and, when
-configured, LMCache's L1/L2 (`bench.tiers`). Engines that share one GPU (the real A/B's two
+Per worker: `bench.emulator`'s step model (continuous batching, chunked prefill, front end)
+and vLLM's scheduler over the GPU's KV blocks (`fake_worker.KvCache`, the profile's KV capacity:
+running requests hold their blocks, a shared prefix block once, admission only when a prompt's
+blocks are free, preemption when a running request cannot grow) and, when configured, LMCache's
+L1/L2 (`bench.tiers`). Engines that share one GPU (the real A/B's two
 servers on one H100) share it by processor sharing at a measured efficiency.
 
 The workload is `bench.benchmark`'s own request plan (`build_phases`: same seed, same prompts,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import random
 import threading
 import time
 import zlib
@@ -37,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 from bench.benchmark import BenchConfig, Phase, aggregate, build_phases, percentiles, words
 from bench.emulator import GpuProfile, Sequence_, apply_step, plan_step
-from bench.fake_worker import PrefixCache, generate_words, render_chat, word_token
+from bench.fake_worker import KvCache, generate_words, render_chat, word_token
 from bench.tiers import (
     L2Store, LMCacheWorker, LookupResult, TierConfig, lookup_seconds, pipelined,
 )
@@ -169,7 +172,7 @@ class VirtualWorker:
     """One emulated vLLM replica on the virtual clock."""
 
     def __init__(self, sim: Sim, index: int, worker_id: str, gpu: GpuProfile,
-                 cache: PrefixCache, tiers: TierConfig, l2: L2Store | None, shared: SharedGpu,
+                 cache: KvCache, tiers: TierConfig, l2: L2Store | None, shared: SharedGpu,
                  chat_render: bool = True) -> None:
         self.sim, self.index, self.worker_id, self.gpu = sim, index, worker_id, gpu
         self.cache, self.shared, self.chat_render = cache, shared, chat_render
@@ -184,6 +187,18 @@ class VirtualWorker:
         self.reqs: dict[int, Req] = {}
         self.steps = 0
         self.stall_s = 0.0
+        self.preempted = 0
+        # (virtual time, waiting, running, KV usage) at every step planned: what vLLM's
+        # gauges would show (vllm:num_requests_waiting, _running, kv_cache_usage_perc)
+        self.samples: list[tuple[float, int, int, float]] = []
+
+    def counts(self) -> tuple[int, int]:
+        """Requests running and waiting in the engine (vLLM's num_requests_running and
+        num_requests_waiting: a request still in the front end is in neither)."""
+        now = self.sim.now
+        running = sum(1 for s in self.queue if s.order is not None)
+        waiting = sum(1 for s in self.queue if s.order is None and s.ready_at <= now)
+        return running, waiting
 
     def submit(self, req: Req) -> None:
         now = self.sim.now
@@ -196,7 +211,7 @@ class VirtualWorker:
             wait += lookup_seconds(len(req.ids))
         seq = Sequence_(len(req.ids), 0, req.max_tokens, ready_at=now + wait)
         seq.lookup = self._lookup_fn(req, seq)
-        seq.on_progress = lambda done, r=req: self.cache.insert(r.ids[:done])
+        seq.ids, seq.hashes = req.ids, self.cache.block_hashes(req.ids)
         self.reqs[id(seq)] = req
         self.queue.append(seq)
         self.sim.at(seq.ready_at, self._kick)
@@ -234,7 +249,12 @@ class VirtualWorker:
             return
         now = self.sim.now
         self._stall = self._load = self._copy = 0.0
-        decode, chunks = plan_step(self.queue, self.gpu, now, planned_at)
+        preempted: list = []
+        decode, chunks = plan_step(self.queue, self.gpu, now, planned_at, kv=self.cache,
+                                   preempted=preempted)
+        self.preempted += len(preempted)
+        running, waiting = self.counts()
+        self.samples.append((now, waiting, running, self.cache.usage()))
         if not decode and not chunks:
             later = [s.ready_at for s in self.queue if s.ready_at > now]
             if later and (self._wake_at is None or self._wake_at <= now
@@ -291,8 +311,10 @@ class VirtualWorker:
     def _finish(self, s: Sequence_, req: Req) -> None:
         req.t_done = self.sim.now
         req.token_times = list(s.times)
-        out = [word_token(w) for w in answer_words(req.ids, req.max_tokens)]
-        self.cache.insert(list(req.ids) + out)
+        full = list(req.ids) + [word_token(w) for w in answer_words(req.ids, req.max_tokens)]
+        bs = self.cache.block_size
+        self.cache.commit(s.held, self.cache.block_hashes(full), full, len(full) // bs)
+        self.cache.release(s.held)
         if self.lmc is not None:
             self.lmc.finish(req.rid)
         del self.reqs[id(s)]
@@ -314,6 +336,7 @@ class ModelRouter:
     def __init__(self, policy: str, workers: int) -> None:
         self.policy, self.n = policy, workers
         self.rr = 0
+        self.rng = random.Random(f"model-router/{policy}/{workers}")
         self.inflight = [0] * workers
         self.trees: list[dict[int, None]] = [dict() for _ in range(workers)]
 
@@ -321,6 +344,8 @@ class ModelRouter:
         if self.policy == "roundrobin":
             i = self.rr % self.n
             self.rr += 1
+        elif self.policy == "random":
+            i = self.rng.randrange(self.n)
         elif self.policy == "session":
             key = req.session if session_header else ""
             i = zlib.crc32(key.encode()) % self.n
@@ -386,6 +411,10 @@ class _LockstepHook:
             worker._query_tokens += len(ids)
             worker._hit_tokens += req.gpu_hit
 
+    def gauges(self, worker: Any) -> tuple[int, int]:
+        """vllm:num_requests_running and _waiting of the emulated engine behind `worker`."""
+        return self.fleet.by_id[worker.worker_id].counts()
+
     def metrics_lines(self, worker: Any, labels: str) -> list[str]:
         vw = self.fleet.by_id[worker.worker_id]
         if vw.lmc is None:
@@ -429,7 +458,15 @@ class RealRouter:
                 vw.cache.on_events = fw._kv.publish
             self.workers.append(fw)
         urls = [w.url for w in self.workers]
-        rendered = rendered_router_args(self.strategy, len(urls))
+        # `random`: no HyperPod strategy, the cache-blind picker llm-d's published runs used
+        # (their random-picker; a Kubernetes Service's kube-proxy also picks at random):
+        # vllm-router's random policy with round robin's rendered args otherwise
+        pick_random = name == "random"
+        rendered = rendered_router_args("roundrobin" if pick_random else self.strategy,
+                                        len(urls))
+        if pick_random:
+            i = rendered.index("--policy")
+            rendered = rendered[:i + 1] + ["random"] + rendered[i + 2:]
         kv_map, ep_map = {}, {}
         if kv:
             remote_urls, remote_eps = in_cluster_workers(len(urls))
@@ -439,7 +476,7 @@ class RealRouter:
         port, prom = distinct_ports(2, taken)
         args = localize_router_args(rendered, urls, port, prom, kv_worker_map=kv_map,
                                     kv_endpoint_map=ep_map)
-        self.implementation = implementation(self.strategy)
+        self.implementation = implementation("roundrobin" if pick_random else self.strategy)
         binary, args = router_launch(self.implementation, args)
         self.kv = kv
         log = self._log_path()
@@ -542,7 +579,7 @@ class Fleet:
             l2.links.clear()
         gpus = [SharedGpu(sim, spec.share_efficiency, spec.prefill_weight)
                 for _ in range(-(-spec.workers // spec.gpus_shared_by))]
-        self.workers = [VirtualWorker(sim, i, f"w{i}", spec.gpu, PrefixCache(16, blocks),
+        self.workers = [VirtualWorker(sim, i, f"w{i}", spec.gpu, KvCache(16, blocks),
                                       spec.tiers, l2, gpus[i // spec.gpus_shared_by],
                                       spec.chat_render)
                         for i in range(spec.workers)]
@@ -792,6 +829,8 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
                                  "gpu_hit": q.gpu_hit, "l1": q.l1_tokens, "l2": q.l2_tokens,
                                  "worker": q.worker,
                                  "start_s": q.t_send - (started[0] if started else 0.0),
+                                 "done_s": None if q.t_done is None else
+                                 q.t_done - (started[0] if started else 0.0),
                                  "error": q.error} for q in reqs]}
             runs.append(out)
     scen = aggregate(runs)
@@ -810,6 +849,10 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
             tiers[w.worker_id] = {k: getattr(c, k) for k in (
                 "lookup_timeouts", "stall_s", "l1_alloc_failures", "get_blocking_failed",
                 "put_failed", "remote_write_bytes", "remote_read_bytes", "stored_tokens")}
+    t_zero = started[0] if started else 0.0
+    engine = {w.worker_id: {"preemptions": w.preempted, "steps": w.steps,
+                            "per_second": engine_seconds(w.samples, t_zero)}
+              for w in fleet.workers}
     return {"meta": {"label": strategy, "strategy": strategy, "seed": run.bench.seed,
                      "repeats": run.bench.repeats, "virtual": True,
                      "router": "real" if real_router else "model",
@@ -818,7 +861,23 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
                      "wall_seconds": round(time.perf_counter() - t0, 1),
                      "virtual_seconds": round(sim.now, 1),
                      "l2_oom_kills": l2.oom_kills if l2 is not None else 0},
-            "scenarios": scen, "runs": runs, "tiers": tiers}
+            "scenarios": scen, "runs": runs, "tiers": tiers, "engine": engine}
+
+
+def engine_seconds(samples: list[tuple[float, int, int, float]], t_zero: float
+                   ) -> dict[int, list[float]]:
+    """The engine's gauges per second of virtual time from `t_zero` (what a 1 s scrape of
+    vllm:num_requests_waiting, _running and kv_cache_usage_perc sees): second -> [waiting,
+    running, KV usage], the mean of the steps planned in it."""
+    acc: dict[int, list[float]] = {}
+    for t, waiting, running, usage in samples:
+        a = acc.setdefault(int(t - t_zero), [0.0, 0.0, 0.0, 0])
+        a[0] += waiting
+        a[1] += running
+        a[2] += usage
+        a[3] += 1
+    return {k: [round(a[0] / a[3], 2), round(a[1] / a[3], 2), round(a[2] / a[3], 4)]
+            for k, a in sorted(acc.items())}
 
 
 class _nullcontext:

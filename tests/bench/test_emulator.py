@@ -87,10 +87,11 @@ def test_prefill_flops_add_up_over_chunks_and_grow_quadratically():
 
 def test_decode_is_memory_bound_and_prefill_compute_bound():
     assert G5.step_overhead_ms == H100.step_overhead_ms == 0   # none beyond what was measured
-    assert G5.decode_seconds(0) == pytest.approx(LLAMA_31_8B.weight_bytes / G5.bytes_per_s)
+    assert G5.decode_seconds(0) == pytest.approx(LLAMA_31_8B.weight_bytes / G5.bytes_per_s
+                                                 + G5.allreduce_seconds(1))
     assert G5.step_seconds((), [(0, 2048)]) == pytest.approx(
         2 * 8.03e9 * 2048 / G5.flops_per_s
-        + G5.attention_flops(0, 2048) / G5.attention_flops_per_s)
+        + G5.attention_flops(0, 2048) / G5.attention_flops_per_s + G5.allreduce_seconds(2048))
     # batching decode is nearly free; a cached prefix costs the front end and its tail
     assert G5.decode_seconds(2048, 32) < 2 * G5.decode_seconds(2048, 1)
     assert G5.prefill_seconds(8192, cached=8176) < G5.prefill_seconds(8192) / 10
@@ -158,3 +159,126 @@ def test_a_request_queued_behind_the_same_prefix_finds_it_cached_when_scheduled(
         assert looked == [16_384] and engine.steps == 3
     finally:
         engine.stop()
+
+
+# --------------------------------------------------------------------------- KV admission
+
+
+def _kv_seqs(kv, prompts, max_tokens=4):
+    from bench.emulator import Sequence_
+
+    out = []
+    for ids in prompts:
+        s = Sequence_(len(ids), 0, max_tokens)
+        s.ids, s.hashes = ids, kv.block_hashes(ids)
+        out.append(s)
+    return out
+
+
+def _run_steps(queue, gpu, kv, steps, preempted=None):
+    from bench.emulator import apply_step, plan_step
+
+    for t in range(steps):
+        decode, chunks = plan_step(queue, gpu, float(t), kv=kv, preempted=preempted)
+        apply_step(decode, chunks, float(t))
+        for s in [s for s in queue if s.produced >= s.max_tokens]:
+            kv.release(s.held)
+            queue.remove(s)
+
+
+def test_a_prefix_block_shared_by_running_requests_is_held_once():
+    """vLLM's reference counts: 6 requests of 1,024 shared + 64 own tokens fit in 100 blocks
+    (64 shared + 6 x 5), though 6 x 68 blocks would not."""
+    from bench.fake_worker import KvCache
+
+    kv = KvCache(16, 100)
+    shared = list(range(1024))
+    queue = _kv_seqs(kv, [shared + [10_000 + 100 * i + k for k in range(64)] for i in range(6)],
+                     max_tokens=20)
+    gpu = replace(H100, max_num_batched_tokens=1024)
+    _run_steps(queue, gpu, kv, 3)
+    assert all(s.running for s in queue) and kv.preemptions == 0
+    held = {h for s in queue for h in s.held.blocks if h is not None}
+    assert kv.ref[kv.block_hashes(shared)[0]] == 6          # one block, six holders
+    assert kv.used == 64 + 6 * 5 <= kv.capacity_blocks and len(held) >= 64
+
+
+def test_a_request_waits_until_its_prompt_blocks_are_free_and_the_queue_is_first_come():
+    from bench.fake_worker import KvCache
+
+    kv = KvCache(16, 100)
+    big, other, small = _kv_seqs(kv, [list(range(1200)), list(range(5000, 6200)),
+                                      list(range(9000, 9032))], max_tokens=3)
+    queue = [big, other, small]
+    gpu = replace(H100, max_num_batched_tokens=8192)
+    _run_steps(queue, gpu, kv, 1)
+    # 75 blocks for the first; the second needs 75 more of the 25 free: it waits, and the
+    # small one behind it waits too (first come, first served), though it would fit
+    assert big.running and not other.running and not small.running
+    _run_steps(queue, gpu, kv, 3)        # the first finishes; its blocks stay cached
+    assert other.running and small.running and kv.used <= kv.capacity_blocks
+    # the next request evicted what it needed of them, the last block first: the first
+    # request's prefix is still cached, its tail is not
+    assert 0 < kv.lookup(big.ids) < 1184
+
+
+def test_a_decode_that_cannot_get_a_block_preempts_the_newest_running_request():
+    from bench.fake_worker import KvCache
+
+    kv = KvCache(16, 20)
+    seqs = _kv_seqs(kv, [list(range(i * 1000, i * 1000 + 96)) for i in range(3)],
+                    max_tokens=60)
+    queue = list(seqs)
+    preempted: list = []
+    gpu = replace(H100, max_num_batched_tokens=8192)
+    _run_steps(queue, gpu, kv, 200, preempted)
+    # 3 x 6 blocks admitted, then growing past 20 blocks preempts the last admitted, which
+    # recomputes its prompt and what it had produced, and still finishes
+    assert preempted and preempted[0] is seqs[2] and kv.preemptions >= 1
+    assert not queue and all(s.produced == 60 for s in seqs)
+    assert kv.used == 0 and len(kv.ref) <= kv.capacity_blocks
+
+
+def test_the_engine_waiting_queue_is_exported_as_vllm_metrics():
+    """What KEDA reads (vllm:num_requests_waiting): on the virtual clock the emulated
+    engine's queue, not the HTTP server's in-flight count."""
+    class Hook:
+        def gauges(self, worker):
+            return 3, 7
+
+        def metrics_lines(self, worker, labels):
+            return []
+    w = FakeWorker(0, "w0", virtual=Hook())
+    text = w.metrics_text()
+    assert 'vllm:num_requests_waiting{engine="0",model_name="fake-model"} 7.0' in text
+    assert 'vllm:num_requests_running{engine="0",model_name="fake-model"} 3.0' in text
+
+
+def test_tensor_parallelism_pays_two_all_reduces_per_layer_over_the_interconnect():
+    """Nothing on one GPU; on 4 A10Gs over PCIe a token's all-reduces cost what a ring moves
+    (2 x 3/4 of 4096 x 2 bytes, 64 times) plus a latency each; NVLink is ~14x cheaper per byte."""
+    assert H100.allreduce_seconds(8192) == 0.0
+    per_ar = 30e-6 + 2 * 3 / 4 * 8192 * 4096 * 2 / (32e9 * 0.8)
+    assert G5.allreduce_seconds(8192) == pytest.approx(2 * 32 * per_ar)
+    p5, p4d = PROFILES["p5.48xlarge"], PROFILES["p4d.24xlarge"]
+    assert G5.interconnect.startswith("PCIe") and p5.interconnect == "NVLink 4"
+    assert p5.allreduce_seconds(8192) < p4d.allreduce_seconds(8192)
+    # the all-reduce is part of every step: a TP 8 decode step costs it on top of the weights
+    assert p5.decode_seconds(2048) > p5.model.weight_bytes / p5.bytes_per_s + 160 * 10e-6
+
+
+def test_lmcache_copy_rates_come_from_the_release_the_profile_assumes():
+    """Every LMCache release a worker image carries has CPU<->GPU rates with a source, and a
+    profile names the release it assumes; an unknown one is an error, not a silent 28 GB/s."""
+    import re
+
+    from bench.emulator import LMCACHE_RELEASES
+    from tests.conftest import ROOT
+
+    carried = re.findall(r"^lmcache==(\S+)", (ROOT / "requirements-lmcache-parsers.txt")
+                         .read_text(), re.M)
+    assert carried and set(carried) <= set(LMCACHE_RELEASES)
+    assert all(r.source for r in LMCACHE_RELEASES.values())
+    assert H100.lmcache_release == "0.5.0" and H100.lmcache_rates.to_gpu_gbs == 28.0
+    with pytest.raises(ValueError, match="no CPU<->GPU rates for LMCache 9.9"):
+        _ = replace(H100, lmcache_release="9.9").lmcache_rates

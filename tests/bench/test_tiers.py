@@ -81,7 +81,7 @@ def test_lookups_go_gpu_then_l1_then_l2_and_l2_hits_are_promoted(valkey):
     ids = _ids(4096 + 100)
     assert a.lookup(ids, 0, 0.0).cached == 0
     store_s = a.store(1, ids, len(ids), 0.0, 0)             # computed on worker a
-    assert store_s == pytest.approx(16 * CHUNK_BYTES / (H100.gpu_to_cpu_gbs * 1e9))
+    assert store_s == pytest.approx(16 * CHUNK_BYTES / (H100.lmcache_rates.to_cpu_gbs * 1e9))
     first, land = a.link.put_s, a.link.tail                 # its writes land one by one
     assert b.lookup(ids, 0, first - 1e-4).cached == 0       # not in L2 before a write lands
     assert b.lookup(ids, 0, 2.5 * first).cached == 2 * 256

@@ -261,7 +261,9 @@ ELASTICACHE_GIB = {"cache.r7g.large": 13.07, "cache.r7g.xlarge": 26.32,
 
 def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
                    instance_type: str | None = None, gpus: int | None = None,
-                   replicas: int | None = None, force_l2: bool = False) -> RenderedTiers:
+                   replicas: int | None = None, force_l2: bool = False,
+                   prefix_tokens: int | None = None, model: str | None = None
+                   ) -> RenderedTiers:
     """Render the serving charts for a HyperPod endpoint file with L1 and L2 `backend`
     (`valkey`, `lmcache-server`, `redis` = the environment's managed cache, or `none`) and
     read back what the workers and the cache get. `instance_type`/`gpus`: the seed file served
@@ -299,6 +301,9 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
             w["resources"][part]["nvidia.com/gpu"] = gpus
     if replicas:
         raw["spec"]["replicas"] = replicas
+        # the fleet the verdict counts: exactly these replicas, all reading at once
+        raw["spec"]["autoScalingSpec"] = {"minReplicaCount": replicas,
+                                          "maxReplicaCount": replicas}
     kv = raw["spec"].setdefault("kvCacheSpec", {})
     kv["enableL1Cache"] = True
     if backend == "none":
@@ -307,6 +312,10 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
         kv["enableL2Cache"] = True
         kv.setdefault("l2CacheSpec", {})["l2CacheBackend"] = backend
         kv["forceL2Cache"] = force_l2      # the seed forces it; the bench asks
+    if prefix_tokens:
+        kv["prefixTokens"] = prefix_tokens
+    if model:
+        raw["spec"]["modelName"] = model
     spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw,
                           node_instance_types=tuple(
                               t for g in cfg.gpu_node_groups for t in g.instance_types))

@@ -20,10 +20,19 @@ from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
 from config.endpoint_spec import _gib
+from config.images import carries_glide
+from config.models import ASSUMED
+from config.network import IN_CLUSTER_NODE_TYPES
+from config.regions import instance_types_in
+from k8s.l2 import (
+    ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, VALKEY as VALKEY_CONNECTOR, L2Verdict,
+    choose_in_cluster,
+    connector_for, elasticache_server, l2_verdict,
+)
 from k8s.workers import (
-    KV_BLOCK_SIZE, L2_READ_GBS_PER_RANK, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
+    KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, l1_budget,
-    l2_verdict, parallel_ranks, worker_urls,
+    parallel_ranks, worker_urls,
 )
 
 
@@ -48,19 +57,31 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
-    replicas = s.autoscaling.max_replicas if s.autoscaling else s.replicas
-    verdict = l2_verdict(s.instance_type, parallel_ranks(s.worker_args), replicas)
-    if s.l2_enabled and not s.l2_forced and not verdict.pays:
-        warnings.append(
-            f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
-            f"{s.instance_type} ({verdict.gpu}) a replica recomputes a token's KV (~"
-            f"{verdict.recompute_us:.0f} us for an 8B-shaped model) faster than it reads it "
-            f"from a shared L2 (~{verdict.read_us:.0f} us at {verdict.read_gbs:.2f} GB/s: "
-            f"LMCache's Redis client, {L2_READ_GBS_PER_RANK} GB/s per GPU, or its share of one "
-            f"L2 server among {replicas} replica(s), measured), so every L2 hit would slow the "
-            "request down; L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
-            "(docs/serving.md, 'The tier configuration, and why')")
-        s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+    plan = l2_plan(cfg, s)
+    if plan is not None:
+        v = plan.verdict
+        assumed = (f" ({s.model_name} is not a model whose shape we know: "
+                   f"{v.model.name}'s assumed, the dearest to read we know; state it with "
+                   "kvCacheSpec.modelShape)" if v.model_assumed else "")
+        if not s.l2_forced and not v.pays:
+            warnings.append(
+                f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
+                f"{s.instance_type} ({v.gpu}) recomputing {v.model.name}'s KV at a "
+                f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
+                f"{v.need_gbs:.2f} GB/s per GPU{assumed}, and an L2 must read at least "
+                f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
+                f"once it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
+                "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
+                "(docs/serving.md, 'The tier configuration, and why')")
+            s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+        elif plan.target == ELASTICACHE and v.connector is REDIS:
+            warnings.append(
+                f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
+                f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, cluster "
+                f"mode off): {s.worker_image} carries no valkey-glide-sync, which LMCache's "
+                f"valkey:// (TLS, AUTH, cluster mode) needs; it reads {v.deliver_gbs:.2f} GB/s "
+                f"per GPU (the least of: {v.explain()}); an image that adds it "
+                "(config/images.py GLIDE_IMAGES) gets valkey:// and the shards it needs")
     family = next((f for f in NOT_VLLM if f in s.image.source), None)
     if family:
         raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,
@@ -145,6 +166,48 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     return replace(s, warnings=tuple(warnings), tls_certificate_arn=certificate)
 
 
+@dataclass(frozen=True)
+class L2Plan:
+    """Where an endpoint's L2 is, how LMCache reaches it, and the verdict on it."""
+
+    target: str              # k8s/l2.py IN_CLUSTER, ELASTICACHE or OWN
+    verdict: L2Verdict
+
+    @property
+    def connector(self):
+        return self.verdict.connector
+
+
+def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
+    """The L2 an endpoint asking for one would get, and whether it pays (k8s/l2.py), for its
+    largest fleet: autoscaling's maximum, every replica reading at once."""
+    if not s.l2_enabled:
+        return None
+    target = OWN if s.l2_url else IN_CLUSTER if _shared_kind(cfg, s) else ELASTICACHE
+    connector = (REDIS if target == OWN else
+                 connector_for(target, lmcache_version(s.image), carries_glide(s.image)))
+    ranks = parallel_ranks(s.worker_args)
+    scaling = effective_scaling(cfg, s)
+    args = dict(instance_type=s.instance_type, model=s.model or ASSUMED,
+                model_assumed=s.model is None, ranks=ranks,
+                replicas=scaling.max_replicas if scaling else s.replicas,
+                connector=connector, prefix_tokens=s.prefix_tokens,
+                cpu_per_rank=_cores(s.cpu) / ranks)
+    if target == IN_CLUSTER:
+        verdict = choose_in_cluster(instance_types_in(cfg.region),
+                                    cfg.cache.in_cluster_node_type, **args)
+    elif target == ELASTICACHE and cfg.cache.kind == "elasticache":
+        verdict = l2_verdict(server=elasticache_server(
+            cfg.cache.node_type, cfg.cache.max_shards if connector is VALKEY_CONNECTOR else 1), **args)
+    else:
+        verdict = l2_verdict(server=None, **args)
+    return L2Plan(target, verdict)
+
+
+def _cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
 # Image repositories known not to be vLLM: their files cannot get the KV cache.
 NOT_VLLM = {"djl-inference": "DJL Serving (LMI)", "tgi-inference": "TGI",
             "text-generation-inference": "TGI", "tensorrt-llm": "TensorRT-LLM"}
@@ -215,20 +278,25 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
                if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
-    for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
-        props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
-                           image=images.uri(VALKEY), exporter_image=images.uri("redis-exporter"))
+    node = in_cluster_node(cfg, specs)
+    for kind in sorted({_shared_kind(cfg, s) for s in specs if s.l2_enabled} - {None}):
+        assert node is not None
+        _, vcpus, gib = next(n for n in IN_CLUSTER_NODE_TYPES if n[0] == node.node_type)
+        props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), vcpus, gib,
+                                   node.threads, exporter_image=images.uri("redis-exporter"))
         shared[kind] = props
         chart = SharedCacheChart(app, f"cache-{kind}", props=props)
         chart.add_dependency(ns)
         charts.append(chart)
     for s in specs:
         l2 = None
-        if s.l2_url:
+        plan = l2_plan(cfg, s)
+        if plan and s.l2_url:
             l2 = L2Connection(url=s.l2_url)
-        elif s.l2_enabled:
+        elif plan:
             kind = _shared_kind(cfg, s)
-            l2 = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
+            base = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
+            l2 = connection(plan, base) if base else None
         kvaware = s.routing_strategy == "kvaware"
         budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
         wp = WorkerProps(
@@ -273,6 +341,42 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
     policies.add_dependency(ns)
     return charts + [policies]
+
+
+def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):
+    """The node the in-cluster Valkey gets: the largest any endpoint's plan chose (they share
+    one server); None where no endpoint's L2 is in the cluster."""
+    order = [n[0] for n in IN_CLUSTER_NODE_TYPES]
+    servers = [p.verdict.server for s in specs
+               if (p := l2_plan(cfg, s)) and p.target == IN_CLUSTER and p.verdict.server
+               and p.verdict.server.node_type in order]
+    return max(servers, key=lambda x: order.index(x.node_type), default=None)
+
+
+def managed_l2_plans(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
+                     ) -> list[L2Plan]:
+    """The plans of endpoints whose L2 is the environment's ElastiCache."""
+    return [p for s in specs if (p := l2_plan(cfg, s)) and p.target == ELASTICACHE]
+
+
+def connection(plan: L2Plan, base: L2Connection) -> L2Connection:
+    """`base` (the cache's address as redis:// or rediss://) as the plan's connector reaches
+    it: its scheme, its extra_config keys, and a blocking timeout that outlasts a whole
+    retrieve of the endpoint's prefix."""
+    c = plan.connector
+    address = base.url.split("://", 1)[1]
+    if c is REDIS:
+        return replace(base, blocking_timeout_s=plan.verdict.blocking_timeout_s)
+    extra: dict = {"save_chunk_meta": False}     # one key per chunk (both adapters require it)
+    if c.name == "resp":
+        extra["resp_num_threads"] = c.connections
+    else:
+        extra.update(valkey_num_workers=c.connections, tls_enable=True,
+                     valkey_mode="cluster")
+    return L2Connection(url=f"{c.scheme}{address}", secret_arn=base.secret_arn,
+                        extra=tuple(sorted(extra.items())),
+                        password_key="valkey_password" if base.secret_arn else None,
+                        blocking_timeout_s=plan.verdict.blocking_timeout_s)
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

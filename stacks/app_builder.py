@@ -12,7 +12,8 @@ from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from config.images import unpinned_images
 from config.endpoint_spec import EndpointSpec
 from k8s.workers import MetricsSource
-from stacks.cache_stack import CacheStack
+from k8s.serving import in_cluster_node, managed_l2_plans
+from stacks.cache_stack import CacheStack, L2Needs
 from stacks.cluster_stack import ClusterStack
 from stacks.monitoring_stack import MonitoringStack
 from stacks.network_stack import NetworkStack
@@ -52,9 +53,13 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     cluster = ClusterStack(
         app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc, **common,
         amp_workspace_arn=observability.managed.workspace.attr_arn if observability else None)
+    needs = l2_needs(cfg, endpoints)
     cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=network.vpc,
-                        client_security_group=cluster.cluster.cluster_security_group, **common)
-             if cfg.cache.kind == "elasticache" else None)
+                        client_security_group=cluster.cluster.cluster_security_group,
+                        needs=needs, cluster=cluster.cluster,
+                        node_role=cluster.gpu_cluster.node_role,
+                        **common)
+             if needs.any else None)
     l2 = cache.cache if cache else None
     serving = ServingStack(
         app, f"{p}-Serving", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
@@ -83,7 +88,26 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     for spec in endpoints:  # every field we do not act on, and every guess, said at synth
         for warning in spec.warnings:
             cdk.Annotations.of(serving).add_warning_v2("kvcache:endpoint-file", warning)
+    if cfg.cache.kind == "elasticache" and needs.elasticache_shards is None:
+        cdk.Annotations.of(serving).add_warning_v2("kvcache:cache-not-provisioned", (
+            f"cache.kind: elasticache in environment {cfg.name}, but no ElastiCache is "
+            "provisioned: no endpoint's L2 uses it (none asks for an L2 with l2CacheBackend "
+            "redis, or the L2 verdict left it out: the endpoint warnings say why)"))
     return stacks
+
+
+def l2_needs(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> L2Needs:
+    """What the endpoints' L2 plans ask to be provisioned (k8s/serving.py l2_plan): the
+    shards of every endpoint on ElastiCache add up; cluster mode only where all of them reach
+    it by valkey:// (a rediss:// client cannot follow a cluster's redirects: one shard)."""
+    managed = managed_l2_plans(cfg, endpoints) if cfg.cache.kind == "elasticache" else []
+    node = in_cluster_node(cfg, endpoints)
+    cluster_mode = bool(managed) and all(p.connector.cluster for p in managed)
+    shards = (min(sum(p.verdict.shards for p in managed), cfg.cache.max_shards)
+              if cluster_mode else 1)
+    return L2Needs(elasticache_shards=shards if managed else None,
+                   elasticache_cluster_mode=cluster_mode,
+                   in_cluster_node_type=node.node_type if node else None)
 
 
 def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],

@@ -272,6 +272,12 @@ PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("g5.24xlarge", "g5.24xlarge", "A10G", 4, 22.49, 70, 600, LLAMA_31_8B,
                mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
                **SMALL_BATCH),
+    # China's other GPU node group: 4 x T4 (16 GB, 15,360 MiB as the runtime reports it, 65
+    # TFLOPS FP16 tensor dense, 320 GB/s; NVIDIA T4 datasheet), 50 Gbps; prefill efficiency
+    # assumed as the A10G's (not measured).
+    GpuProfile("g4dn.12xlarge", "g4dn.12xlarge", "T4", 4, 15.0, 65, 320, LLAMA_31_8B,
+               mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
+               **SMALL_BATCH),
     GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40.0, 312, 1555, LLAMA_31_70B,
                mfu=0.78, attention_efficiency=0.57, bandwidth_efficiency=0.75,
                network_gbps=400, **SMALL_BATCH),

@@ -50,7 +50,8 @@ WORKERS = 4
 HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
 # per replica of each profile the sweeps run: one H100 of a p5.48xlarge, a whole g5.24xlarge
 # (on-demand, us-east-1; cdk.json's dev prices it 8.144 in us-west-2)
-REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144}
+REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144, "g4dn.12xlarge": 3.912,
+               "p4d.24xlarge": 32.77}
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
 BASELINE = "rr"
@@ -62,6 +63,7 @@ ARMS = {
     "rr+L1": ("roundrobin", "l1"),
     "rr+L1+L2": ("roundrobin", "l1l2"),
     "prefixaware": ("prefixaware", "none"),
+    "prefixaware+L1": ("prefixaware", "l1"),
     "prefixaware+L1+L2": ("prefixaware", "l1l2"),
     "session": ("session", "none"),
     "session+L1+L2": ("session", "l1l2"),
@@ -86,6 +88,16 @@ L2_PROFILE = "g5.24xlarge"
 L2_SCENARIOS = ("document-8k", "multi-turn")
 L2_ARMS = ("rr", "rr+L1", "rr+L1+L2 forced", "prefixaware", "prefixaware+L1+L2 forced")
 L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/cache.py)
+# The L2 where its verdict deploys it (k8s/l2.py): the rendered L2 against L1 alone, same
+# strategy, on 64K documents whose working set outgrows GPU + L1 even under prefix-aware
+# routing (`python -m bench.tiered --only l2sweep --profile P`), per profile: (model, prefix).
+L2_SWEEP_ARMS = ("rr", "rr+L1", "rr+L1+L2", "prefixaware+L1", "prefixaware+L1+L2")
+L2_SWEEP_PROFILES = {"g5.24xlarge": ("Llama-3.1-8B", 65536),
+                     "g4dn.12xlarge": ("Llama-3.1-8B", 65536),
+                     "p4d.24xlarge": ("Llama-3.1-70B", 65536),
+                     "h100-8b": ("Llama-3.1-8B", 65536)}
+L2_SWEEP_SCENARIO = "document-64k-many"
+L1_TWINS = {"rr+L1+L2": "rr+L1", "prefixaware+L1+L2": "prefixaware+L1"}
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "document-64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
@@ -106,7 +118,8 @@ def _quiet_jsii() -> None:
         os.environ.setdefault(var, "1")
 
 
-def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
+def tier_configs(gpu: GpuProfile, prefix_tokens: int | None = None,
+                 model: str | None = None) -> dict[str, TierConfig]:
     """The configurations the arms use: rendered by the charts for the seed file on `gpu`'s
     instance type and TP, except `old` (the real tiers run's, from bench/data), with the
     instance's network per connection."""
@@ -114,10 +127,11 @@ def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
 
     _quiet_jsii()
     net = min(gpu.network_gbps / 8 / gpu.gpus, 5 / 8)   # per rank, per flow
+    shape = dict(prefix_tokens=prefix_tokens, model=model)
     l1l2 = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, replicas=WORKERS,
-                       label=f"L1 + L2 ({L2_BACKEND})")
+                       label=f"L1 + L2 ({L2_BACKEND})", **shape)
     forced = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, replicas=WORKERS, force_l2=True,
-                         label=f"L1 + L2 ({L2_BACKEND}), forceL2Cache")
+                         label=f"L1 + L2 ({L2_BACKEND}), forceL2Cache", **shape)
     old = replace(old_tiers(), put_gbs=min(old_tiers().put_gbs, net),
                   get_gbs=min(old_tiers().get_gbs, net), l2_memory_limit_gib=24.0,
                   l1_gib=forced.l1_gib, label="old config (L1 + lm:// L2, as the real run)")
@@ -142,13 +156,16 @@ def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = Fa
                        prefix_words=2000, user_words=40)
     if scenario == "multi-turn":
         return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
+    if scenario == L2_SWEEP_SCENARIO:   # 96 64K documents: ~6.3M tokens, ~1.6M a replica
+        return replace(base, scenarios=("document",), contexts=(65536,),
+                       documents=32 if quick else 96, questions=3)
     ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
     docs = {8192: 25, 65536: 36}[ctx]
     return replace(base, scenarios=("document",), contexts=(ctx,),
                    documents=max(3, docs // (3 if quick else 1)), questions=4)
 
 
-SCENARIOS = ("document-8k", "document-64k", "multi-turn")
+SCENARIOS = ("document-8k", "document-64k", "multi-turn", L2_SWEEP_SCENARIO)
 
 
 class _L2:
@@ -214,11 +231,26 @@ def _same_as(arm: str, arms: list[str], cfgs: dict) -> str | None:
 
 def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
              profile_name: str = "", scenarios: tuple[str, ...] = (),
-             name: str = "hyperpod.json", seed: int = 1) -> dict:
+             name: str = "hyperpod.json", seed: int = 1, prefix_tokens: int | None = None,
+             model: str | None = None, peaks: bool = True) -> dict:
+    """`peaks` False: the closed-loop peak of the baseline only (it sets the capacity)."""
     path = out / name
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     gpu = profile(profile_name or PROFILE)
-    cfgs = tier_configs(gpu)
+    cfgs = tier_configs(gpu, prefix_tokens, model)
+    r = None
+    if prefix_tokens or model:
+        from bench.tiers import rendered_tiers
+        r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
+                           replicas=WORKERS, prefix_tokens=prefix_tokens, model=model)
+        done["verdict"] = {"warnings": [w for w in r.warnings if "L2" in w],
+                           "rendered": r.lmcache.get("remote_url"),
+                           "explain": r.verdict.explain() if r.verdict else None,
+                           "need_gbs": r.verdict.need_gbs if r.verdict else None,
+                           "deliver_gbs": r.verdict.deliver_gbs if r.verdict else None,
+                           "node": r.verdict.server.node_type
+                           if r.verdict and r.verdict.server else None,
+                           "prefix_tokens": prefix_tokens, "model": model}
     done["profile"] = gpu.name
     done["configs"] = {k: describe(v) for k, v in cfgs.items()}
     done["arms"] = {a: {"strategy": ARMS[a][0], "config": ARMS[a][1],
@@ -227,7 +259,7 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
     for scenario in scenarios or SCENARIOS:
         cell = done.setdefault(scenario, {"peaks": {}, "loads": {}})
         for arm in arms:
-            if arm not in cell["peaks"]:
+            if arm not in cell["peaks"] and (peaks or arm == BASELINE):
                 t0 = time.time()
                 twin = done["arms"][arm]["same_as"]
                 cell["peaks"][arm] = cell["peaks"][twin] if twin else peak(
@@ -798,6 +830,48 @@ def hyperpod_findings(h: dict) -> list[str]:
     return out
 
 
+def l2_bar(h: dict) -> dict[str, dict]:
+    """Each rendered-L2 arm against the same strategy with L1 alone, per load: TTFT P50 and
+    P90 ratios (the L2's bar: P50 <= 0.7 at 100% load, nowhere above 1.05)."""
+    cell = h.get(L2_SWEEP_SCENARIO) or {}
+    out: dict[str, dict] = {}
+    for load, arms in (cell.get("loads") or {}).items():
+        for arm, twin in L1_TWINS.items():
+            a, b = arms.get(twin), arms.get(arm)
+            if a and b:
+                out.setdefault(arm, {})[load] = {
+                    k: b["ttft_s"][k] / a["ttft_s"][k] for k in ("p50", "p90")}
+    return out
+
+
+def render_l2sweep(h: dict) -> list[str]:
+    name = h.get("profile", "")
+    v = h.get("verdict") or {}
+    lines = render_hyperpod(h, findings=False, title=(
+        f"## The L2 as rendered against L1 alone: {name}, 64K documents"))
+    lines += ["", f"The verdict (k8s/l2.py) for this fleet ({WORKERS} replicas of "
+              f"{v.get('model')}, prefixTokens {v.get('prefix_tokens')}): "
+              + (f"deploys `{v['rendered']}` on `{v.get('node')}`: delivers "
+                 f"{v['deliver_gbs']:.2f} GB/s per GPU against a break-even of "
+                 f"{v['need_gbs']:.2f} ({v['explain']})." if v.get("rendered") else
+                 "no L2: " + " ".join(v.get("warnings", [])))]
+    bar = l2_bar(h)
+    if bar:
+        loads = sorted({ld for x in bar.values() for ld in x}, key=float)
+        lines += ["", "TTFT P50 / P90, the rendered L2 arm over the same strategy with L1 "
+                  "alone (the bar: P50 <= 0.70 at 100% load, no cell above 1.05):", "",
+                  "| arm | " + " | ".join(f"{float(ld):.0%}" for ld in loads) + " | holds |",
+                  "|" + "---|" * (len(loads) + 2)]
+        for arm, x in bar.items():
+            worst = max(max(r.values()) for r in x.values())
+            at100 = x.get("1.00", {}).get("p50")
+            holds = worst <= BAR and (at100 is not None and at100 <= 0.7)
+            lines.append(f"| {arm} vs {L1_TWINS[arm]} | " + " | ".join(
+                f"{x[ld]['p50']:.2f} / {x[ld]['p90']:.2f}" if ld in x else "-"
+                for ld in loads) + f" | {'yes' if holds else 'no'} |")
+    return lines
+
+
 def render_llmd(d: dict) -> list[str]:
     if "setup" not in d:
         return []
@@ -917,6 +991,9 @@ def render(out: Path) -> list[str]:
             f"## An L2 where its client alone could pay: {L2_PROFILE}, the same sweep, "
             "smaller"))
     lines += render_seeds(load("seeds.json"))
+    for name in L2_SWEEP_PROFILES:
+        if (out / f"l2sweep-{name}.json").exists():
+            lines += render_l2sweep(load(f"l2sweep-{name}.json"))
     lines += render_llmd(load("llmd.json"))
     lines += render_drill(load("drill.json"))
     return lines
@@ -926,8 +1003,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tiered", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results/tiered"))
-    p.add_argument("--only", choices=("hyperpod", "seeds", "l2", "llmd", "drill"),
+    p.add_argument("--only", choices=("hyperpod", "seeds", "l2", "l2sweep", "llmd", "drill"),
                    action="append")
+    p.add_argument("--profile", action="append", choices=list(L2_SWEEP_PROFILES),
+                   help="l2sweep: the profiles to sweep (default: all, one after the other)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(DEFAULT_ARMS))
     p.add_argument("--repeats", type=int, default=1, help="repeats per cell (virtual time: "
                    "new salts give the same figures, so one is the default)")
@@ -948,6 +1027,13 @@ def main(argv: list[str] | None = None) -> int:
         if "l2" in todo:
             hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=list(L2_ARMS),
                      profile_name=L2_PROFILE, scenarios=L2_SCENARIOS, name="hyperpod-l2.json")
+        if "l2sweep" in todo:
+            for name in a.profile or L2_SWEEP_PROFILES:
+                model, prefix = L2_SWEEP_PROFILES[name]
+                hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=list(L2_SWEEP_ARMS),
+                         profile_name=name, scenarios=(L2_SWEEP_SCENARIO,),
+                         name=f"l2sweep-{name}.json", prefix_tokens=prefix, model=model,
+                         peaks=False)
         if "llmd" in todo:
             llmd(a.out, quick=a.quick)
         if "drill" in todo:

@@ -19,8 +19,10 @@ least of five terms:
   x shards over every GPU of the endpoint's largest fleet, all reading at once;
 - the L2 server's CPU: Valkey's GB per CPU-second for GET and SET x its threads x shards, every
   byte read having been written once, over the same GPUs.
-An L2 is deployed only where that least term is at least MARGIN x need. ElastiCache in cluster
-mode is given the shards that take; the in-cluster Valkey the smallest node type that does.
+An L2 is deployed only where that least term is at least MARGIN x need. It is sized for KV
+too: it holds at least what the fleet's L1s hold together (an L2 smaller than them holds little
+they do not). ElastiCache in cluster mode is given the shards that take; the in-cluster Valkey
+the smallest node type that does.
 """
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ from typing import Any
 
 from config.instances import gpu_model, gpu_shape
 from config.models import ModelShape
-from config.network import CACHE_NODES, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, ec2_baseline_gbps
+from config.network import (
+    CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, ec2_baseline_gbps,
+)
 
 LMCacheVersion = tuple[int, int, int]
 MFU = 0.6
@@ -73,19 +77,24 @@ class Connector:
 # - valkey:// (valkey_adapter.py, GLIDE sync: `valkey_num_workers` (8) threads each with its
 #   own client; standalone or `valkey_mode: cluster`, `tls_enable`, `valkey_password`): needs
 #   the `valkey-glide-sync` package, which the published images do not carry.
-REDIS = Connector("redis", "redis://", (0, 3, 7), 4, 1, 0.45, 1.0, tls=True, cluster=False,
+# Rates: the 8 MiB chunks of a rank of Llama-3.1-8B at TP 4, against Valkey 9, medians of 3
+# (tests/k8s/test_tier_choice.py holds these to the rows named). One connection's GET where
+# the row ran one; redis.asyncio's loop is one thread whatever its connections, so its row's
+# rate is the loop's.
+REDIS = Connector("redis", "redis://", (0, 3, 7), 4, 1, 0.16, 1.06, tls=False, cluster=False,
                   batched=False, measured="redis@0.5.4/valkey/4c")
-RESP = Connector("resp", "resp://", (0, 3, 15), 8, 8, 0.5, 4.5, tls=False, cluster=False,
+REDISS = Connector("rediss", "rediss://", (0, 3, 7), 4, 1, 0.16, 0.63, tls=True,
+                   cluster=False, batched=False, measured="rediss@0.5.4/redis/4c")
+RESP = Connector("resp", "resp://", (0, 3, 15), 8, 8, 1.94, 4.7, tls=False, cluster=False,
                  batched=True, measured="resp@0.5.4/valkey/1c")
-VALKEY = Connector("valkey", "valkey://", (0, 4, 7), 8, 8, 0.3, 0.85, tls=True, cluster=True,
+VALKEY = Connector("valkey", "valkey://", (0, 4, 7), 8, 8, 1.04, 1.56, tls=True, cluster=True,
                    batched=True, needs_glide=True, measured="valkey@0.5.4/valkey/1c")
-CONNECTORS = {c.name: c for c in (REDIS, RESP, VALKEY)}
+CONNECTORS = {c.name: c for c in (REDIS, REDISS, RESP, VALKEY)}
 
-# Valkey 9's own cost per byte (GB per CPU-second, the chunks of a rank), measured with the
-# same runs: a GET is served from the stored value without a copy, a SET is not.
-SERVER_GET_GB_PER_CPU_S = 6.0
-SERVER_SET_GB_PER_CPU_S = 1.0
-SERVER_MEASURED = "resp@0.5.4/valkey/8c"
+# Valkey 9's own cost per byte (GB per CPU-second, the same chunks): the median over every
+# connector's run. A GET is served from the stored value without a copy; a SET is not.
+SERVER_GET_GB_PER_CPU_S = 6.71
+SERVER_SET_GB_PER_CPU_S = 1.68
 
 IN_CLUSTER = "in-cluster"
 ELASTICACHE = "elasticache"
@@ -98,9 +107,11 @@ def connector_for(target: str, lmcache: LMCacheVersion | None, glide: bool) -> C
     version = lmcache or REDIS.since
     if target == IN_CLUSTER and version >= RESP.since:
         return RESP          # plain TCP inside the cluster, confined by NetworkPolicy
-    if target == ELASTICACHE and glide and version >= VALKEY.since:
-        return VALKEY        # TLS + AUTH + cluster mode
-    return REDIS             # rediss:// to ElastiCache (TLS, one shard), redis:// otherwise
+    if target == ELASTICACHE:
+        if glide and version >= VALKEY.since:
+            return VALKEY    # TLS + AUTH + cluster mode
+        return REDISS        # TLS + AUTH, one shard (redis.asyncio cannot follow MOVED)
+    return REDIS
 
 
 @dataclass(frozen=True)
@@ -112,22 +123,27 @@ class L2Server:
     node_type: str
     gbps: float
     threads: int
-    memory_gib: float
+    memory_gib: float              # per node, for KV
     max_shards: int = 1
 
 
 VALKEY_IO_THREADS = 16  # at most: Valkey's io-threads on its own node, half its vCPUs
 
 
+# Of a node's memory, what holds KV: the in-cluster Valkey's container (k8s/cache.py: all but
+# 12% and 2 GiB) x maxmemory's 3/4; ElastiCache's reserved-memory-percent leaves 3/4.
+IN_CLUSTER_DATA_SHARE = 0.88 * 0.75
+
+
 def in_cluster_server(node_type: str, vcpus: int, gib: float) -> L2Server:
     return L2Server(IN_CLUSTER, node_type, ec2_baseline_gbps(node_type) or 0.0,
-                    min(VALKEY_IO_THREADS, vcpus // 2), gib)
+                    min(VALKEY_IO_THREADS, vcpus // 2), (gib - 2) * IN_CLUSTER_DATA_SHARE)
 
 
 def elasticache_server(node_type: str, max_shards: int) -> L2Server:
     node = CACHE_NODES[node_type]
-    return L2Server(ELASTICACHE, node_type, node.baseline_gbps, node.vcpus, node.memory_gib,
-                    max_shards)
+    return L2Server(ELASTICACHE, node_type, node.baseline_gbps, node.vcpus,
+                    node.memory_gib * ELASTICACHE_DATA_SHARE, max_shards)
 
 
 @dataclass(frozen=True)
@@ -149,7 +165,14 @@ class L2Verdict:
     server: L2Server | None
     need_gbs: float | None          # per GPU: the read rate that only breaks even
     terms: tuple[Term, ...]
+    capacity_gib: float = 0.0       # what the L2 must hold: the fleet's L1s together
     shards: int = 1
+    client_side_gbs: float = 0.0    # per GPU: the least of the terms on the worker's side
+    server_total_gbs: float | None = None   # the whole L2 (every shard), reads and writes
+
+    @property
+    def gpus_reading(self) -> int:
+        return self.replicas * self.ranks
 
     @property
     def deliver_gbs(self) -> float:
@@ -160,9 +183,18 @@ class L2Verdict:
         return min(self.terms, key=lambda t: t.gbs)
 
     @property
+    def holds(self) -> bool:
+        return self.server is None or self.server.memory_gib * self.shards >= self.capacity_gib
+
+    @property
     def pays(self) -> bool:
         """Unknown GPUs keep what the file asks (nothing to judge with)."""
         return self.need_gbs is None or self.deliver_gbs >= MARGIN * self.need_gbs
+
+    @property
+    def deploys(self) -> bool:
+        """Fast enough, and big enough."""
+        return self.pays and self.holds
 
     @property
     def blocking_timeout_s(self) -> int:
@@ -175,11 +207,14 @@ class L2Verdict:
                    math.ceil(MARGIN * rank_bytes / (self.deliver_gbs * 1e9)))
 
     def explain(self) -> str:
-        """Every term, the least marked, in one line."""
+        """Every term, the least marked, in one line (and the size, where it falls short)."""
         parts = []
         for t in self.terms:
             mark = " (the least)" if t is self.binding else ""
             parts.append(f"{t.what}: {t.gbs:.2f} GB/s{mark}")
+        if not self.holds:
+            parts.append(f"and it holds {self.server.memory_gib * self.shards:.0f} GiB of KV, "
+                         f"less than the fleet's L1s ({self.capacity_gib:.0f} GiB)")
         return "; ".join(parts)
 
 
@@ -189,11 +224,16 @@ def break_even_gbs(model: ModelShape, tflops: float, prefix_tokens: int) -> floa
     return model.kv_bytes_per_token * tokens_s / 1e9
 
 
+def server_gbs(server: L2Server, shards: int) -> tuple[float, float]:
+    """(network, CPU) GB/s of the whole L2: the nodes' sustained network, and what their
+    threads move when each byte read was written once."""
+    return (server.gbps / 8 * shards,
+            server.threads * shards / (1 / SERVER_GET_GB_PER_CPU_S + 1 / SERVER_SET_GB_PER_CPU_S))
+
+
 def _server_terms(server: L2Server, shards: int, gpus: int) -> list[Term]:
     """The L2 side, per GPU, with `gpus` reading at once."""
-    net = server.gbps / 8 * shards / gpus
-    cpu = server.threads * shards / (1 / SERVER_GET_GB_PER_CPU_S
-                                     + 1 / SERVER_SET_GB_PER_CPU_S) / gpus
+    net, cpu = (x / gpus for x in server_gbs(server, shards))
     return [Term(f"the L2's sustained network ({server.node_type}, {server.gbps:g} Gbps x "
                  f"{shards} shard{'s' if shards > 1 else ''}) over {gpus} GPUs", net),
             Term(f"the L2 server's CPU ({server.threads} threads x {shards} shard"
@@ -205,7 +245,7 @@ def _server_terms(server: L2Server, shards: int, gpus: int) -> list[Term]:
 def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: int,
                connector: Connector, server: L2Server | None,
                prefix_tokens: int = DEFAULT_PREFIX_TOKENS, cpu_per_rank: float = 4.0,
-               model_assumed: bool = False) -> L2Verdict:
+               model_assumed: bool = False, capacity_gib: float = 0.0) -> L2Verdict:
     """Whether reading a token's KV from the L2 beats recomputing it with MARGIN to spare, for
     `replicas` replicas of `ranks` GPU processes reading at once (module docstring). With a
     server that may shard, the fewest shards that let it pay (or all of them)."""
@@ -228,12 +268,15 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
         terms = client + [Term(f"{flows * (shards if connector.cluster else 1)} TCP flows x "
                                f"{PER_FLOW_GBPS:g} Gbps",
                                flows * (shards if connector.cluster else 1) * PER_FLOW_GBPS / 8)]
+        client_side = min(t.gbs for t in terms)
+        total = None
         if server is not None:
             terms += _server_terms(server, shards, gpus)
+            total = min(server_gbs(server, shards))
         verdict = L2Verdict(instance_type, known[0] if known else None, model, model_assumed,
                             prefix_tokens, ranks, replicas, connector, server, need,
-                            tuple(terms), shards)
-        if verdict.pays:
+                            tuple(terms), capacity_gib, shards, client_side, total)
+        if verdict.pays and verdict.holds:
             break
     assert verdict is not None
     return verdict
@@ -250,7 +293,7 @@ def choose_in_cluster(offered: frozenset[str], pinned: str | None, **verdict_arg
     verdict = None
     for node_type, vcpus, gib in candidates:
         verdict = l2_verdict(server=in_cluster_server(node_type, vcpus, gib), **verdict_args)
-        if verdict.pays:
+        if verdict.pays and verdict.holds:
             return verdict
     if verdict is None:   # nothing offered: judge the client side alone, on a node of 0 Gbps
         verdict = l2_verdict(server=L2Server(IN_CLUSTER, "none offered", 0.0, 1, 0.0),

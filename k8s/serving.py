@@ -25,7 +25,8 @@ from config.models import ASSUMED
 from config.network import IN_CLUSTER_NODE_TYPES
 from config.regions import instance_types_in
 from k8s.l2 import (
-    ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, VALKEY as VALKEY_CONNECTOR, L2Verdict,
+    ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS, VALKEY as VALKEY_CONNECTOR,
+    L2Verdict,
     choose_in_cluster,
     connector_for, elasticache_server, l2_verdict,
 )
@@ -63,7 +64,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
         assumed = (f" ({s.model_name} is not a model whose shape we know: "
                    f"{v.model.name}'s assumed, the dearest to read we know; state it with "
                    "kvCacheSpec.modelShape)" if v.model_assumed else "")
-        if not s.l2_forced and not v.pays:
+        if not s.l2_forced and not v.deploys:
             warnings.append(
                 f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
                 f"{s.instance_type} ({v.gpu}) recomputing {v.model.name}'s KV at a "
@@ -74,7 +75,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                 "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
                 "(docs/serving.md, 'The tier configuration, and why')")
             s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
-        elif plan.target == ELASTICACHE and v.connector is REDIS:
+        elif plan.target == ELASTICACHE and v.connector is REDISS:
             warnings.append(
                 f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
                 f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, cluster "
@@ -184,13 +185,15 @@ def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     if not s.l2_enabled:
         return None
     target = OWN if s.l2_url else IN_CLUSTER if _shared_kind(cfg, s) else ELASTICACHE
-    connector = (REDIS if target == OWN else
+    connector = ((REDISS if s.l2_url.startswith("rediss://") else REDIS) if target == OWN else
                  connector_for(target, lmcache_version(s.image), carries_glide(s.image)))
     ranks = parallel_ranks(s.worker_args)
     scaling = effective_scaling(cfg, s)
+    replicas = scaling.max_replicas if scaling else s.replicas
+    l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
     args = dict(instance_type=s.instance_type, model=s.model or ASSUMED,
-                model_assumed=s.model is None, ranks=ranks,
-                replicas=scaling.max_replicas if scaling else s.replicas,
+                model_assumed=s.model is None, ranks=ranks, replicas=replicas,
+                capacity_gib=replicas * ranks * l1,
                 connector=connector, prefix_tokens=s.prefix_tokens,
                 cpu_per_rank=_cores(s.cpu) / ranks)
     if target == IN_CLUSTER:
@@ -365,7 +368,7 @@ def connection(plan: L2Plan, base: L2Connection) -> L2Connection:
     retrieve of the endpoint's prefix."""
     c = plan.connector
     address = base.url.split("://", 1)[1]
-    if c is REDIS:
+    if c in (REDIS, REDISS):
         return replace(base, blocking_timeout_s=plan.verdict.blocking_timeout_s)
     extra: dict = {"save_chunk_meta": False}     # one key per chunk (both adapters require it)
     if c.name == "resp":

@@ -80,7 +80,8 @@ class Connector:
 # Rates: the 8 MiB chunks of a rank of Llama-3.1-8B at TP 4, against Valkey 9, medians of 3
 # (tests/k8s/test_tier_choice.py holds these to the rows named). One connection's GET where
 # the row ran one; redis.asyncio's loop is one thread whatever its connections, so its row's
-# rate is the loop's.
+# rate is the loop's; over TLS the loop's CPU rate (the wall rate here was Redis 7's own TLS,
+# 0.08 GB/s: its server CPU bound it).
 REDIS = Connector("redis", "redis://", (0, 3, 7), 4, 1, 0.16, 1.06, tls=False, cluster=False,
                   batched=False, measured="redis@0.5.4/valkey/4c")
 REDISS = Connector("rediss", "rediss://", (0, 3, 7), 4, 1, 0.16, 0.63, tls=True,

@@ -206,7 +206,14 @@ class TierConfig:
             server = verdict.server_total_gbs or 0.0
             batched = verdict.connector.batched
         elif kind:
-            raise ValueError("an L2 without its verdict (k8s/l2.py) is not modelled")
+            # no verdict at hand (a configuration judged alone): the connector's measured
+            # client rate over its flows, and no bound of the server's
+            from k8s.l2 import CONNECTORS
+
+            c = CONNECTORS[{"redis": "redis", "rediss": "rediss", "resp": "resp",
+                            "valkey": "valkey"}[scheme]]
+            put = get = min(c.client_gbs(4.0), c.connections * net)
+            batched = c.batched
         l1 = float(cfg.get("max_local_cpu_size", 5.0)) if cfg.get("local_cpu", True) else 0.0
         return cls(
             chunk_size=int(cfg.get("chunk_size", 256)), l1_gib=l1, l2=kind,
@@ -858,6 +865,11 @@ class LMCacheWorker:
         c.retrieve_requests += 1
         load = 0.0
         ok = chunks
+        # this retrieve's L1 chunks are in use (LMCache holds them while it loads): touched
+        # first, so promoting its L2 chunks evicts others before them
+        for i in need:
+            if in_l1[i] and keys[i] in self.l1:
+                self.l1.move_to_end(keys[i])
         if from_l2:
             get_s = self.link.get_time(now, len(from_l2))
             if self._get_times_out(now, get_s):
@@ -871,7 +883,7 @@ class LMCacheWorker:
                 c.get_ms.observe(get_s * 1e3)
                 self._l1_insert(from_l2, now, None)       # promotion
         for i in range(first, ok):
-            if in_l1[i]:
+            if in_l1[i] and keys[i] in self.l1:
                 self.l1.move_to_end(keys[i])
         loaded_tokens = min(hit, ok * cfg.chunk_size) - gpu_hit
         if loaded_tokens <= 0:

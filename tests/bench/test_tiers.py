@@ -45,7 +45,8 @@ def test_the_rendered_configuration_is_one_the_model_can_judge(backend):
     r = rendered_tiers(backend, force_l2=True)
     assert set(r.lmcache) <= MODELLED | NO_TIMING_EFFECT, sorted(r.lmcache)
     cfg = TierConfig.from_lmcache(r.lmcache, l2_capacity_gib=r.l2_capacity_gib,
-                                  l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url)
+                                  l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url,
+                                  verdict=r.verdict)
     assert cfg.l1_gib == r.lmcache["max_local_cpu_size"] > 0
     assert cfg.l2 == (None if backend == "none" else "redis")
     if cfg.l2:                # sized from the cache we deploy, with eviction

@@ -252,7 +252,7 @@ class RenderedTiers:
     l2_memory_limit_gib: float | None  # the cache pod's memory limit
     source: str
     warnings: tuple[str, ...] = ()
-    verdict: Any = None                # k8s/l2.py L2Verdict of the L2 rendered, if any
+    verdict: Any = None                # k8s/l2.py L2Verdict on the L2 asked for, if any
 
 
 def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
@@ -315,8 +315,8 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
     spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw,
                           node_instance_types=tuple(
                               t for g in cfg.gpu_node_groups for t in g.instance_types))
+    plan = l2_plan(cfg, spec)     # the verdict, also where it leaves the L2 out
     spec = fit_endpoint(cfg, spec)
-    plan = l2_plan(cfg, spec)
     if l1_gib is not None:
         spec = replace(spec, l1_size_gib=l1_gib)
     docs = [d for chart in build_charts(cdk8s.App(), cfg, (spec,),

@@ -156,9 +156,12 @@ def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = Fa
                        prefix_words=2000, user_words=40)
     if scenario == "multi-turn":
         return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
-    if scenario == L2_SWEEP_SCENARIO:   # 96 64K documents: ~6.3M tokens, ~1.6M a replica
+    if scenario == L2_SWEEP_SCENARIO:
+        # 80 64K documents, 4 questions each: 5.2M tokens of KV (640 GiB for an 8B model), more
+        # than 4 A10G or T4 replicas' GPUs and L1s hold even under prefix-aware routing (~70
+        # documents), less than the L2 the verdict sizes (674 GiB): what an L2 is for
         return replace(base, scenarios=("document",), contexts=(65536,),
-                       documents=32 if quick else 96, questions=3)
+                       documents=24 if quick else 80, questions=4)
     ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
     docs = {8192: 25, 65536: 36}[ctx]
     return replace(base, scenarios=("document",), contexts=(ctx,),
@@ -757,36 +760,32 @@ def verdict_table(h: dict) -> list[str]:
 
 def break_even() -> list[str]:
     """Where a tier can pay at all: a hit must move a token's KV faster than the GPU
-    recomputes it. Per token of an 8K prompt, from each profile's model and the measured
-    rates (per TP rank, ranks in parallel), beside what k8s renders on that instance type."""
+    recomputes it. Per GPU, each profile's emulated recompute at an 8K prompt beside the
+    synth-time verdict's break-even (MFU 0.6) and what the in-cluster L2 would deliver to
+    WORKERS replicas of it (k8s/l2.py, the rates of bench/data/lmcache_rates.json)."""
     from bench.emulator import PROFILES
-    from bench.tiers import LMCACHE_CPU_TO_GPU_GBS, measured_rates, redis_rates
-    from k8s.workers import l2_verdict
+    from bench.tiers import LMCACHE_CPU_TO_GPU_GBS, rendered_tiers
 
-    resp = measured_rates()["clients"].get("resp-native-8t")
     lines = ["", "### Where a tier can pay at all", "",
-             "A hit only helps if moving a token's KV costs less than recomputing it. Per "
-             "token of an 8K prompt, microseconds (every TP rank moves its shard in parallel). "
-             "L2 reads at the GET rate measured here for that profile's chunk per rank "
-             "(bench/data/lmcache_rates.json, `python bench/lmcache_rates.py`, loopback, "
-             "medians of 3): LMCache's `redis://` client (redis.asyncio, pure-Python parser: "
-             "what the images run), and LMCache 0.5.4's C++ `resp://` client:", "",
-             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, "
-             f"{LMCACHE_CPU_TO_GPU_GBS:g} GB/s/rank) | L2 read, redis:// | L2 read, resp:// | "
-             "L2 rendered by k8s on this instance type, 4 replicas |", "|---|---|---|---|---|---|"]
+             "A hit only helps if moving a token's KV is faster than recomputing it. GB/s per "
+             "GPU at an 8K prompt: what the emulated GPU recomputes at, the synth-time "
+             "verdict's break-even (MFU 0.6, k8s/l2.py), L1's CPU->GPU copy, and what the L2 "
+             f"k8s would render delivers to {WORKERS} replicas reading at once (the least of "
+             "its terms):", "",
+             "| profile | recompute, emulated | break-even, verdict | L1 load | L2 delivered "
+             "(binding term) | L2 rendered |", "|---|---|---|---|---|---|"]
     for p in PROFILES.values():
-        recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
-        per_rank = p.model.kv_bytes_per_token / p.gpus
-        chunk = 256 * per_rank
-        rates = [(LMCACHE_CPU_TO_GPU_GBS, ""), (redis_rates(chunk)[1], "")]
-        if resp:
-            rates.append((redis_rates(chunk, "resp-native-8t")[1], ""))
-        cells = [f"{per_rank / (r * 1e9) * 1e6:.0f}"
-                 + (" (loses)" if per_rank / (r * 1e9) * 1e6 > recompute else "")
-                 + f" at {r:.2f} GB/s" for r, _ in rates]
-        v = l2_verdict(p.instance_type, p.gpus, WORKERS)
-        lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {recompute:.0f} | "
-                     + " | ".join(cells) + f" | {'yes' if v.pays else 'no'} ({v.gpu}) |")
+        compute = p.prefill_seconds(8192) - p.frontend_seconds(8192)
+        emulated = p.model.kv_bytes_per_token * 8192 / compute / p.gpus / 1e9
+        model = p.model.name + ("-Instruct" if "Llama" in p.model.name else "")
+        r = rendered_tiers(L2_BACKEND, instance_type=p.instance_type, gpus=p.gpus,
+                           replicas=WORKERS, model=model)
+        v = r.verdict
+        lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {emulated:.2f} | "
+                     f"{v.need_gbs:.2f} | {LMCACHE_CPU_TO_GPU_GBS:g} | {v.deliver_gbs:.2f} "
+                     f"({v.binding.what.split(' (')[0]}) | "
+                     + (f"`{r.lmcache['remote_url'].split('://')[0]}://`"
+                        if r.lmcache.get("remote_url") else "no") + " |")
     return lines
 
 
@@ -985,12 +984,14 @@ def render(out: Path) -> list[str]:
     def load(name: str) -> dict:
         p = out / name
         return json.loads(p.read_text()) if p.exists() else {}
+    from bench.lmcache_rates import render_rates
     lines = render_hyperpod(load("hyperpod.json")) if (out / "hyperpod.json").exists() else []
     if (out / "hyperpod-l2.json").exists():
         lines += render_hyperpod(load("hyperpod-l2.json"), findings=False, title=(
             f"## An L2 where its client alone could pay: {L2_PROFILE}, the same sweep, "
             "smaller"))
     lines += render_seeds(load("seeds.json"))
+    lines += render_rates()
     for name in L2_SWEEP_PROFILES:
         if (out / f"l2sweep-{name}.json").exists():
             lines += render_l2sweep(load(f"l2sweep-{name}.json"))

@@ -62,6 +62,8 @@ SOURCES = (
     "400 Gbps; p5.48xlarge = 8 x H100 80 GB, 3,200 Gbps (AWS EC2 accelerated-computing "
     "instances; https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e).",
     "A100 40 GB: 312 TFLOPS BF16 dense, 1,555 GB/s, 40,960 MiB (NVIDIA A100 datasheet).",
+    "T4: 16 GB GDDR6 (15,360 MiB), 320 GB/s, 65 TFLOPS FP16 tensor dense (NVIDIA T4 datasheet); "
+    "g4dn.12xlarge = 4 x T4, 50 Gbps; prefill efficiency assumed as the A10G's (not measured).",
     "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s; 79.2 GiB as the runtime reports it "
     "(measured; https://glennklockwood.com/garden/processors/h100).",
     "Not measured, kept from before: A10G TP 4 over PCIe prefills at 0.3 of peak (2 x A10G TP 2 "

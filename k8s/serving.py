@@ -26,7 +26,7 @@ from config.network import IN_CLUSTER_NODE_TYPES
 from config.regions import instance_types_in
 from k8s.l2 import (
     ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS, VALKEY as VALKEY_CONNECTOR,
-    L2Verdict,
+    L2Verdict, server_gbs,
     choose_in_cluster,
     connector_for, elasticache_server, l2_verdict,
 )
@@ -46,7 +46,31 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
-    return tuple(fit_endpoint(cfg, s) for s in specs)
+    return _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
+
+
+def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
+                     ) -> tuple[EndpointSpec, ...]:
+    """Each endpoint's verdict counted its own fleet; endpoints sharing the one in-cluster
+    Valkey share its network and CPU too: say so where together they need more than it has."""
+    plans = {s.name: p for s in specs if (p := l2_plan(cfg, s)) and p.target == IN_CLUSTER}
+    node = in_cluster_node(cfg, specs)
+    if len(plans) < 2 or node is None:
+        return specs
+    gpus = sum(p.verdict.gpus_reading for p in plans.values())
+    share = min(server_gbs(node, 1)) / gpus
+    out = []
+    for s in specs:
+        p = plans.get(s.name)
+        if p and p.verdict.need_gbs and share < MARGIN * p.verdict.need_gbs:
+            s = replace(s, warnings=(*s.warnings, (
+                f"{s.source_file}: spec.kvCacheSpec.enableL2Cache: the in-cluster Valkey "
+                f"({node.node_type}) is shared by {len(plans)} endpoints' {gpus} GPUs: "
+                f"{share:.2f} GB/s each, under {MARGIN:g}x this endpoint's break-even "
+                f"({p.verdict.need_gbs:.2f} GB/s per GPU); each verdict counted its own "
+                "fleet only (cache.inClusterNodeType, or the managed L2, gives more)")))
+        out.append(s)
+    return tuple(out)
 
 
 def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:

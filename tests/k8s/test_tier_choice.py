@@ -215,3 +215,35 @@ def test_a_layerwise_store_costs_one_layer_when_the_forward_hides_the_rest():
 def test_the_l2_alert_counts_what_makes_lmcache_take_l2_out():
     extra = next(t for t in TIER_POLICY if t.key == "extra_config").value
     assert extra["get_blocking_failed_threshold"] == L2_GETS_FAILED_TO_BYPASS
+
+
+def test_endpoints_sharing_the_in_cluster_valkey_are_told_when_together_it_is_too_small(
+        tmp_path):
+    """Each verdict counts its own fleet; two fleets on the one in-cluster Valkey share it."""
+    import copy
+
+    import yaml
+
+    from config import resolve_environment
+    from k8s.serving import load_endpoints
+    from tests.conftest import ROOT, context_for
+
+    seed = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
+    ctx = context_for(env="dev")
+    names = []
+    for name in ("doc-a", "doc-b"):
+        raw = copy.deepcopy(seed)
+        raw["metadata"]["name"] = name
+        raw["spec"]["kvCacheSpec"].update(prefixTokens=65536, forceL2Cache=False)
+        raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = "valkey"
+        raw["spec"]["autoScalingSpec"] = {"minReplicaCount": 2, "maxReplicaCount": 2}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+        names.append(f"{name}.yaml")
+    ctx["environments"]["dev"]["endpoints"] = names
+    cfg = resolve_environment(ctx)
+    alone = load_endpoints(cfg, tmp_path)
+    assert all(s.l2_enabled for s in alone)
+    ctx["environments"]["dev"]["cache"]["inClusterNodeType"] = "r6i.16xlarge"
+    pinned = load_endpoints(resolve_environment(ctx), tmp_path)
+    shared = [w for s in pinned for w in s.warnings if "shared by 2 endpoints" in w]
+    assert len(shared) == 2 and "r6i.16xlarge" in shared[0]

@@ -19,16 +19,14 @@ from k8s.secret_fetch import ApiKey
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
-from config.endpoint_spec import _gib
+from config.endpoint_spec import _cores, _gib
 from config.images import carries_glide
 from config.models import ASSUMED
 from config.network import IN_CLUSTER_NODE_TYPES
 from config.regions import instance_types_in
 from k8s.l2 import (
     ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS, VALKEY as VALKEY_CONNECTOR,
-    L2Verdict, server_gbs,
-    choose_in_cluster,
-    connector_for, elasticache_server, l2_verdict,
+    L2Verdict, choose_in_cluster, connector_for, elasticache_server, l2_verdict, server_gbs,
 )
 from k8s.workers import (
     KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
@@ -89,11 +87,12 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                    f"{v.model.name}'s assumed, the dearest to read we know; state it with "
                    "kvCacheSpec.modelShape)" if v.model_assumed else "")
         if not s.l2_forced and not v.deploys:
+            need = f"{v.need_gbs:.2f}" if v.need_gbs is not None else "an unknown rate"
             warnings.append(
                 f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
                 f"{s.instance_type} ({v.gpu}) recomputing {v.model.name}'s KV at a "
                 f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
-                f"{v.need_gbs:.2f} GB/s per GPU{assumed}, and an L2 must read at least "
+                f"{need} GB/s per GPU{assumed}, and an L2 must read at least "
                 f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
                 f"once it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
                 "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
@@ -224,15 +223,11 @@ def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
         verdict = choose_in_cluster(instance_types_in(cfg.region),
                                     cfg.cache.in_cluster_node_type, **args)
     elif target == ELASTICACHE and cfg.cache.kind == "elasticache":
-        verdict = l2_verdict(server=elasticache_server(
-            cfg.cache.node_type, cfg.cache.max_shards if connector is VALKEY_CONNECTOR else 1), **args)
+        shards = cfg.cache.max_shards if connector is VALKEY_CONNECTOR else 1
+        verdict = l2_verdict(server=elasticache_server(cfg.cache.node_type, shards), **args)
     else:
         verdict = l2_verdict(server=None, **args)
     return L2Plan(target, verdict)
-
-
-def _cores(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
 
 
 # Image repositories known not to be vLLM: their files cannot get the KV cache.

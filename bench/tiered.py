@@ -3,6 +3,7 @@ emulator in virtual time through the real routers (`bench.vtime`): `make bench-r
 
     python -m bench.tiered --out bench-results/tiered                 # everything below
     python -m bench.tiered --out DIR --only hyperpod|llmd|drill --quick
+    python -m bench.tiered --out DIR --only l2sweep --profile g5.24xlarge   # one fleet
     python -m bench.tiered --out DIR --render-only    # print the sections again
 
 - HyperPod-shaped: round robin without L1/L2 (the baseline) against L1 only, L1+L2, and the
@@ -13,6 +14,10 @@ emulator in virtual time through the real routers (`bench.vtime`): `make bench-r
   queries, 1,000 output tokens) on their fleet shape (8 x Qwen3-32B TP 2 on H100), with the
   number of customers sized so the contexts fill 73% of the fleet's KV, QPS swept past
   saturation; printed beside their published numbers.
+- The L2 where its synth-time verdict deploys one (k8s/l2.py): 64K documents whose working
+  set outgrows GPU + L1, the rendered L2 against L1 alone under round robin and prefix-aware
+  routing, per fleet (g5.24xlarge and g4dn.12xlarge with Llama-3.1-8B, p4d.24xlarge with
+  Llama-3.1-70B TP 8, one H100 with Llama-3.1-8B), with the verdict beside it.
 - L2 outage drill: the Valkey holding L2 is stopped mid-run and started again; every request
   must succeed, TTFT falls back to L1/recompute and recovers; the alert rules we ship
   (observability/rules.py) are evaluated by promtool on the metrics the emulated workers
@@ -1020,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_profile_file(p, a)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.render_only:
-        todo = a.only or ["hyperpod", "seeds", "l2", "llmd", "drill"]
+        todo = a.only or ["hyperpod", "seeds", "l2", "l2sweep", "llmd", "drill"]
         if "hyperpod" in todo:
             hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=a.arms)
         if "seeds" in todo:

@@ -148,6 +148,7 @@ class TierConfig:
     server_gbs: float = 0.0              # the L2 server's own bound, shared by every connection
     layerwise: bool = False              # use_layerwise: per-layer stores and loads, pipelined
     batched: bool = False                # one batched_get per retrieve: the timeout bounds it
+    scheme: str = ""                     # remote_url's scheme (redis, rediss, resp, valkey, lm)
     cpu_to_gpu_gbs: float = LMCACHE_CPU_TO_GPU_GBS
     label: str = ""
 
@@ -232,7 +233,7 @@ class TierConfig:
             recovery_wait_s=float(extra.get("waiting_time_for_recovery", 300.0)),
             put_gbs=put if kind else 0.0, get_gbs=get if kind else 0.0,
             server_gbs=server if kind else 0.0, layerwise=layerwise, batched=batched,
-            label=label)
+            scheme=scheme if kind else "", label=label)
 
 
 def no_tiers() -> TierConfig:
@@ -1020,8 +1021,9 @@ def describe(cfg: TierConfig) -> str:
         cap = f"{cfg.l2_capacity_gib:.1f} GiB LRU" if cfg.l2_capacity_gib else "no eviction"
         server = (f", the server {cfg.server_gbs:.2f} GB/s shared"
                   if cfg.server_gbs else "")
-        parts.append(f"L2 {cfg.l2}:// ({cap}, put {cfg.put_gbs:.2f} GB/s, get "
-                     f"{cfg.get_gbs:.2f} GB/s per connection{server})")
+        parts.append(f"L2 {cfg.scheme or cfg.l2}:// ({cap}, put {cfg.put_gbs:.2f} GB/s, get "
+                     f"{cfg.get_gbs:.2f} GB/s per {'rank' if cfg.batched else 'connection'}"
+                     f"{server})")
         parts.append(f"{'async' if cfg.async_lookup else 'sync'} lookup, timeout "
                      f"{cfg.lookup_timeout_s * 1000:.0f} ms")
     return ", ".join(parts)

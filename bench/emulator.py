@@ -87,6 +87,8 @@ SOURCES = (
     "400 Gbps; p5.48xlarge = 8 x H100 80 GB, 3,200 Gbps (AWS EC2 accelerated-computing "
     "instances; https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e).",
     "A100 40 GB: 312 TFLOPS BF16 dense, 1,555 GB/s, 40,960 MiB (NVIDIA A100 datasheet).",
+    "T4: 16 GB GDDR6 (15,360 MiB), 320 GB/s, 65 TFLOPS FP16 tensor dense (NVIDIA T4 datasheet); "
+    "g4dn.12xlarge = 4 x T4, 50 Gbps; prefill efficiency assumed as the A10G's (not measured).",
     "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s; 79.2 GiB as the runtime reports it "
     "(measured; https://glennklockwood.com/garden/processors/h100).",
     "Not measured, kept from before: A10G TP 4 over PCIe prefills at 0.3 of peak (2 x A10G TP 2 "
@@ -108,7 +110,8 @@ SOURCES = (
     "of the step's activations at 0.8 of the link: NVLink 4 (H100 SXM, p5) 900 GB/s "
     "bidirectional per GPU, so 450 GB/s per direction (NVIDIA H100 datasheet); NVLink 3 "
     "(A100, p4d) 600 GB/s, 300 per direction (NVIDIA A100 datasheet); PCIe Gen4 x16 (g5's "
-    "A10Gs have no NVLink) 32 GB/s per direction (PCI-SIG). Latency 10 us on NVLink (vLLM's "
+    "A10Gs have no NVLink) 32 GB/s per direction, PCIe Gen3 x16 (g4dn's T4s) 16 (PCI-SIG). "
+    "Latency 10 us on NVLink (vLLM's "
     "custom all-reduce: 10 us for 32 tokens x 8192 hidden on 2 x H100, vllm-project/vllm "
     "PR 22086), 30 us over PCIe (assumed, not measured). The 0.8 efficiency is assumed.",
 )
@@ -343,10 +346,18 @@ SMALL_BATCH = dict(max_num_batched_tokens=2048, max_num_seqs=256)
 # GPU interconnects (SOURCES): per GPU, per direction
 NVLINK3 = dict(interconnect="NVLink 3", link_gbs=300.0, allreduce_latency_us=10.0)
 PCIE4 = dict(interconnect="PCIe Gen4 x16", link_gbs=32.0, allreduce_latency_us=30.0)
+# g4dn's T4s sit on PCIe Gen3 x16: half Gen4's rate per direction (PCI-SIG); latency as PCIE4's
+PCIE3 = dict(interconnect="PCIe Gen3 x16", link_gbs=16.0, allreduce_latency_us=30.0)
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("g5.24xlarge", "g5.24xlarge", "A10G", 4, 22.49, 70, 600, LLAMA_31_8B,
                mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
                **PCIE4, **SMALL_BATCH),
+    # China's other GPU node group: 4 x T4 (16 GB, 15,360 MiB as the runtime reports it, 65
+    # TFLOPS FP16 tensor dense, 320 GB/s; NVIDIA T4 datasheet), 50 Gbps; prefill efficiency
+    # assumed as the A10G's (not measured).
+    GpuProfile("g4dn.12xlarge", "g4dn.12xlarge", "T4", 4, 15.0, 65, 320, LLAMA_31_8B,
+               mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
+               **PCIE3, **SMALL_BATCH),
     GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40.0, 312, 1555, LLAMA_31_70B,
                mfu=0.78, attention_efficiency=0.57, bandwidth_efficiency=0.75,
                network_gbps=400, **NVLINK3, **SMALL_BATCH),

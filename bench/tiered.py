@@ -3,6 +3,7 @@ emulator in virtual time through the real routers (`bench.vtime`): `make bench-r
 
     python -m bench.tiered --out bench-results/tiered                 # everything below
     python -m bench.tiered --out DIR --only hyperpod|llmd|drill --quick
+    python -m bench.tiered --out DIR --only l2sweep --profile g5.24xlarge   # one fleet
     python -m bench.tiered --out DIR --render-only    # print the sections again
 
 - HyperPod-shaped: round robin without L1/L2 (the baseline) against L1 only, L1+L2, and the
@@ -13,6 +14,10 @@ emulator in virtual time through the real routers (`bench.vtime`): `make bench-r
   queries, 1,000 output tokens) on their fleet shape (8 x Qwen3-32B TP 2 on H100), with the
   number of customers sized so the contexts fill 73% of the fleet's KV, QPS swept past
   saturation; printed beside their published numbers.
+- The L2 where its synth-time verdict deploys one (k8s/l2.py): 64K documents whose working
+  set outgrows GPU + L1, the rendered L2 against L1 alone under round robin and prefix-aware
+  routing, per fleet (g5.24xlarge and g4dn.12xlarge with Llama-3.1-8B, p4d.24xlarge with
+  Llama-3.1-70B TP 8, one H100 with Llama-3.1-8B), with the verdict beside it.
 - L2 outage drill: the Valkey holding L2 is stopped mid-run and started again; every request
   must succeed, TTFT falls back to L1/recompute and recovers; the alert rules we ship
   (observability/rules.py) are evaluated by promtool on the metrics the emulated workers
@@ -53,7 +58,8 @@ WORKERS = 4
 HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
 # per replica of each profile the sweeps run: one H100 of a p5.48xlarge, a whole g5.24xlarge
 # (on-demand, us-east-1; cdk.json's dev prices it 8.144 in us-west-2)
-REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144}
+REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144, "g4dn.12xlarge": 3.912,
+               "p4d.24xlarge": 32.77}
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
 BASELINE = "rr"
@@ -65,6 +71,7 @@ ARMS = {
     "rr+L1": ("roundrobin", "l1"),
     "rr+L1+L2": ("roundrobin", "l1l2"),
     "prefixaware": ("prefixaware", "none"),
+    "prefixaware+L1": ("prefixaware", "l1"),
     "prefixaware+L1+L2": ("prefixaware", "l1l2"),
     "session": ("session", "none"),
     "session+L1+L2": ("session", "l1l2"),
@@ -89,6 +96,16 @@ L2_PROFILE = "g5.24xlarge"
 L2_SCENARIOS = ("document-8k", "multi-turn")
 L2_ARMS = ("rr", "rr+L1", "rr+L1+L2 forced", "prefixaware", "prefixaware+L1+L2 forced")
 L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/cache.py)
+# The L2 where its verdict deploys it (k8s/l2.py): the rendered L2 against L1 alone, same
+# strategy, on 64K documents whose working set outgrows GPU + L1 even under prefix-aware
+# routing (`python -m bench.tiered --only l2sweep --profile P`), per profile: (model, prefix).
+L2_SWEEP_ARMS = ("rr", "rr+L1", "rr+L1+L2", "prefixaware+L1", "prefixaware+L1+L2")
+L2_SWEEP_PROFILES = {"g5.24xlarge": ("Llama-3.1-8B", 65536),
+                     "g4dn.12xlarge": ("Llama-3.1-8B", 65536),
+                     "p4d.24xlarge": ("Llama-3.1-70B", 65536),
+                     "h100-8b": ("Llama-3.1-8B", 65536)}
+L2_SWEEP_SCENARIO = "document-64k-many"
+L1_TWINS = {"rr+L1+L2": "rr+L1", "prefixaware+L1+L2": "prefixaware+L1"}
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "document-64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
@@ -107,7 +124,8 @@ def _quiet_jsii() -> None:
         os.environ.setdefault(var, "1")
 
 
-def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
+def tier_configs(gpu: GpuProfile, prefix_tokens: int | None = None,
+                 model: str | None = None) -> dict[str, TierConfig]:
     """The configurations the arms use: rendered by the charts for the seed file on `gpu`'s
     instance type and TP, except `old` (the real tiers run's, from bench/data), with the
     instance's network per connection."""
@@ -115,10 +133,11 @@ def tier_configs(gpu: GpuProfile) -> dict[str, TierConfig]:
 
     _quiet_jsii()
     net = min(gpu.network_gbps / 8 / gpu.gpus, 5 / 8)   # per rank, per flow
+    shape = dict(prefix_tokens=prefix_tokens, model=model)
     l1l2 = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, replicas=WORKERS,
-                       label=f"L1 + L2 ({L2_BACKEND})")
+                       label=f"L1 + L2 ({L2_BACKEND})", **shape)
     forced = tier_config(L2_BACKEND, network_gbs=net, gpu=gpu, replicas=WORKERS, force_l2=True,
-                         label=f"L1 + L2 ({L2_BACKEND}), forceL2Cache")
+                         label=f"L1 + L2 ({L2_BACKEND}), forceL2Cache", **shape)
     old = replace(old_tiers(), put_gbs=min(old_tiers().put_gbs, net),
                   get_gbs=min(old_tiers().get_gbs, net), l2_memory_limit_gib=24.0,
                   l1_gib=forced.l1_gib, label="old config (L1 + lm:// L2, as the real run)")
@@ -143,13 +162,19 @@ def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = Fa
                        prefix_words=2000, user_words=40)
     if scenario == "multi-turn":
         return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
+    if scenario == L2_SWEEP_SCENARIO:
+        # 80 64K documents, 4 questions each: 5.2M tokens of KV (640 GiB for an 8B model), more
+        # than 4 A10G or T4 replicas' GPUs and L1s hold even under prefix-aware routing (~70
+        # documents), less than the L2 the verdict sizes (674 GiB): what an L2 is for
+        return replace(base, scenarios=("document",), contexts=(65536,),
+                       documents=24 if quick else 80, questions=4)
     ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
     docs = {8192: 25, 65536: 36}[ctx]
     return replace(base, scenarios=("document",), contexts=(ctx,),
                    documents=max(3, docs // (3 if quick else 1)), questions=4)
 
 
-SCENARIOS = ("document-8k", "document-64k", "multi-turn")
+SCENARIOS = ("document-8k", "document-64k", "multi-turn", L2_SWEEP_SCENARIO)
 
 
 class _L2:
@@ -215,11 +240,26 @@ def _same_as(arm: str, arms: list[str], cfgs: dict) -> str | None:
 
 def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
              profile_name: str = "", scenarios: tuple[str, ...] = (),
-             name: str = "hyperpod.json", seed: int = 1) -> dict:
+             name: str = "hyperpod.json", seed: int = 1, prefix_tokens: int | None = None,
+             model: str | None = None, peaks: bool = True) -> dict:
+    """`peaks` False: the closed-loop peak of the baseline only (it sets the capacity)."""
     path = out / name
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     gpu = profile(profile_name or PROFILE)
-    cfgs = tier_configs(gpu)
+    cfgs = tier_configs(gpu, prefix_tokens, model)
+    r = None
+    if prefix_tokens or model:
+        from bench.tiers import rendered_tiers
+        r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
+                           replicas=WORKERS, prefix_tokens=prefix_tokens, model=model)
+        done["verdict"] = {"warnings": [w for w in r.warnings if "L2" in w],
+                           "rendered": r.lmcache.get("remote_url"),
+                           "explain": r.verdict.explain() if r.verdict else None,
+                           "need_gbs": r.verdict.need_gbs if r.verdict else None,
+                           "deliver_gbs": r.verdict.deliver_gbs if r.verdict else None,
+                           "node": r.verdict.server.node_type
+                           if r.verdict and r.verdict.server else None,
+                           "prefix_tokens": prefix_tokens, "model": model}
     done["profile"] = gpu.name
     done["configs"] = {k: describe(v) for k, v in cfgs.items()}
     done["arms"] = {a: {"strategy": ARMS[a][0], "config": ARMS[a][1],
@@ -228,7 +268,7 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
     for scenario in scenarios or SCENARIOS:
         cell = done.setdefault(scenario, {"peaks": {}, "loads": {}})
         for arm in arms:
-            if arm not in cell["peaks"]:
+            if arm not in cell["peaks"] and (peaks or arm == BASELINE):
                 t0 = time.time()
                 twin = done["arms"][arm]["same_as"]
                 cell["peaks"][arm] = cell["peaks"][twin] if twin else peak(
@@ -240,8 +280,8 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
         for load in LOADS:
             key = f"{load:.2f}"
             for arm in arms:
-                if arm in cell["loads"].get(key, {}):
-                    continue
+                if arm in cell["loads"].get(key, {}) or (not peaks and arm == BASELINE):
+                    continue    # (without peaks the baseline only sets the capacity)
                 t0 = time.time()
                 twin = done["arms"][arm]["same_as"]
                 if twin:
@@ -800,36 +840,33 @@ def verdict_table(h: dict) -> list[str]:
 
 def break_even() -> list[str]:
     """Where a tier can pay at all: a hit must move a token's KV faster than the GPU
-    recomputes it. Per token of an 8K prompt, from each profile's model and the measured
-    rates (per TP rank, ranks in parallel), beside what k8s renders on that instance type."""
+    recomputes it. Per GPU, each profile's emulated recompute at an 8K prompt beside the
+    synth-time verdict's break-even (MFU 0.6) and what the in-cluster L2 would deliver to
+    WORKERS replicas of it (k8s/l2.py, the rates of bench/data/lmcache_rates.json)."""
     from bench.emulator import PROFILES
-    from bench.tiers import measured_rates, redis_rates
-    from k8s.workers import l2_verdict
+    from bench.tiers import rendered_tiers
 
-    resp = measured_rates()["clients"].get("resp-native-8t")
     lines = ["", "### Where a tier can pay at all", "",
-             "A hit only helps if moving a token's KV costs less than recomputing it. Per "
-             "token of an 8K prompt, microseconds (every TP rank moves its shard in parallel). "
-             "L2 reads at the GET rate measured here for that profile's chunk per rank "
-             "(bench/data/lmcache_rates.json, `python bench/lmcache_rates.py`, loopback, "
-             "medians of 3): LMCache's `redis://` client (redis.asyncio, pure-Python parser: "
-             "what the images run), and LMCache 0.5.4's C++ `resp://` client:", "",
-             "| profile | recompute (cold 8K prefill) | L1 load (CPU->GPU, the profile's LMCache "
-             "release) | L2 read, redis:// | L2 read, resp:// | "
-             "L2 rendered by k8s on this instance type, 4 replicas |", "|---|---|---|---|---|---|"]
+             "A hit only helps if moving a token's KV is faster than recomputing it. GB/s per "
+             "GPU at an 8K prompt: what the emulated GPU recomputes at, the synth-time "
+             "verdict's break-even (MFU 0.6, k8s/l2.py), L1's CPU->GPU copy (the profile's "
+             "LMCache release), and what the L2 "
+             f"k8s would render delivers to {WORKERS} replicas reading at once (the least of "
+             "its terms):", "",
+             "| profile | recompute, emulated | break-even, verdict | L1 load | L2 delivered "
+             "(binding term) | L2 rendered |", "|---|---|---|---|---|---|"]
     for p in PROFILES.values():
-        recompute = (p.prefill_seconds(8192) - p.frontend_seconds(8192)) / 8192 * 1e6
-        per_rank = p.model.kv_bytes_per_token / p.gpus
-        chunk = 256 * per_rank
-        rates = [(p.lmcache_rates.to_gpu_gbs, ""), (redis_rates(chunk)[1], "")]
-        if resp:
-            rates.append((redis_rates(chunk, "resp-native-8t")[1], ""))
-        cells = [f"{per_rank / (r * 1e9) * 1e6:.0f}"
-                 + (" (loses)" if per_rank / (r * 1e9) * 1e6 > recompute else "")
-                 + f" at {r:.2f} GB/s" for r, _ in rates]
-        v = l2_verdict(p.instance_type, p.gpus, WORKERS)
-        lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {recompute:.0f} | "
-                     + " | ".join(cells) + f" | {'yes' if v.pays else 'no'} ({v.gpu}) |")
+        compute = p.prefill_seconds(8192) - p.frontend_seconds(8192)
+        emulated = p.model.kv_bytes_per_token * 8192 / compute / p.gpus / 1e9
+        model = p.model.name + ("-Instruct" if "Llama" in p.model.name else "")
+        r = rendered_tiers(L2_BACKEND, instance_type=p.instance_type, gpus=p.gpus,
+                           replicas=WORKERS, model=model)
+        v = r.verdict
+        lines.append(f"| {p.name} ({p.model.name}, TP {p.gpus}) | {emulated:.2f} | "
+                     f"{v.need_gbs:.2f} | {p.lmcache_rates.to_gpu_gbs:g} | {v.deliver_gbs:.2f} "
+                     f"({v.binding.what.split(' (')[0]}) | "
+                     + (f"`{r.lmcache['remote_url'].split('://')[0]}://`"
+                        if r.lmcache.get("remote_url") else "no") + " |")
     return lines
 
 
@@ -925,6 +962,48 @@ def llmd_verdict(d: dict) -> dict:
             and abs(idx[ours_knee] - idx[their_knee]) <= 1,
             "ratio_ok": abs(ratio / their_ratio - 1) <= 0.25}
     return out
+
+
+def l2_bar(h: dict) -> dict[str, dict]:
+    """Each rendered-L2 arm against the same strategy with L1 alone, per load: TTFT P50 and
+    P90 ratios (the L2's bar: P50 <= 0.7 at 100% load, nowhere above 1.05)."""
+    cell = h.get(L2_SWEEP_SCENARIO) or {}
+    out: dict[str, dict] = {}
+    for load, arms in (cell.get("loads") or {}).items():
+        for arm, twin in L1_TWINS.items():
+            a, b = arms.get(twin), arms.get(arm)
+            if a and b:
+                out.setdefault(arm, {})[load] = {
+                    k: b["ttft_s"][k] / a["ttft_s"][k] for k in ("p50", "p90")}
+    return out
+
+
+def render_l2sweep(h: dict) -> list[str]:
+    name = h.get("profile", "")
+    v = h.get("verdict") or {}
+    lines = render_hyperpod(h, findings=False, title=(
+        f"## The L2 as rendered against L1 alone: {name}, 64K documents"))
+    lines += ["", f"The verdict (k8s/l2.py) for this fleet ({WORKERS} replicas of "
+              f"{v.get('model')}, prefixTokens {v.get('prefix_tokens')}): "
+              + (f"deploys `{v['rendered']}` on `{v.get('node')}`: delivers "
+                 f"{v['deliver_gbs']:.2f} GB/s per GPU against a break-even of "
+                 f"{v['need_gbs']:.2f} ({v['explain']})." if v.get("rendered") else
+                 "no L2: " + " ".join(v.get("warnings", [])))]
+    bar = l2_bar(h)
+    if bar:
+        loads = sorted({ld for x in bar.values() for ld in x}, key=float)
+        lines += ["", "TTFT P50 / P90, the rendered L2 arm over the same strategy with L1 "
+                  "alone (the bar: P50 <= 0.70 at 100% load, no cell above 1.05):", "",
+                  "| arm | " + " | ".join(f"{float(ld):.0%}" for ld in loads) + " | holds |",
+                  "|" + "---|" * (len(loads) + 2)]
+        for arm, x in bar.items():
+            worst = max(max(r.values()) for r in x.values())
+            at100 = x.get("1.00", {}).get("p50")
+            holds = worst <= BAR and (at100 is not None and at100 <= 0.7)
+            lines.append(f"| {arm} vs {L1_TWINS[arm]} | " + " | ".join(
+                f"{x[ld]['p50']:.2f} / {x[ld]['p90']:.2f}" if ld in x else "-"
+                for ld in loads) + f" | {'yes' if holds else 'no'} |")
+    return lines
 
 
 def render_llmd(d: dict) -> list[str]:
@@ -1053,12 +1132,17 @@ def render(out: Path) -> list[str]:
     def load(name: str) -> dict:
         p = out / name
         return json.loads(p.read_text()) if p.exists() else {}
+    from bench.lmcache_rates import render_rates
     lines = render_hyperpod(load("hyperpod.json")) if (out / "hyperpod.json").exists() else []
     if (out / "hyperpod-l2.json").exists():
         lines += render_hyperpod(load("hyperpod-l2.json"), findings=False, title=(
             f"## An L2 where its client alone could pay: {L2_PROFILE}, the same sweep, "
             "smaller"))
     lines += render_seeds(load("seeds.json"))
+    lines += render_rates()
+    for name in L2_SWEEP_PROFILES:
+        if (out / f"l2sweep-{name}.json").exists():
+            lines += render_l2sweep(load(f"l2sweep-{name}.json"))
     lines += render_llmd(load("llmd.json"))
     lines += render_drill(load("drill.json"))
     return lines
@@ -1068,8 +1152,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tiered", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results/tiered"))
-    p.add_argument("--only", choices=("hyperpod", "seeds", "l2", "llmd", "drill"),
+    p.add_argument("--only", choices=("hyperpod", "seeds", "l2", "l2sweep", "llmd", "drill"),
                    action="append")
+    p.add_argument("--profile", action="append", choices=list(L2_SWEEP_PROFILES),
+                   help="l2sweep: the profiles to sweep (default: all, one after the other)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(DEFAULT_ARMS))
     p.add_argument("--repeats", type=int, default=1, help="repeats per cell (virtual time: "
                    "new salts give the same figures, so one is the default)")
@@ -1083,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
         PROFILE = name
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.render_only:
-        todo = a.only or ["hyperpod", "seeds", "l2", "llmd", "drill"]
+        todo = a.only or ["hyperpod", "seeds", "l2", "l2sweep", "llmd", "drill"]
         if "hyperpod" in todo:
             hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=a.arms)
         if "seeds" in todo:
@@ -1091,6 +1177,13 @@ def main(argv: list[str] | None = None) -> int:
         if "l2" in todo:
             hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=list(L2_ARMS),
                      profile_name=L2_PROFILE, scenarios=L2_SCENARIOS, name="hyperpod-l2.json")
+        if "l2sweep" in todo:
+            for name in a.profile or L2_SWEEP_PROFILES:
+                model, prefix = L2_SWEEP_PROFILES[name]
+                hyperpod(a.out, repeats=a.repeats, quick=a.quick, arms=list(L2_SWEEP_ARMS),
+                         profile_name=name, scenarios=(L2_SWEEP_SCENARIO,),
+                         name=f"l2sweep-{name}.json", prefix_tokens=prefix, model=model,
+                         peaks=False)
         if "llmd" in todo:
             llmd(a.out, quick=a.quick)
         if "drill" in todo:

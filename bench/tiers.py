@@ -76,12 +76,6 @@ PER_FLOW_GBS = 5 / 8   # AWS: 5 Gbps per TCP flow between instances outside a pl
 LM_SERVER_PUT_GBS = 0.5        # lm:// puts per socket (remote_time_to_put: 67 ms per 33.5 MB)
 LM_SERVER_GET_GBS = 2.9        # lm:// gets (15.1 GB read in 55 gets of 95.6 ms)
 RATES_FILE = Path(__file__).parent / "data" / "lmcache_rates.json"
-# LMCache's redis:// connector (redis_connector.py, 0.3.7 and 0.5.4) is redis.asyncio through
-# AsyncPQExecutor's 4 workers; the images carry no hiredis (LMCache requires `redis`, vLLM no
-# redis at all), so redis-py parses replies in Python: its measured row.
-REDIS_CLIENT = "redis-py-pure"
-REDIS_MODE = "asyncio"
-L2_NODE_GBS = 12.5 / 8         # the L2 node's NIC: m6i.xlarge and cache.r7g.large burst 12.5 Gbps
 RTT_S = 0.0005                 # one in-VPC round trip (+ a small command)
 SOCKET_RECREATE_S = 0.2        # a timed-out lookup stalled ~1.2 s at lookup_timeout_ms 1000
 # LMCache's CPU<->GPU copy rates: per release, from the profile (bench.emulator
@@ -93,17 +87,6 @@ L2_RESTART_S = 20.0            # an OOM-killed lmcache_server pod back (containe
 @functools.lru_cache(maxsize=1)
 def measured_rates() -> dict:
     return json.loads(RATES_FILE.read_text())
-
-
-def redis_rates(value_bytes: int, client: str = REDIS_CLIENT, mode: str = REDIS_MODE
-                ) -> tuple[float, float, float]:
-    """(SET, GET, server) GB/s of LMCache's Redis client for values nearest `value_bytes`
-    (medians of the repeats, bench/data/lmcache_rates.json): SET and GET end to end on this
-    machine; `server`: what the redis-server moved per second of its own CPU (one thread)."""
-    cells = [c for c in measured_rates()["clients"][client]["cells"].values()
-             if c["mode"] == mode]
-    c = min(cells, key=lambda c: abs(math.log(c["value_bytes"] / value_bytes)))
-    return c["set_gbs_median"], c["get_gbs_median"], c["get_server_cpu_gbs_median"]
 
 
 def lookup_seconds(tokens: int) -> float:
@@ -130,7 +113,10 @@ NO_TIMING_EFFECT = {"remote_serde", "lmcache_instance_id", "py_enable_gc", "numa
                     "enable_controller", "enable_kv_events", "enable_lazy_memory_allocator"}
 EXTRA_MODELLED = {"fallback_policy", "ping_interval", "ping_timeout",
                   "get_blocking_failed_threshold", "waiting_time_for_recovery",
-                  "lookup_backoff_time"}
+                  "lookup_backoff_time",
+                  # the connector's: its rates come with the L2 verdict (k8s/l2.py)
+                  "resp_num_threads", "valkey_num_workers", "save_chunk_meta", "tls_enable",
+                  "valkey_mode"}
 
 
 class L2Down(Exception):
@@ -162,6 +148,8 @@ class TierConfig:
     get_gbs: float = 0.0
     server_gbs: float = 0.0              # the L2 server's own bound, shared by every connection
     layerwise: bool = False              # use_layerwise: per-layer stores and loads, pipelined
+    batched: bool = False                # one batched_get per retrieve: the timeout bounds it
+    scheme: str = ""                     # remote_url's scheme (redis, rediss, resp, valkey, lm)
     cpu_to_gpu_gbs: float | None = None  # None: the profile's LMCache release's rate
     label: str = ""
 
@@ -173,7 +161,8 @@ class TierConfig:
     def from_lmcache(cls, cfg: dict, *, l2_capacity_gib: float | None = None,
                      l2_memory_limit_gib: float | None = None, l2_url: str | None = None,
                      network_gbs: float | None = None, label: str = "",
-                     rank_chunk_bytes: int = 256 * 131072) -> "TierConfig":
+                     rank_chunk_bytes: int = 256 * 131072, verdict: Any = None
+                     ) -> "TierConfig":
         """From LMCache's config keys (the ConfigMap `k8s/workers.py` renders). `l2_url`: where
         the URL is only known at pod start (a secret appended to it). `rank_chunk_bytes`: what
         one rank stores per chunk (the model's KV per token x chunk / TP), which picks the
@@ -195,7 +184,8 @@ class TierConfig:
         kind = None
         if url:
             scheme = url.split("://", 1)[0]
-            kind = {"lm": "lm", "redis": "redis", "rediss": "redis", "valkey": "redis"}.get(scheme)
+            kind = {"lm": "lm", "redis": "redis", "rediss": "redis", "resp": "redis",
+                    "valkey": "redis"}.get(scheme)
             if kind is None:
                 raise ValueError(f"LMCache remote_url scheme {scheme!r} is not modelled")
         net = network_gbs if network_gbs is not None else PER_FLOW_GBS
@@ -208,12 +198,24 @@ class TierConfig:
             raise ValueError("LMCache use_layerwise with an L2 is not modelled (LMCache "
                              "retrieves layerwise from one location only)")
         server = 0.0
+        batched = False
         if kind == "lm":     # one socket: one flow
             put, get = min(LM_SERVER_PUT_GBS, net), min(LM_SERVER_GET_GBS, net)
-        else:                # the priority executor's 4 workers: 4 flows
-            set_gbs, get_gbs, server = redis_rates(rank_chunk_bytes)
-            put, get = min(set_gbs, 4 * net), min(get_gbs, 4 * net)
-            server = min(server, L2_NODE_GBS)
+        elif verdict is not None:
+            # the connector, flows and NIC per rank, and the whole L2 shared by every busy
+            # rank: the terms of the synth-time verdict (k8s/l2.py), from the same rates
+            put = get = verdict.client_side_gbs
+            server = verdict.server_total_gbs or 0.0
+            batched = verdict.connector.batched
+        elif kind:
+            # no verdict at hand (a configuration judged alone): the connector's measured
+            # client rate over its flows, and no bound of the server's
+            from k8s.l2 import CONNECTORS
+
+            c = CONNECTORS[{"redis": "redis", "rediss": "rediss", "resp": "resp",
+                            "valkey": "valkey"}[scheme]]
+            put = get = min(c.client_gbs(4.0), c.connections * net)
+            batched = c.batched
         l1 = float(cfg.get("max_local_cpu_size", 5.0)) if cfg.get("local_cpu", True) else 0.0
         return cls(
             chunk_size=int(cfg.get("chunk_size", 256)), l1_gib=l1, l2=kind,
@@ -231,7 +233,8 @@ class TierConfig:
             get_failed_threshold=int(extra.get("get_blocking_failed_threshold", 10)),
             recovery_wait_s=float(extra.get("waiting_time_for_recovery", 300.0)),
             put_gbs=put if kind else 0.0, get_gbs=get if kind else 0.0,
-            server_gbs=server if kind else 0.0, layerwise=layerwise, label=label)
+            server_gbs=server if kind else 0.0, layerwise=layerwise, batched=batched,
+            scheme=scheme if kind else "", label=label)
 
 
 def no_tiers() -> TierConfig:
@@ -251,18 +254,14 @@ class RenderedTiers:
     l2_memory_limit_gib: float | None  # the cache pod's memory limit
     source: str
     warnings: tuple[str, ...] = ()
-
-
-# ElastiCache node memory (GiB) the managed L2 may run on, from AWS's node-type table;
-# ElastiCache reserves 25% by default (reserved-memory-percent), so 0.75 of it holds data.
-ELASTICACHE_GIB = {"cache.r7g.large": 13.07, "cache.r7g.xlarge": 26.32,
-                   "cache.r7g.2xlarge": 52.82, "cache.r6g.large": 13.07,
-                   "cache.m7g.large": 6.38}
+    verdict: Any = None                # k8s/l2.py L2Verdict on the L2 asked for, if any
 
 
 def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
                    instance_type: str | None = None, gpus: int | None = None,
-                   replicas: int | None = None, force_l2: bool = False) -> RenderedTiers:
+                   replicas: int | None = None, force_l2: bool = False,
+                   prefix_tokens: int | None = None, model: str | None = None
+                   ) -> RenderedTiers:
     """Render the serving charts for a HyperPod endpoint file with L1 and L2 `backend`
     (`valkey`, `lmcache-server`, `redis` = the environment's managed cache, or `none`) and
     read back what the workers and the cache get. `instance_type`/`gpus`: the seed file served
@@ -279,7 +278,7 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
     from config import resolve_environment
     from config.context import ROOT, cdk_json_context
     from config.endpoint_spec import parse_endpoint
-    from k8s.serving import build_charts, fit_endpoint, placeholder_facts
+    from k8s.serving import build_charts, fit_endpoint, l2_plan, placeholder_facts
 
     ctx = cdk_json_context(ROOT)
     ctx["env"] = env
@@ -300,6 +299,9 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
             w["resources"][part]["nvidia.com/gpu"] = gpus
     if replicas:
         raw["spec"]["replicas"] = replicas
+        # the fleet the verdict counts: exactly these replicas, all reading at once
+        raw["spec"]["autoScalingSpec"] = {"minReplicaCount": replicas,
+                                          "maxReplicaCount": replicas}
     kv = raw["spec"].setdefault("kvCacheSpec", {})
     kv["enableL1Cache"] = True
     if backend == "none":
@@ -308,9 +310,14 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
         kv["enableL2Cache"] = True
         kv.setdefault("l2CacheSpec", {})["l2CacheBackend"] = backend
         kv["forceL2Cache"] = force_l2      # the seed forces it; the bench asks
+    if prefix_tokens:
+        kv["prefixTokens"] = prefix_tokens
+    if model:
+        raw["spec"]["modelName"] = model
     spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw,
                           node_instance_types=tuple(
                               t for g in cfg.gpu_node_groups for t in g.instance_types))
+    plan = l2_plan(cfg, spec)     # the verdict, also where it leaves the L2 out
     spec = fit_endpoint(cfg, spec)
     if l1_gib is not None:
         spec = replace(spec, l1_size_gib=l1_gib)
@@ -338,15 +345,18 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
                 for c in d["spec"]["template"]["spec"].get("initContainers", [])
                 if c["name"] == "fetch-l2-secret"]
         url = next((e["value"] for c in init for e in c["env"] if e["name"] == "L2_URL"), None)
-        node = ELASTICACHE_GIB.get(cfg.cache.node_type)
-        cap = node * 0.75 if node else None
-        limit = node
+        from config.bandwidth import ELASTICACHE_DATA_SHARE, cache_node
+
+        node = cache_node(cfg.cache.node_type)
+        shards = plan.verdict.shards if plan else 1
+        cap = node.memory_gib * ELASTICACHE_DATA_SHARE * shards if node else None
+        limit = node.memory_gib * shards if node else None
     return RenderedTiers(lmcache=lmc, l2_url=url, l2_capacity_gib=cap,
                          l2_memory_limit_gib=limit,
                          source=f"k8s/serving.py charts, environment {env}, "
                                 f"tests/fixtures/endpoint-seed.yaml with l2CacheBackend "
                                 f"{backend}" + (f" on {instance_type}" if instance_type else ""),
-                         warnings=spec.warnings)
+                         warnings=spec.warnings, verdict=plan.verdict if plan else None)
 
 
 def _gib(quantity: str) -> float:
@@ -365,19 +375,21 @@ def _mib(value: str) -> float:
 
 def tier_config(backend: str, *, env: str = "dev", l1_gib: int | None = None,
                 network_gbs: float | None = None, label: str = "", gpu: Any = None,
-                replicas: int | None = None, force_l2: bool = False) -> TierConfig:
+                replicas: int | None = None, force_l2: bool = False,
+                prefix_tokens: int | None = None, model: str | None = None) -> TierConfig:
     """What the emulated LMCache does with the configuration the charts render for the seed
     file on `gpu`'s instance type and tensor parallel size (a `bench.emulator.GpuProfile`)."""
     r = rendered_tiers(backend, env=env, l1_gib=l1_gib,
                        instance_type=gpu.instance_type if gpu else None,
                        gpus=gpu.gpus if gpu else None, replicas=replicas,
-                       force_l2=force_l2)
+                       force_l2=force_l2, prefix_tokens=prefix_tokens, model=model)
     chunk = {} if gpu is None else {
         "rank_chunk_bytes": int(r.lmcache.get("chunk_size", 256))
         * gpu.model.kv_bytes_per_token // gpu.gpus}
     return TierConfig.from_lmcache(r.lmcache, l2_capacity_gib=r.l2_capacity_gib,
                                    l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url,
-                                   network_gbs=network_gbs, label=label or backend, **chunk)
+                                   network_gbs=network_gbs, label=label or backend,
+                                   verdict=r.verdict, **chunk)
 
 
 # --------------------------------------------------------------------------- the L2 store
@@ -855,6 +867,11 @@ class LMCacheWorker:
         c.retrieve_requests += 1
         load = 0.0
         ok = chunks
+        # this retrieve's L1 chunks are in use (LMCache holds them while it loads): touched
+        # first, so promoting its L2 chunks evicts others before them
+        for i in need:
+            if in_l1[i] and keys[i] in self.l1:
+                self.l1.move_to_end(keys[i])
         if from_l2:
             get_s = self.link.get_time(now, len(from_l2))
             if self._get_times_out(now, get_s):
@@ -868,7 +885,7 @@ class LMCacheWorker:
                 c.get_ms.observe(get_s * 1e3)
                 self._l1_insert(from_l2, now, None)       # promotion
         for i in range(first, ok):
-            if in_l1[i]:
+            if in_l1[i] and keys[i] in self.l1:
                 self.l1.move_to_end(keys[i])
         loaded_tokens = min(hit, ok * cfg.chunk_size) - gpu_hit
         if loaded_tokens <= 0:
@@ -890,7 +907,10 @@ class LMCacheWorker:
         """`blocking_timeout_secs` bounds each chunk's future, waited for one after the other
         (remote_backend.batched_get_blocking for connectors without a batched get, which
         lm:// and redis:// are): a fetch fails when one chunk takes longer, which behind an
-        lm:// socket's queued writes the first one does."""
+        lm:// socket's queued writes the first one does. resp:// and valkey:// fetch the
+        whole retrieve in one batched_get, which the timeout bounds whole."""
+        if self.cfg.batched:
+            return get_s > self.cfg.blocking_timeout_s
         wait = self.link.backlog(now) if self.link.fifo else \
             (self.link.put_s if self.link.backlog(now) > 0 else 0.0)
         return wait + self.link.get_s > self.cfg.blocking_timeout_s
@@ -1002,8 +1022,9 @@ def describe(cfg: TierConfig) -> str:
         cap = f"{cfg.l2_capacity_gib:.1f} GiB LRU" if cfg.l2_capacity_gib else "no eviction"
         server = (f", the server {cfg.server_gbs:.2f} GB/s shared"
                   if cfg.server_gbs else "")
-        parts.append(f"L2 {cfg.l2}:// ({cap}, put {cfg.put_gbs:.2f} GB/s, get "
-                     f"{cfg.get_gbs:.2f} GB/s per connection{server})")
+        parts.append(f"L2 {cfg.scheme or cfg.l2}:// ({cap}, put {cfg.put_gbs:.2f} GB/s, get "
+                     f"{cfg.get_gbs:.2f} GB/s per {'rank' if cfg.batched else 'connection'}"
+                     f"{server})")
         parts.append(f"{'async' if cfg.async_lookup else 'sync'} lookup, timeout "
                      f"{cfg.lookup_timeout_s * 1000:.0f} ms")
     return ", ".join(parts)

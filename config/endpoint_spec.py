@@ -20,6 +20,7 @@ from config.errors import ConfigError, allowed_for, excerpt, type_name
 from config.files import load_yaml_document, read_repository_file
 from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape, pod_share
+from config.models import KNOWN_MODELS, ModelShape, known_model, shape_from_config
 from config.hyperpod_fields import FIELDS, ignored
 from config.notices import changed
 
@@ -109,6 +110,8 @@ class EndpointSpec:
     working_dir: str | None = None
     l2_url: str | None = None     # l2CacheLocalUrl: the endpoint's own L2, no credentials
     l2_forced: bool = False       # forceL2Cache: even where a read cannot beat recompute
+    prefix_tokens: int = 8192     # prefixTokens: the prompt prefix an L2 hit saves (k8s/l2.py)
+    model: ModelShape | None = None   # modelShape, or the shape modelName names; None: unknown
     tls_certificate_arn: str | None = None
     autoscaling: AutoScaling | None = None
     warnings: tuple[str, ...] = field(default=())
@@ -239,6 +242,11 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     l1_size = kv.get("l1CacheSizeGiB", int, 0)  # our extension; sized below if unset
     l2 = kv.get("enableL2Cache", bool, False)
     l2_forced = kv.get("forceL2Cache", bool, False)   # our extension (k8s/workers.py)
+    prefix_tokens = kv.get("prefixTokens", int, 8192)   # our extension (k8s/l2.py)
+    if not MIN_PREFIX_TOKENS <= prefix_tokens <= MAX_PREFIX_TOKENS:
+        raise kv.fail("prefixTokens", prefix_tokens, f"an integer from {MIN_PREFIX_TOKENS} to "
+                      f"{MAX_PREFIX_TOKENS:,} (the prompt prefix, in tokens, an L2 hit saves)")
+    model = _model_shape(kv, model_name)
     backend = l2_url = None
     if l2:
         l2spec = kv.child("l2CacheSpec", {})
@@ -416,12 +424,37 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         name=name, model_name=model_name, instance_type=itype,
         replicas=replicas, model_location=location,
         l1_enabled=l1, l1_size_gib=l1_size, l2_enabled=l2, l2_backend=backend, l2_forced=l2_forced,
+        prefix_tokens=prefix_tokens, model=model,
         routing_strategy=strategy, metrics_enabled=metrics_enabled, health_check_path=health,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
         tls_certificate_arn=tls_arn, autoscaling=autoscaling, warnings=tuple(warnings),
     )
+
+
+MIN_PREFIX_TOKENS, MAX_PREFIX_TOKENS = 256, 1 << 20
+
+
+def _model_shape(kv: _Doc, model_name: str) -> ModelShape | None:
+    """`kvCacheSpec.modelShape` (our extension): a model we know by name, or config.json's
+    keys; without it, the shape `modelName` names, if we know it."""
+    given = kv.get("modelShape", (str, Mapping), None,
+                   "a known model's name or a mapping of config.json keys")
+    if given is None:
+        return known_model(model_name)
+    if isinstance(given, str):
+        shape = known_model(given)
+        if shape is None:
+            raise kv.fail("modelShape", given, "a model we know ("
+                          + ", ".join(m.name for m in KNOWN_MODELS.values())
+                          + ") or its config.json keys (hidden_size, num_hidden_layers, ...)")
+        return shape
+    try:
+        return shape_from_config(model_name, given)
+    except ValueError as exc:
+        key, _, allowed = str(exc).partition(": ")
+        raise kv._err(f"{kv.p('modelShape')}.{key}", given.get(key), allowed) from None
 
 
 def _strings(doc: _Doc, key: str) -> tuple[str, ...]:

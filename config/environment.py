@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
+from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
 from .images import KUBERNETES_VERSIONS, ImageResolver
 from .instances import GPU_SHAPES, accelerator_label, gpu_shape
 from .notices import ACK_PATTERN
@@ -31,7 +32,8 @@ CACHE_ENGINES = ("valkey", "redis")
 # allkeys-lru, so the family must match the version exactly: `aws elasticache
 # describe-cache-engine-versions`).
 CACHE_ENGINE_FAMILIES = {
-    "valkey": {"7.2": "valkey7", "8.0": "valkey8", "8.1": "valkey8"},
+    "valkey": {"7.2": "valkey7", "8.0": "valkey8", "8.1": "valkey8", "8.2": "valkey8",
+               "9.0": "valkey9", "9.1": "valkey9"},
     "redis": {"6.0": "redis6.x", "6.2": "redis6.x", "7.0": "redis7", "7.1": "redis7"},
 }
 OBSERVABILITY_KINDS = ("managed", "self-hosted")
@@ -64,15 +66,20 @@ class NodeGroupConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The L2 KV cache shared by workers: managed ElastiCache, in-cluster, or none."""
+    """The L2 KV cache shared by workers: managed ElastiCache, in-cluster, or none. Nothing is
+    provisioned unless an endpoint's L2 verdict deploys one (k8s/l2.py); ElastiCache then gets
+    the shards that verdict needs (at most `max_shards`), the in-cluster Valkey a node of its
+    own (`in_cluster_node_type`, or the smallest that lets the L2 pay)."""
 
     kind: str
     engine: str = "valkey"
-    engine_version: str = "8.0"
-    node_type: str = "cache.r7g.large"
-    replicas: int = 1
+    engine_version: str = "9.0"
+    node_type: str = "cache.r7g.4xlarge"
+    replicas: int = 1                # per shard
     multi_az: bool = True
     snapshot_retention_days: int = 1
+    max_shards: int = 16
+    in_cluster_node_type: str | None = None
 
     @property
     def parameter_group_family(self) -> str:
@@ -343,20 +350,31 @@ def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) ->
 
 def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
     kind = r.choice("kind", CACHE_KINDS)
+    in_cluster = r.get("inClusterNodeType", str, None,
+                       allowed="an EC2 instance type for the in-cluster Valkey's node")
+    if in_cluster is not None:
+        nodes = {n[0] for n in IN_CLUSTER_NODE_TYPES} & instance_types_in(facts.region)
+        if in_cluster not in nodes:
+            raise r.fail("inClusterNodeType", in_cluster,
+                         f"{', '.join(sorted(nodes))} (offered in {facts.region}, with a "
+                         "published sustained bandwidth)")
     if kind != "elasticache":
         r.done()
-        return CacheConfig(kind=kind)
-    node_type = r.get("nodeType", str, "cache.r7g.large")
-    offered = cache_node_types_in(facts.region)
+        return CacheConfig(kind=kind, in_cluster_node_type=in_cluster)
+    node_type = r.get("nodeType", str, CacheConfig.node_type)
+    offered = cache_node_types_in(facts.region) & frozenset(CACHE_NODES)
     if node_type not in offered:
         raise r.fail("nodeType", node_type,
-                     f"{families(offered, 'cache.')} (offered in {facts.region})")
+                     f"{families(offered, 'cache.')} (offered in {facts.region}, "
+                     "non-burstable, with a published sustained bandwidth)")
     cfg = CacheConfig(
         kind=kind, engine=r.choice("engine", CACHE_ENGINES, "valkey"),
-        engine_version=r.get("engineVersion", str, "8.0"),
+        engine_version=r.get("engineVersion", str, CacheConfig.engine_version),
         node_type=node_type, replicas=r.integer("replicas", 0, 5, 1),
         multi_az=r.get("multiAz", bool, True),
         snapshot_retention_days=r.integer("snapshotRetentionDays", 0, 35, 1),
+        max_shards=r.integer("maxShards", 1, 250, CacheConfig.max_shards),
+        in_cluster_node_type=in_cluster,
     )
     if cfg.multi_az and cfg.replicas < 1:
         raise r.fail("replicas", cfg.replicas, "at least 1 when multiAz is true")

@@ -81,6 +81,11 @@ _ROWS = (
           "not deployed, with a warning: docs/serving.md)"),
     Field("spec.kvCacheSpec.forceL2Cache", USED, "this project's extension: true deploys the "
           "L2 even where reading from it is slower than recomputing"),
+    Field("spec.kvCacheSpec.prefixTokens", USED, "this project's extension: the prompt prefix "
+          "(tokens) an L2 hit saves, which the L2 verdict judges at (default 8192)"),
+    Field("spec.kvCacheSpec.modelShape", USED, "this project's extension: the model's shape "
+          "for the L2 verdict, a known model's name or its config.json keys (default: the "
+          "shape modelName names)"),
     Field("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", USED, "redis: the environment's "
           "cache (ElastiCache over TLS, or the in-cluster Valkey); tieredstorage: the "
           "in-cluster Valkey; also valkey and lmcache-server (this project's names; "

@@ -464,3 +464,15 @@ def lmcache_version(image: Image) -> Version | None:
     """The LMCache release an image carries, where a public record says (lmcache/vllm-openai
     release tags); vllm/vllm-openai and the DLC images install an unpinned `lmcache`: None."""
     return image_release(image).lmcache
+
+
+# Worker images that carry `valkey-glide-sync`, which LMCache's `valkey://` connector imports
+# (GLIDE's sync client: TLS, AUTH and cluster mode, what ElastiCache in cluster mode needs).
+# The published lmcache/vllm-openai, vllm/vllm-openai and DLC images do not (LMCache does not
+# require it), so none is listed: ElastiCache is then reached by `rediss://` on one shard
+# (k8s/l2.py). A worker image built with it adds its catalogue key here.
+GLIDE_IMAGES: frozenset[str] = frozenset()
+
+
+def carries_glide(image: Image | None) -> bool:
+    return image is not None and image.key in GLIDE_IMAGES

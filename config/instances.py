@@ -133,7 +133,8 @@ MAX_PODS = {
 VM_MEMORY_OVERHEAD = 0.075
 EVICTION_HARD_MIB = 100
 _DEFAULT_MAX_PODS = 58   # a type not listed (a system group's): a 4-ENI, 15-address type
-_GIB_PER_VCPU = {"m": 4, "c": 2, "r": 8}   # the general-purpose families a system group uses
+# the families a system group or the in-cluster L2's node uses
+_GIB_PER_VCPU = {"m": 4, "c": 2, "r": 8, "x": 16}
 # Kept free on a GPU node beside its workers: the add-ons' and our DaemonSets (aws-node,
 # kube-proxy, EBS CSI node, device plugin, DCGM exporter, node exporter) with headroom.
 DAEMONSET_ROOM_M, DAEMONSET_ROOM_MIB = 1000, 2048

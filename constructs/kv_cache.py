@@ -2,6 +2,9 @@
 
 TLS in transit, an AUTH token that lives only in Secrets Manager (the template carries a
 dynamic reference, never the value), reachable only from the nodes, snapshot on delete.
+Cluster mode with the shards the L2 verdict needs where LMCache reaches it by `valkey://`
+(GLIDE's cluster client); one shard, cluster mode off, where it has only `rediss://` (a
+plain Redis client, which a cluster's MOVED replies would break): k8s/l2.py.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ class KvCacheProps:
     multi_az: bool
     snapshot_retention_days: int
     retain: bool
+    shards: int = 1
+    cluster_mode: bool = False
 
 
 class KvCache(Construct):
@@ -59,14 +64,18 @@ class KvCache(Construct):
         parameters = elasticache.CfnParameterGroup(
             self, "Parameters", cache_parameter_group_family=props.parameter_group_family,
             description="LMCache L2: evict any key, least recently used first",
-            properties={"maxmemory-policy": "allkeys-lru"})
+            properties={"maxmemory-policy": "allkeys-lru",
+                        **({"cluster-enabled": "yes"} if props.cluster_mode else {})})
+        shape = (dict(cluster_mode="enabled", num_node_groups=props.shards,
+                      replicas_per_node_group=props.replicas) if props.cluster_mode else
+                 dict(num_cache_clusters=1 + props.replicas))
+        self.cluster_mode = props.cluster_mode
         self.replication_group = elasticache.CfnReplicationGroup(
             self, "ReplicationGroup",
             replication_group_description="LMCache L2 KV cache shared by workers",
             engine=props.engine, engine_version=props.engine_version,
             cache_parameter_group_name=parameters.ref,
-            cache_node_type=props.node_type,
-            num_cache_clusters=1 + props.replicas,
+            cache_node_type=props.node_type, **shape,
             automatic_failover_enabled=props.multi_az, multi_az_enabled=props.multi_az,
             cache_subnet_group_name=subnets.ref,
             security_group_ids=[self.security_group.security_group_id],
@@ -88,6 +97,10 @@ class KvCache(Construct):
 
     @property
     def endpoint_address(self) -> str:
+        """The configuration endpoint in cluster mode (GLIDE discovers the shards from it),
+        else the primary's."""
+        if self.cluster_mode:
+            return self.replication_group.attr_configuration_end_point_address
         return self.replication_group.attr_primary_end_point_address
 
     @property

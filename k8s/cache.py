@@ -6,11 +6,12 @@ not run: it has no eviction and serializes lookups behind writes (k8s/workers.py
 Only worker pods may connect (the flows below become NetworkPolicies in
 k8s/network_policies.py).
 
-Where it lands: the system node group, beside CoreDNS, KEDA, the autoscaler and (China) the
-monitoring stack, on instances as small as m6i.xlarge (4 vCPU, 16 GiB, ~14.5 GiB allocatable).
-It is sized to fit there (1 CPU: Valkey runs commands on one thread; 6 GiB, of which 4.5 GiB
-data) rather than given a node group of its own: an environment that wants a large L2 has the
-managed one (`cache.kind: elasticache`, sized by its node type, evicting by the same policy).
+Where it lands: a node of its own (the `l2cache` node group stacks/cache_stack.py adds, tainted
+for it), of the type k8s/l2.py chose so that the L2 pays: the node's sustained network is what
+a cache read all day long gets, and Valkey 9 moves large values with its io-threads. Its
+memory is most of the node's: `maxmemory` is 3/4 of the container's, the rest Valkey's buffers
+and fragmentation. LMCache reaches it by `resp://` where the image's LMCache has it: plain TCP,
+no AUTH, which only worker pods may open (the NetworkPolicy below; docs/security.md).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    CACHE_PORT, LABEL_NAME, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, REDIS_EXPORTER_PORT,
-    SHARED_CACHE_NAME,
+    CACHE_NODE_GROUP, CACHE_PORT, CACHE_TAINT_KEY, LABEL_NAME, NODE_GROUP_LABEL,
+    NODE_ROLE_CACHE, NODE_ROLE_LABEL, REDIS_EXPORTER_PORT, SHARED_CACHE_NAME,
 )
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
@@ -35,6 +36,12 @@ EVICTION_POLICY = "allkeys-lru"
 DATA_SHARE = 3 / 4  # of the container's memory; the rest: Valkey's buffers and fragmentation
 
 
+# What the node keeps for itself and its DaemonSets (kubelet reserve, eviction threshold,
+# aws-node, kube-proxy, node exporter): the rest is Valkey's.
+NODE_KEEP_CPUS = 2
+NODE_KEEP_SHARE = 0.12
+
+
 @dataclass(frozen=True)
 class CacheProps:
     namespace: str
@@ -42,7 +49,16 @@ class CacheProps:
     kind: str = VALKEY
     memory_gib: int = 6
     cpu: str = "1"
+    io_threads: int = 1
     exporter_image: str | None = None   # redis_exporter sidecar
+
+    @classmethod
+    def on_node(cls, namespace: str, image: str, vcpus: int, node_gib: float,
+                io_threads: int, exporter_image: str | None = None) -> "CacheProps":
+        """Valkey sized to the node it has to itself."""
+        return cls(namespace=namespace, image=image, cpu=str(max(1, vcpus - NODE_KEEP_CPUS)),
+                   memory_gib=int(node_gib * (1 - NODE_KEEP_SHARE)) - 2,
+                   io_threads=io_threads, exporter_image=exporter_image)
 
     @property
     def url(self) -> str:
@@ -67,7 +83,8 @@ class SharedCacheChart(Chart):
             "name": "valkey", "image": p.image, "imagePullPolicy": "IfNotPresent",
             "args": ["valkey-server", "--port", str(CACHE_PORT), "--save", "",
                      "--appendonly", "no", "--maxmemory", f"{p.maxmemory_mib}mb",
-                     "--maxmemory-policy", EVICTION_POLICY, "--protected-mode", "no"],
+                     "--maxmemory-policy", EVICTION_POLICY, "--protected-mode", "no",
+                     "--io-threads", str(p.io_threads)],
             "securityContext": hardened(read_only_root=True, run_as_user=VALKEY_UID),
             "ports": [{"name": "cache", "containerPort": CACHE_PORT}],
             "resources": {"requests": {"cpu": p.cpu, "memory": memory},
@@ -87,7 +104,10 @@ class SharedCacheChart(Chart):
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "automountServiceAccountToken": False,
                            "securityContext": pod_security(VALKEY_UID),
-                           "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
+                           "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_CACHE,
+                                            NODE_GROUP_LABEL: CACHE_NODE_GROUP},
+                           "tolerations": [{"key": CACHE_TAINT_KEY, "operator": "Exists",
+                                            "effect": "NoSchedule"}],
                            "containers": containers}}}})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,

@@ -11,24 +11,32 @@ from pathlib import Path
 from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig
-from config.notices import changed
+from config.bandwidth import IN_CLUSTER_NODE_TYPES
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
-from config.images import (
-    IMAGES, KV_EVENTS_SINCE, Image, deployed_images, image_family, image_release,
-    lmcache_version, vllm_version,
+from config.endpoint_spec import (
+    AutoScaling, EndpointSpec, _cores, _gib, default_trigger, load_endpoint,
 )
-from k8s.placeholders import token
+from config.images import (
+    IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
+    image_release, lmcache_version, vllm_version,
+)
+from config.models import ASSUMED
+from config.notices import changed
+from config.regions import instance_types_in
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
-from config.endpoint_spec import AutoScaling, EndpointSpec, default_trigger, load_endpoint
-from k8s.secret_fetch import ApiKey
+from k8s.l2 import (
+    ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS, VALKEY as VALKEY_CONNECTOR,
+    L2Verdict, choose_in_cluster, connector_for, elasticache_server, l2_verdict, server_gbs,
+)
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
+from k8s.placeholders import token
 from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
-from config.endpoint_spec import _gib
+from k8s.secret_fetch import ApiKey
 from k8s.workers import (
-    KV_BLOCK_SIZE, L2_READ_GBS_PER_RANK, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
+    KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, l1_budget,
-    l2_verdict, parallel_ranks, worker_urls,
+    parallel_ranks, worker_urls,
 )
 
 
@@ -41,7 +49,31 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
-    return tuple(fit_endpoint(cfg, s) for s in specs)
+    return _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
+
+
+def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
+                     ) -> tuple[EndpointSpec, ...]:
+    """Each endpoint's verdict counted its own fleet; endpoints sharing the one in-cluster
+    Valkey share its network and CPU too: say so where together they need more than it has."""
+    plans = {s.name: p for s in specs if (p := l2_plan(cfg, s)) and p.target == IN_CLUSTER}
+    node = in_cluster_node(cfg, specs)
+    if len(plans) < 2 or node is None:
+        return specs
+    gpus = sum(p.verdict.gpus_reading for p in plans.values())
+    share = min(server_gbs(node, 1)) / gpus
+    out = []
+    for s in specs:
+        p = plans.get(s.name)
+        if p and p.verdict.need_gbs and share < MARGIN * p.verdict.need_gbs:
+            s = replace(s, warnings=(*s.warnings, (
+                f"{s.source_file}: spec.kvCacheSpec.enableL2Cache: the in-cluster Valkey "
+                f"({node.node_type}) is shared by {len(plans)} endpoints' {gpus} GPUs: "
+                f"{share:.2f} GB/s each, under {MARGIN:g}x this endpoint's break-even "
+                f"({p.verdict.need_gbs:.2f} GB/s per GPU); each verdict counted its own "
+                "fleet only (cache.inClusterNodeType, or the managed L2, gives more)")))
+        out.append(s)
+    return tuple(out)
 
 
 def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
@@ -53,20 +85,33 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
-    replicas = s.autoscaling.max_replicas if s.autoscaling else s.replicas
-    verdict = l2_verdict(s.instance_type, parallel_ranks(s.worker_args), replicas)
-    if s.l2_enabled and not s.l2_forced and not verdict.pays:
-        warnings.append(changed(
-            f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
-            f"{s.instance_type} ({verdict.gpu}) a replica recomputes a token's KV (~"
-            f"{verdict.recompute_us:.0f} us for an 8B-shaped model) faster than it reads it "
-            f"from a shared L2 (~{verdict.read_us:.0f} us at {verdict.read_gbs:.2f} GB/s: "
-            f"LMCache's Redis client, {L2_READ_GBS_PER_RANK} GB/s per GPU, or its share of one "
-            f"L2 server among {replicas} replica(s), measured), so every L2 hit would slow the "
-            "request down; L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
-            "(docs/serving.md, 'The tier configuration, and why')", s.name,
-            "kvCacheSpec.enableL2Cache"))
-        s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+    plan = l2_plan(cfg, s)
+    if plan is not None:
+        v = plan.verdict
+        assumed = (f" ({s.model_name} is not a model whose shape we know: "
+                   f"{v.model.name}'s assumed, the dearest to read we know; state it with "
+                   "kvCacheSpec.modelShape)" if v.model_assumed else "")
+        if not s.l2_forced and not v.deploys:
+            need = f"{v.need_gbs:.2f}" if v.need_gbs is not None else "an unknown rate"
+            warnings.append(changed(
+                f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
+                f"{s.instance_type} ({v.gpu}) recomputing {v.model.name}'s KV at a "
+                f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
+                f"{need} GB/s per GPU{assumed}, and an L2 must read at least "
+                f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
+                f"once it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
+                "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
+                "(docs/serving.md, 'The tier configuration, and why')", s.name,
+                "kvCacheSpec.enableL2Cache"))
+            s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+        elif plan.target == ELASTICACHE and v.connector is REDISS:
+            warnings.append(
+                f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
+                f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, cluster "
+                f"mode off): {s.worker_image} carries no valkey-glide-sync, which LMCache's "
+                f"valkey:// (TLS, AUTH, cluster mode) needs; it reads {v.deliver_gbs:.2f} GB/s "
+                f"per GPU (the least of: {v.explain()}); an image that adds it "
+                "(config/images.py GLIDE_IMAGES) gets valkey:// and the shards it needs")
     family = next((f for f in NOT_VLLM if f in s.image.source), None)
     if family:
         raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,
@@ -152,6 +197,46 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     return replace(s, warnings=tuple(warnings), tls_certificate_arn=certificate)
 
 
+@dataclass(frozen=True)
+class L2Plan:
+    """Where an endpoint's L2 is, how LMCache reaches it, and the verdict on it."""
+
+    target: str              # k8s/l2.py IN_CLUSTER, ELASTICACHE or OWN
+    verdict: L2Verdict
+
+    @property
+    def connector(self):
+        return self.verdict.connector
+
+
+def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
+    """The L2 an endpoint asking for one would get, and whether it pays (k8s/l2.py), for its
+    largest fleet: autoscaling's maximum, every replica reading at once."""
+    if not s.l2_enabled:
+        return None
+    target = OWN if s.l2_url else IN_CLUSTER if _shared_kind(cfg, s) else ELASTICACHE
+    connector = ((REDISS if s.l2_url.startswith("rediss://") else REDIS) if target == OWN else
+                 connector_for(target, lmcache_version(s.image), carries_glide(s.image)))
+    ranks = parallel_ranks(s.worker_args)
+    scaling = effective_scaling(cfg, s)
+    replicas = scaling.max_replicas if scaling else s.replicas
+    l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
+    args = dict(instance_type=s.instance_type, model=s.model or ASSUMED,
+                model_assumed=s.model is None, ranks=ranks, replicas=replicas,
+                capacity_gib=replicas * ranks * l1,
+                connector=connector, prefix_tokens=s.prefix_tokens,
+                cpu_per_rank=_cores(s.cpu) / ranks)
+    if target == IN_CLUSTER:
+        verdict = choose_in_cluster(instance_types_in(cfg.region),
+                                    cfg.cache.in_cluster_node_type, **args)
+    elif target == ELASTICACHE and cfg.cache.kind == "elasticache":
+        shards = cfg.cache.max_shards if connector is VALKEY_CONNECTOR else 1
+        verdict = l2_verdict(server=elasticache_server(cfg.cache.node_type, shards), **args)
+    else:
+        verdict = l2_verdict(server=None, **args)
+    return L2Plan(target, verdict)
+
+
 # Image repositories known not to be vLLM: their files cannot get the KV cache.
 NOT_VLLM = {"djl-inference": "DJL Serving (LMI)", "tgi-inference": "TGI",
             "text-generation-inference": "TGI", "tensorrt-llm": "TensorRT-LLM"}
@@ -225,20 +310,25 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
                if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
-    for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
-        props = CacheProps(namespace=SERVING_NAMESPACE, kind=kind,
-                           image=images.uri(VALKEY), exporter_image=images.uri("redis-exporter"))
+    node = in_cluster_node(cfg, specs)
+    for kind in sorted({_shared_kind(cfg, s) for s in specs if s.l2_enabled} - {None}):
+        assert node is not None
+        _, vcpus, gib = next(n for n in IN_CLUSTER_NODE_TYPES if n[0] == node.node_type)
+        props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), vcpus, gib,
+                                   node.threads, exporter_image=images.uri("redis-exporter"))
         shared[kind] = props
         chart = SharedCacheChart(app, f"cache-{kind}", props=props)
         chart.add_dependency(ns)
         charts.append(chart)
     for s in specs:
         l2 = None
-        if s.l2_url:
+        plan = l2_plan(cfg, s)
+        if plan and s.l2_url:
             l2 = L2Connection(url=s.l2_url)
-        elif s.l2_enabled:
+        elif plan:
             kind = _shared_kind(cfg, s)
-            l2 = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
+            base = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
+            l2 = connection(plan, base) if base else None
         kvaware = s.routing_strategy == "kvaware"
         budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
         wp = WorkerProps(
@@ -295,6 +385,11 @@ def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...])
             "environment: cache.kind: self-hosted, but no endpoint uses an L2 (none sets "
             "kvCacheSpec.enableL2Cache with a redis or valkey backend, or the L2 would not pay "
             "on its GPU): no in-cluster Valkey is deployed", "environment", "cache.kind"))
+    if cfg.cache.kind == "elasticache" and not managed_l2_plans(cfg, specs):
+        out.append(changed(
+            "environment: cache.kind: elasticache, but no ElastiCache is provisioned: no "
+            "endpoint's L2 uses it (none asks for an L2 with l2CacheBackend redis, or the L2 "
+            "verdict left it out: the endpoint warnings say why)", "environment", "cache.kind"))
     return out
 
 
@@ -304,6 +399,42 @@ def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) 
     return deployed_images((s.image for s in specs), kubernetes_version=cfg.kubernetes_version,
                            self_hosted_observability=cfg.observability == "self-hosted",
                            in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
+
+
+def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):
+    """The node the in-cluster Valkey gets: the largest any endpoint's plan chose (they share
+    one server); None where no endpoint's L2 is in the cluster."""
+    order = [n[0] for n in IN_CLUSTER_NODE_TYPES]
+    servers = [p.verdict.server for s in specs
+               if (p := l2_plan(cfg, s)) and p.target == IN_CLUSTER and p.verdict.server
+               and p.verdict.server.node_type in order]
+    return max(servers, key=lambda x: order.index(x.node_type), default=None)
+
+
+def managed_l2_plans(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
+                     ) -> list[L2Plan]:
+    """The plans of endpoints whose L2 is the environment's ElastiCache."""
+    return [p for s in specs if (p := l2_plan(cfg, s)) and p.target == ELASTICACHE]
+
+
+def connection(plan: L2Plan, base: L2Connection) -> L2Connection:
+    """`base` (the cache's address as redis:// or rediss://) as the plan's connector reaches
+    it: its scheme, its extra_config keys, and a blocking timeout that outlasts a whole
+    retrieve of the endpoint's prefix."""
+    c = plan.connector
+    address = base.url.split("://", 1)[1]
+    if c in (REDIS, REDISS):
+        return replace(base, blocking_timeout_s=plan.verdict.blocking_timeout_s)
+    extra: dict = {"save_chunk_meta": False}     # one key per chunk (both adapters require it)
+    if c.name == "resp":
+        extra["resp_num_threads"] = c.connections
+    else:
+        extra.update(valkey_num_workers=c.connections, tls_enable=True,
+                     valkey_mode="cluster")
+    return L2Connection(url=f"{c.scheme}{address}", secret_arn=base.secret_arn,
+                        extra=tuple(sorted(extra.items())),
+                        password_key="valkey_password" if base.secret_arn else None,
+                        blocking_timeout_s=plan.verdict.blocking_timeout_s)
 
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:

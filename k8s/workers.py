@@ -43,10 +43,15 @@ SCRATCH_ENV = [{"name": "HOME", "value": WORKER_HOME}, {"name": "USER", "value":
 
 @dataclass(frozen=True)
 class L2Connection:
-    """How LMCache reaches L2. `secret_arn` set: the password is fetched at pod start."""
+    """How LMCache reaches L2 (k8s/l2.py chooses the connector). `secret_arn` set: the
+    password is fetched at pod start, into the URL (redis://) or into `password_key` of
+    extra_config (valkey://)."""
 
     url: str                          # without credentials
     secret_arn: str | None = None
+    extra: tuple[tuple[str, Any], ...] = ()   # the connector's extra_config keys
+    password_key: str | None = None
+    blocking_timeout_s: int | None = None     # None: TIER_POLICY's
 
 
 @dataclass(frozen=True)
@@ -188,64 +193,8 @@ TIER_POLICY: tuple[TierSetting, ...] = (
 # Valkey `maxmemory` + `allkeys-lru` (k8s/cache.py), ElastiCache the same through its parameter
 # group (constructs/kv_cache.py); LMCache sets no TTL on its keys, so a `volatile-*` policy (the
 # ElastiCache default) would evict nothing and refuse writes once full.
-L2_SCHEMES = ("redis://", "rediss://")
-
-# Whether an L2 can pay at all, decided at synth time (issue 17). An L2 hit moves a token's KV
-# from the L2 server instead of recomputing it; it helps only if the read is faster, for the
-# whole replica. Two bounds on the read, both measured on loopback by bench/lmcache_rates.py
-# (bench/data/lmcache_rates.json, medians of 3):
-# - LMCache's Redis client: redis.asyncio with redis-py's pure-Python reply parser (the images
-#   carry no hiredis; with it 0.47-0.49 GB/s, still too slow), 4 in flight: 0.38 GB/s per
-#   rank for the 8-10 MB chunks of a tensor-parallel rank; ranks read in parallel.
-# - The one L2 server every worker of the endpoint shares: one Valkey thread moved 0.91 GB/s
-#   of such values per second of its CPU, and it takes every computed chunk's write too (each
-#   token read from L2 was written once; with reuse below half, writes are the larger part):
-#   half of it for reads, split across the endpoint's replicas (its maximum).
-# Recompute per token = 2 x parameters / (ranks x TFLOPS x efficiency). The endpoint file does
-# not say the model's shape, so we assume the one that makes reads dearest of those we model:
-# Llama-3.1-8B's (131,072 bytes per token for 8.03 B parameters; a 70B Llama has 3.5x less KV
-# per parameter), prefill at half of the GPU's dense throughput (0.78 measured on the H100,
-# 0.3 assumed on A10G TP 4). The first verdict counted the client alone and let g5.24xlarge
-# (TP 4) have its L2; the emulator then found it slower there at every load (P90 up to 2.55x
-# on multi-turn, peak throughput 0.67x): four ranks outread one server thread.
-# Not counted, and all against L2: LMCache's blocking fetch stalling the whole engine, other
-# endpoints sharing the same cache.
-L2_READ_GBS_PER_RANK = 0.38
-L2_SERVER_GBS = 0.91
-L2_SERVER_READ_SHARE = 0.5
-REFERENCE_KV_BYTES_PER_TOKEN = 131072
-REFERENCE_PARAMS = 8.03e9
-PREFILL_EFFICIENCY = 0.5
-
-
-@dataclass(frozen=True)
-class L2Verdict:
-    instance_type: str
-    gpu: str | None
-    read_us: float            # per token of the reference model, for one replica
-    recompute_us: float | None
-    read_gbs: float           # what one replica reads at: the client's or its server share
-
-    @property
-    def pays(self) -> bool:
-        """Unknown GPUs keep what the file asks (nothing to judge with)."""
-        return self.recompute_us is None or self.read_us < self.recompute_us
-
-
-def l2_verdict(instance_type: str, ranks: int = 1, replicas: int = 1) -> L2Verdict:
-    """Can an L2 read beat recomputing on this instance type's GPU, for a replica of `ranks`
-    GPU processes among `replicas` sharing one L2 server (see above)?"""
-    from config.instances import gpu_model
-
-    gbs = min(ranks * L2_READ_GBS_PER_RANK, L2_SERVER_GBS * L2_SERVER_READ_SHARE / replicas)
-    read = REFERENCE_KV_BYTES_PER_TOKEN / (gbs * 1e9) * 1e6
-    model = gpu_model(instance_type)
-    if model is None:
-        return L2Verdict(instance_type, None, read, None, gbs)
-    gpu, tflops = model
-    recompute = 2 * REFERENCE_PARAMS / (ranks * tflops * 1e12 * PREFILL_EFFICIENCY) * 1e6
-    return L2Verdict(instance_type, gpu, read, recompute, gbs)
-
+L2_SCHEMES = ("redis://", "rediss://", "resp://", "valkey://")
+REDIS_SCHEMES = ("redis://", "rediss://")
 
 REDIS_SOCKET_TIMEOUTS = "socket_timeout=1&socket_connect_timeout=1"
 
@@ -332,7 +281,7 @@ READ_API_KEY = f'export VLLM_API_KEY="$(cat {API_KEY_FILE})"; '
 
 
 def with_socket_timeouts(url: str) -> str:
-    if not url.startswith(L2_SCHEMES):
+    if not url.startswith(REDIS_SCHEMES):
         return url
     return f"{url}{'&' if '?' in url else '?'}{REDIS_SOCKET_TIMEOUTS}"
 
@@ -387,8 +336,14 @@ def lmcache_config(p: WorkerProps) -> dict:
         cfg.pop("use_layerwise", None)   # LMCache's default: the store waits in wait_for_save
     cfg.update(local_cpu=p.l1_enabled,
                max_local_cpu_size=float(p.l1_size_gib if p.l1_enabled else 0))
-    if p.l2 and not p.l2.secret_arn:  # with a secret, the URL is appended at pod start
-        cfg["remote_url"] = with_socket_timeouts(p.l2.url)
+    if p.l2:
+        if p.l2.extra:
+            cfg["extra_config"] = {**cfg.get("extra_config", {}), **dict(p.l2.extra)}
+        if p.l2.blocking_timeout_s is not None:
+            cfg["blocking_timeout_secs"] = p.l2.blocking_timeout_s
+        # with a secret in the URL, the URL is appended at pod start
+        if not p.l2.secret_arn or p.l2.password_key:
+            cfg["remote_url"] = with_socket_timeouts(p.l2.url)
     return cfg
 
 
@@ -507,14 +462,20 @@ class WorkersChart(Chart):
             script = ("set -eu; TOKEN=$(aws secretsmanager get-secret-value --secret-id "
                       "\"$SECRET_ARN\" --query SecretString --output text); "
                       "cp /config/lmcache.yaml \"$OUT\"; "
-                      "printf 'remote_url: \"%s\"\\n' "
-                      "\"$(echo \"$L2_URL\" | sed \"s#://#://:${TOKEN}@#\")\" >> \"$OUT\"")
+                      + (  # valkey://: the password is an extra_config key (an alphanumeric
+                         # token: nothing in it needs quoting in YAML or sed)
+                         "sed -i \"s/^extra_config:$/extra_config:\\n  $PASSWORD_KEY: "
+                         "\\\"${TOKEN}\\\"/\" \"$OUT\"" if p.l2.password_key else
+                         "printf 'remote_url: \"%s\"\\n' "
+                         "\"$(echo \"$L2_URL\" | sed \"s#://#://:${TOKEN}@#\")\" >> \"$OUT\""))
             init.append({
                 "name": "fetch-l2-secret", "image": p.staging_image,
                 "imagePullPolicy": "IfNotPresent", "command": ["/bin/sh", "-c", script],
                 "env": [{"name": "AWS_REGION", "value": p.region},
                         {"name": "SECRET_ARN", "value": p.l2.secret_arn},
                         {"name": "L2_URL", "value": with_socket_timeouts(p.l2.url)},
+                        *([{"name": "PASSWORD_KEY", "value": p.l2.password_key}]
+                          if p.l2.password_key else []),
                         {"name": "OUT", "value": "/run/lmcache/lmcache.yaml"}, *SCRATCH_ENV],
                 "volumeMounts": [{"name": "lmcache-base", "mountPath": "/config"},
                                  {"name": "lmcache-runtime", "mountPath": "/run/lmcache"},

@@ -13,9 +13,11 @@ from config.images import unpinned_images
 from config.notices import CHANGED, CHECK, IGNORED, IMAGE_WITHOUT_DIGEST, KINDS, Notice, \
     ack_id, kind_of
 from config.endpoint_spec import EndpointSpec
-from k8s.serving import environment_images, environment_notices
+from k8s.serving import (
+    environment_images, environment_notices, in_cluster_node, managed_l2_plans,
+)
 from k8s.workers import MetricsSource
-from stacks.cache_stack import CacheStack
+from stacks.cache_stack import CacheStack, L2Needs
 from stacks.cluster_stack import ClusterStack
 from stacks.monitoring_stack import MonitoringStack
 from stacks.network_stack import NetworkStack
@@ -57,9 +59,13 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
     cluster = ClusterStack(
         app, f"{p}-Cluster", cfg=cfg, vpc=network.vpc if network else None, **common,
         amp_workspace_arn=observability.managed.workspace.attr_arn if observability else None)
+    needs = l2_needs(cfg, endpoints)
     cache = (CacheStack(app, f"{p}-Cache", cfg=cfg, vpc=cluster.vpc,
-                        client_security_group=cluster.cluster.cluster_security_group, **common)
-             if cfg.cache.kind == "elasticache" else None)
+                        client_security_group=cluster.cluster.cluster_security_group,
+                        needs=needs, cluster=cluster.cluster,
+                        node_role=cluster.gpu_cluster.node_role,
+                        **common)
+             if needs.any else None)
     l2 = cache.cache if cache else None
     serving = ServingStack(
         app, f"{p}-Serving", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
@@ -118,6 +124,20 @@ def warning_summary(cfg: EnvironmentConfig, warnings: list[str]) -> str:
                  "file's acknowledgedWarnings, or change the request (docs/operations.md, "
                  "Warnings)")
     return text
+
+
+def l2_needs(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> L2Needs:
+    """What the endpoints' L2 plans ask to be provisioned (k8s/serving.py l2_plan): the
+    shards of every endpoint on ElastiCache add up; cluster mode only where all of them reach
+    it by valkey:// (a rediss:// client cannot follow a cluster's redirects: one shard)."""
+    managed = managed_l2_plans(cfg, endpoints) if cfg.cache.kind == "elasticache" else []
+    node = in_cluster_node(cfg, endpoints)
+    cluster_mode = bool(managed) and all(p.connector.cluster for p in managed)
+    shards = (min(sum(p.verdict.shards for p in managed), cfg.cache.max_shards)
+              if cluster_mode else 1)
+    return L2Needs(elasticache_shards=shards if managed else None,
+                   elasticache_cluster_mode=cluster_mode,
+                   in_cluster_node_type=node.node_type if node else None)
 
 
 def write_manifests(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...],

@@ -45,7 +45,8 @@ def test_the_rendered_configuration_is_one_the_model_can_judge(backend):
     r = rendered_tiers(backend, force_l2=True)
     assert set(r.lmcache) <= MODELLED | NO_TIMING_EFFECT, sorted(r.lmcache)
     cfg = TierConfig.from_lmcache(r.lmcache, l2_capacity_gib=r.l2_capacity_gib,
-                                  l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url)
+                                  l2_memory_limit_gib=r.l2_memory_limit_gib, l2_url=r.l2_url,
+                                  verdict=r.verdict)
     assert cfg.l1_gib == r.lmcache["max_local_cpu_size"] > 0
     assert cfg.l2 == (None if backend == "none" else "redis")
     if cfg.l2:                # sized from the cache we deploy, with eviction
@@ -211,3 +212,22 @@ def test_the_seed_spread_reports_each_seed_and_the_median():
     assert "1.06 / 1.00 (41% -> 36%)" in row and "0.95 / 1.00 (41% -> 45%)" in row
     assert row.endswith("| 1.00 / 1.00 |")
     assert render_seeds({}) == []
+
+
+def test_a_retrieve_whose_l2_chunks_outgrow_l1_keeps_its_own_l1_chunks(valkey):
+    """A retrieve that finds its first chunks in L1 and the rest in L2 promotes the L2 ones
+    into a full L1: the LRU must evict other chunks before this retrieve's own (LMCache holds
+    them while it loads). The 64K sweep met it as a KeyError when it evicted them first."""
+    cfg = TierConfig.from_lmcache({**OLD, "remote_url": "resp://l2:6379",
+                                   "max_local_cpu_size": 4 * CHUNK_BYTES / 2 ** 30},
+                                  network_gbs=1e9)
+    l2 = _l2(valkey, cfg)
+    a = LMCacheWorker(replace(cfg, l1_gib=1.0), H100, l2)    # room for all it writes
+    b = LMCacheWorker(cfg, H100, l2)
+    assert b.l1_capacity == 4
+    doc, other = _ids(256 * 6 + 10, 1), _ids(256 * 3 + 10, 2)
+    a.store(1, doc, len(doc), 0.0, 0)                        # the whole document in L2
+    b.store(2, doc[:512], 512, 0.0, 0)                       # its first 2 chunks in b's L1
+    b.store(3, other, len(other), 0.0, 0)                    # newer chunks behind them
+    res = b.lookup(doc, 0, 100.0)
+    assert (res.l1_tokens, res.l2_tokens) == (2 * 256, 4 * 256)   # 6 whole chunks

@@ -82,7 +82,7 @@ def test_the_caches_parameter_group_family_follows_engine_and_version():
     redis = resolve_environment(_ctx(cache__engine="redis", cache__engineVersion="6.2")).cache
     valkey = resolve_environment(context_for()).cache
     assert (redis.parameter_group_family, valkey.parameter_group_family) == (
-        "redis6.x", "valkey8")
+        "redis6.x", "valkey9")
 
 
 def test_china_flag_switches_dev_to_its_china_variant():
@@ -93,7 +93,7 @@ def test_china_flag_switches_dev_to_its_china_variant():
 
 @pytest.mark.parametrize("case, ctx, field, value, allowed", [
     ("engine version without a parameter group family", _ctx(cache__engineVersion="6.2"),
-     "cache.engineVersion", "6.2", "7.2, 8.0, 8.1 (ElastiCache valkey)"),
+     "cache.engineVersion", "6.2", "7.2, 8.0, 8.1, 8.2, 9.0, 9.1 (ElastiCache valkey)"),
     ("unknown environment", {**context_for(), "env": "prod"}, "env", "prod", "china, dev"),
     ("china flag on a China region set false", context_for(env="china", china="false"),
      "china", False, "true (region cn-northwest-1"),

@@ -287,8 +287,8 @@ def test_kvaware_workers_publish_events_the_router_subscribes_to(rendered):
 
 
 @pytest.mark.parametrize("backend, url_prefix", [
-    ("redis", "rediss://l2.example.internal"), ("valkey", "redis://kvcache-valkey."),
-    ("lmcache-server", "redis://kvcache-valkey."), ("tieredstorage", "redis://kvcache-valkey.")])
+    ("redis", "rediss://l2.example.internal"), ("valkey", "resp://kvcache-valkey."),
+    ("lmcache-server", "resp://kvcache-valkey."), ("tieredstorage", "resp://kvcache-valkey.")])
 def test_l2_backend_mapping(rendered, backend, url_prefix):
     _, docs = rendered[("dev", "prefixaware", backend)]
     cm = next(d for d in _all(docs, "ConfigMap") if "lmcache" in d["metadata"]["name"])

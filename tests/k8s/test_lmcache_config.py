@@ -121,10 +121,15 @@ def test_the_images_lmcache_reads_the_values_we_render(parsed, case):
             assert values["remote_url"] is None and values["use_layerwise"] is True
             continue
         assert values["use_layerwise"] is False   # LMCache retrieves layerwise from L1 only
-        assert values["blocking_timeout_secs"] == 2 and values["lookup_timeout_ms"] == 200
+        assert values["blocking_timeout_secs"] >= 2 and values["lookup_timeout_ms"] == 200
+        # the in-cluster Valkey by LMCache's C++ client where the release has it (0.5.4)
+        resp = image.endswith("v0.5.4")
         expected = {"redis": "rediss://:s3cretT0ken@l2.example.internal:6379?socket_timeout=1",
-                    "valkey": "redis://kvcache-valkey."}
+                    "valkey": "resp://kvcache-valkey." if resp else "redis://kvcache-valkey."}
         assert values["remote_url"].startswith(expected[backend]), values["remote_url"]
+        if backend == "valkey" and resp:
+            assert values["extra_config"]["resp_num_threads"] == 8
+            assert values["extra_config"]["save_chunk_meta"] is False
         # only 0.5.x has the health monitor that reads fallback_policy
         health = (values.get("extra_config") or {}).get("fallback_policy")
         assert health == ("local_cpu" if image.endswith("v0.5.4") else None), version
@@ -147,6 +152,27 @@ def test_every_environments_workers_config_is_read_by_their_lmcache(synths, name
         for version in parsers_for(spec.worker_image):
             (got,) = parse(version, [str(path)])
             check_parsed(got, rendered, spec.worker_image)
+
+
+def test_elasticache_by_valkey_glide_gets_its_token_at_pod_start(tmp_path, monkeypatch):
+    """An image that carries valkey-glide-sync reaches ElastiCache by valkey:// in cluster
+    mode over TLS; the init container writes the AUTH token into extra_config (the real
+    script, a stub `aws`), and LMCache 0.5.4's own parser reads every value."""
+    import config.images
+
+    monkeypatch.setattr(config.images, "GLIDE_IMAGES", frozenset({"vllm-lmcache"}))
+    cfg = _env("dev")
+    docs = render(cfg, _spec(cfg, backend="redis", image="lmcache/vllm-openai:v0.5.4"))
+    path = _config_file(docs, tmp_path)
+    (got,) = parse("0.5.4", [str(path)])
+    assert got["unknown"] == []
+    v = got["values"]
+    assert v["remote_url"] == "valkey://l2.example.internal:6379"
+    extra = v["extra_config"]
+    assert extra["valkey_password"] == "s3cretT0ken" and extra["valkey_mode"] == "cluster"
+    assert extra["tls_enable"] is True and extra["save_chunk_meta"] is False
+    assert extra["fallback_policy"] == "local_cpu"      # the health monitor's keys stay
+    assert "s3cretT0ken" not in yaml.safe_dump_all(docs)
 
 
 # LMCache's own remote backend, built as a worker builds it: config file + env, then the

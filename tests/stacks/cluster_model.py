@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from config.contracts import (
-    ACCELERATOR_LABEL,
-    DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU,
-    NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+    ACCELERATOR_LABEL, CACHE_NODE_GROUP, CACHE_TAINT_KEY, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
+    GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_CACHE, NODE_ROLE_GPU, NODE_ROLE_LABEL,
+    NODE_ROLE_SYSTEM,
 )
 from config.instances import accelerator_label, allocatable as node_allocatable
 
@@ -125,9 +125,10 @@ class NodeGroup:
                          min(o.gpus for o in options))
 
 
-def config_node_groups(cfg) -> list[NodeGroup]:
+def config_node_groups(cfg, l2_node_type: str | None = None) -> list[NodeGroup]:
     """The node groups an environment's config makes (what constructs/gpu_cluster.py labels and
-    taints), for renders without a synth; a test holds them to the synthesized ones."""
+    taints), for renders without a synth; a test holds them to the synthesized ones. With
+    `l2_node_type`: the in-cluster L2's own node (stacks/cache_stack.py)."""
     def group(g, role, taints):
         labels = {NODE_ROLE_LABEL: role, NODE_GROUP_LABEL: g.name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "arm64" if "ARM" in g.ami_type else "amd64",
@@ -139,8 +140,15 @@ def config_node_groups(cfg) -> list[NodeGroup]:
         return NodeGroup(g.name, g.instance_types, labels, taints, g.min_size, g.max_size)
 
     gpu_taint = ((GPU_TAINT_KEY, GPU_TAINT_VALUE, "NoSchedule"),)
-    return [group(cfg.system_nodes, NODE_ROLE_SYSTEM, ()),
-            *(group(g, NODE_ROLE_GPU, gpu_taint) for g in cfg.gpu_node_groups)]
+    groups = [group(cfg.system_nodes, NODE_ROLE_SYSTEM, ()),
+              *(group(g, NODE_ROLE_GPU, gpu_taint) for g in cfg.gpu_node_groups)]
+    if l2_node_type:
+        groups.append(NodeGroup(CACHE_NODE_GROUP, (l2_node_type,), {
+            NODE_ROLE_LABEL: NODE_ROLE_CACHE, NODE_GROUP_LABEL: CACHE_NODE_GROUP,
+            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            "eks.amazonaws.com/capacityType": "ON_DEMAND"},
+            ((CACHE_TAINT_KEY, "present", "NoSchedule"),), 1, 1))
+    return groups
 
 
 _EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute",

@@ -37,6 +37,11 @@ def test_cdk_nag_and_cdk_validation_report_no_unacknowledged_findings(synths, na
                     if (v["ruleName"], v["description"]) not in ours]
         assert findings == [], plugin
     assert sorted(set(said)) == sorted(set(expected))
+    # a configured ElastiCache that no endpoint's L2 verdict uses is said once, not provisioned
+    unused = [w for w in expected if w[0] == "Annotation::kvcache:changed:environment:cache.kind"
+              and "no ElastiCache is provisioned" in w[1]]
+    assert len(unused) == (s.cfg.cache.kind == "elasticache"
+                           and f"{s.cfg.stack_prefix}-Cache" not in s.templates), unused
 
 
 def test_validation_is_configured_as_errors():

@@ -13,7 +13,7 @@ import yaml
 
 from config import resolve_environment
 from config.contracts import SERVING_NAMESPACE, SHARED_CACHE_NAME
-from k8s.serving import build_charts, load_endpoints, placeholder_facts
+from k8s.serving import build_charts, in_cluster_node, load_endpoints, placeholder_facts
 from tests.k8s.test_hyperpod_corpus import CORPUS, _corpus_env, _groups, filled
 from tests.stacks.cluster_model import (
     allocatable, config_node_groups, manifest_pods, node_groups, pods_of_objects,
@@ -62,7 +62,7 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
     """Every served corpus file in dev with `cache.kind: self-hosted` (the in-cluster Valkey
     serves every file's L2); the corpus in each variant's own cache is checked in
     tests/k8s/test_hyperpod_corpus.py on its synthesized charts."""
-    pods, cfg = [], None
+    pods, cfg, l2_nodes = [], None, set()
     for i, files in enumerate([*_groups(), [TIERED]]):
         tmp = tmp_path_factory.mktemp(f"sched-{i}")
         ctx = copy.deepcopy(_corpus_env(tmp, "dev", files))
@@ -70,7 +70,7 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
             raw = yaml.safe_load(filled(TIERED)[0])
             gpus = raw["spec"]["worker"]["resources"]
             gpus["requests"]["nvidia.com/gpu"] = gpus["limits"]["nvidia.com/gpu"]
-            # its L2 would not pay on its GPU (k8s/workers.py l2_verdict): forced, so the
+            # its L2 would not pay on its GPU (k8s/l2.py l2_verdict): forced, so the
             # Valkey it brings is scheduled too
             raw["spec"]["kvCacheSpec"]["forceL2Cache"] = True
             (tmp / TIERED.name).write_text(yaml.safe_dump(raw))
@@ -79,8 +79,11 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
         specs = load_endpoints(cfg, tmp)
         pods += pods_of_objects(d for c in build_charts(
             cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs)) for d in c.to_json())
+        if (node := in_cluster_node(cfg, specs)) is not None:
+            l2_nodes.add(node.node_type)
     pods += helm_release_pods(dev.templates, "dev")
-    return pods, unschedulable(pods, config_node_groups(cfg))
+    (l2_node,) = l2_nodes   # the Valkey's own node group, as stacks/cache_stack.py adds it
+    return pods, unschedulable(pods, config_node_groups(cfg, l2_node))
 
 
 # It asks for 4 GPUs with a limit of 8, which the reader refuses (Kubernetes would too): served
@@ -90,7 +93,7 @@ TIERED = CORPUS / "hpcli-pr413-sample-llama70b-l1-l2-tieredstorage.yaml"
 
 def test_every_corpus_pod_beside_a_self_hosted_cache_fits_a_node_group(self_hosted):
     """Finding 7 included: the in-cluster Valkey (also serving tieredstorage files) fits the
-    system nodes beside everything else there."""
+    node of its own the cache stack adds, and nothing else lands there."""
     pods, problems = self_hosted
     assert len({p.owner for p in pods if p.owner.endswith("-workers")}) >= 10
     assert {p.owner for p in pods if p.owner.startswith("StatefulSet/")

@@ -18,11 +18,13 @@ def synth(request, synths):
 
 
 def test_stack_set_follows_the_variant(dev, china):
+    """No Cache stack: no shipped endpoint asks for an L2, so nothing is provisioned for one
+    (tests/stacks/test_cache_stack.py has the stack where one does)."""
     assert set(dev.templates) == {f"KvCache-dev-{s}" for s in
-                                  ("Network", "Storage", "Cluster", "Cache", "Observability",
+                                  ("Network", "Storage", "Cluster", "Observability",
                                    "Serving", "Monitoring")}
     assert set(china.templates) == {f"KvCache-china-{s}" for s in
-                                    ("Network", "Storage", "Cluster", "Cache", "Serving",
+                                    ("Network", "Storage", "Cluster", "Serving",
                                      "Monitoring")}
 
 
@@ -118,7 +120,7 @@ def test_ecr_repository_per_image_the_environment_deploys(synth):
 def test_stateful_logical_ids_are_stable(dev):
     """Renaming these would replace the resource (and lose data): change them on purpose only."""
     assert "ModelsBucket970C6ADA" in dev.template("Storage")["Resources"]
-    assert "L2ReplicationGroupEBA81C34" in dev.template("Cache")["Resources"]
+    # the L2's replication group: tests/stacks/test_cache_stack.py
 
 
 def test_cluster(synth):
@@ -192,23 +194,6 @@ def test_alb_controller_image_comes_from_the_region_addon_registry(synth):
     assert synth.cfg.facts.eks_addon_registry + "/amazon/aws-load-balancer-controller" in text
     if synth.cfg.facts.china:
         assert "us-west-2" not in text
-
-
-def test_cache(synth):
-    t = synth.template("Cache")
-    (rg,) = resources(t, "AWS::ElastiCache::ReplicationGroup").values()
-    p, c = rg["Properties"], synth.cfg.cache
-    assert p["TransitEncryptionEnabled"] is True and p["AtRestEncryptionEnabled"] is True
-    assert p["Engine"] == c.engine and p["CacheNodeType"] == c.node_type
-    assert p["NumCacheClusters"] == 1 + c.replicas
-    assert p["MultiAZEnabled"] is c.multi_az and p["AutomaticFailoverEnabled"] is c.multi_az
-    assert rg["DeletionPolicy"] == "Snapshot"
-    assert "resolve:secretsmanager" in dumps(p["AuthToken"])  # a reference, never the value
-    (sg,) = resources(t, "AWS::EC2::SecurityGroup").values()
-    assert "SecurityGroupIngress" not in sg["Properties"] or all(
-        "CidrIp" not in r for r in sg["Properties"]["SecurityGroupIngress"])
-    ingress = resources(t, "AWS::EC2::SecurityGroupIngress").values()
-    assert len(ingress) == 1 and "SourceSecurityGroupId" in next(iter(ingress))["Properties"]
 
 
 def test_load_balancer_subnets_hold_no_pod(synth):

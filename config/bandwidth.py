@@ -1,0 +1,94 @@
+"""Network and cache-node facts the L2 verdict counts (k8s/l2.py): what an instance's NIC
+sustains, what one TCP flow gets, and what each ElastiCache node type holds and moves.
+
+Sustained, not burst: a node's "up to" figure is spent from network I/O credits and ends when
+they do, so a cache read all day long gets the baseline.
+- One TCP flow between instances is capped at 5 Gbps outside a cluster placement group, and an
+  instance's bandwidth applies to inbound and outbound traffic each (AWS EC2 user guide,
+  "Amazon EC2 instance network bandwidth").
+- EC2 baselines: the EC2 user guide's network specifications tables (baseline bandwidth for
+  "up to" sizes; the stated figure otherwise).
+- ElastiCache: the "Supported node types" tables of the ElastiCache user guide (baseline and
+  burst bandwidth) and the node types' memory (ElastiCache pricing / node type pages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PER_FLOW_GBPS = 5.0
+
+# Sustained Gbps of the EC2 types this project sizes: GPU workers and in-cluster cache nodes.
+EC2_BASELINE_GBPS: dict[str, float] = {
+    # GPU (g4dn/g5/g6 "up to" sizes at their baseline)
+    "g4dn.xlarge": 5.0, "g4dn.2xlarge": 10.0, "g4dn.4xlarge": 20.0, "g4dn.8xlarge": 50.0,
+    "g4dn.12xlarge": 50.0, "g4dn.16xlarge": 50.0, "g4dn.metal": 100.0,
+    "g5.xlarge": 2.5, "g5.2xlarge": 5.0, "g5.4xlarge": 10.0, "g5.8xlarge": 25.0,
+    "g5.12xlarge": 40.0, "g5.16xlarge": 25.0, "g5.24xlarge": 50.0, "g5.48xlarge": 100.0,
+    "g6.xlarge": 2.5, "g6.2xlarge": 5.0, "g6.4xlarge": 10.0, "g6.8xlarge": 25.0,
+    "g6.12xlarge": 40.0, "g6.16xlarge": 25.0, "g6.24xlarge": 50.0, "g6.48xlarge": 100.0,
+    "g6e.xlarge": 2.5, "g6e.2xlarge": 5.0, "g6e.4xlarge": 20.0, "g6e.8xlarge": 25.0,
+    "g6e.12xlarge": 100.0, "g6e.16xlarge": 35.0, "g6e.24xlarge": 200.0, "g6e.48xlarge": 400.0,
+    "p3.2xlarge": 2.5, "p3.8xlarge": 10.0, "p3.16xlarge": 25.0,
+    "p4d.24xlarge": 400.0, "p5.48xlarge": 3200.0,
+    # general purpose and memory optimized (system and cache nodes)
+    "m6i.large": 0.781, "m6i.xlarge": 1.562, "m6i.2xlarge": 3.125, "m6i.4xlarge": 6.25,
+    "m6i.8xlarge": 12.5, "m6i.12xlarge": 18.75, "m6i.16xlarge": 25.0, "m6i.24xlarge": 37.5,
+    "m6i.32xlarge": 50.0,
+    "r6i.large": 0.781, "r6i.xlarge": 1.562, "r6i.2xlarge": 3.125, "r6i.4xlarge": 6.25,
+    "r6i.8xlarge": 12.5, "r6i.12xlarge": 18.75, "r6i.16xlarge": 25.0, "r6i.24xlarge": 37.5,
+    "r6i.32xlarge": 50.0,
+    "c6in.8xlarge": 50.0, "c6in.12xlarge": 75.0, "c6in.16xlarge": 100.0,
+    "c6in.24xlarge": 150.0, "c6in.32xlarge": 200.0,
+    "m6in.8xlarge": 50.0, "m6in.12xlarge": 75.0, "m6in.16xlarge": 100.0,
+    "r6in.8xlarge": 50.0, "r6in.12xlarge": 75.0, "r6in.16xlarge": 100.0,
+    "x2idn.16xlarge": 50.0, "x2idn.24xlarge": 75.0, "x2idn.32xlarge": 100.0,
+}
+
+
+# Nodes the in-cluster Valkey may get, smallest first: (type, vCPUs, GiB). k8s/l2.py takes the
+# first offered in the region on which the L2 pays.
+IN_CLUSTER_NODE_TYPES = (("r6i.8xlarge", 32, 256), ("r6i.16xlarge", 64, 512),
+                         ("c6in.8xlarge", 32, 64), ("x2idn.16xlarge", 64, 1024),
+                         ("r6i.32xlarge", 128, 1024), ("x2idn.24xlarge", 96, 1536),
+                         ("x2idn.32xlarge", 128, 2048))
+
+
+def ec2_baseline_gbps(instance_type: str) -> float | None:
+    return EC2_BASELINE_GBPS.get(instance_type)
+
+
+@dataclass(frozen=True)
+class CacheNode:
+    vcpus: int
+    memory_gib: float
+    baseline_gbps: float
+    burst_gbps: float | None = None
+
+
+_SIZES = ("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge")
+_VCPUS = (2, 4, 8, 16, 32, 48, 64)
+_R_GIB = (13.07, 26.32, 52.82, 105.81, 209.55, 317.77, 419.09)
+_M_GIB = (6.38, 12.93, 26.04, 52.26, 103.68, 157.12, 209.55)
+_G7_GBPS = ((0.937, 12.5), (1.876, 12.5), (3.75, 15.0), (7.5, 15.0), (15.0, None),
+            (22.5, None), (30.0, None))
+_G6_GBPS = ((0.75, 10.0), (1.25, 10.0), (2.5, 10.0), (5.0, 10.0), (12.0, None), (20.0, None),
+            (25.0, None))
+
+
+def _family(name: str, gib: tuple, gbps: tuple) -> dict[str, CacheNode]:
+    return {f"cache.{name}.{size}": CacheNode(cpus, mem, base, burst)
+            for size, cpus, mem, (base, burst) in zip(_SIZES, _VCPUS, gib, gbps)}
+
+
+# Non-burstable ElastiCache node types with published sustained bandwidth. The t-families are
+# left out on purpose: their CPU and network are credits, not capacity.
+CACHE_NODES: dict[str, CacheNode] = {
+    **_family("r7g", _R_GIB, _G7_GBPS), **_family("m7g", _M_GIB, _G7_GBPS),
+    **_family("r6g", _R_GIB, _G6_GBPS), **_family("m6g", _M_GIB, _G6_GBPS),
+}
+# ElastiCache keeps 25% of a node's memory back by default (reserved-memory-percent).
+ELASTICACHE_DATA_SHARE = 0.75
+
+
+def cache_node(node_type: str) -> CacheNode | None:
+    return CACHE_NODES.get(node_type)

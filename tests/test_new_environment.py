@@ -55,7 +55,7 @@ GATES = {
                                          "their_lmcache"],
     "tests/stacks/test_snapshots.py": ["test_template_snapshot"],
     "tests/stacks/test_stacks.py": ["test_network", "test_load_balancer_subnets_hold_no_pod",
-                                    "test_cluster", "test_cache"],
+                                    "test_cluster"],
     "tests/observability/test_alert_routing.py": ["test_every_alert_reaches_the_receiver_of_"
                                                   "its_severity"],
 }

@@ -3,6 +3,7 @@ lookup cache, nothing is created in it, and the load balancer's ranges follow it
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -58,7 +59,11 @@ def synth(tmp_path_factory):
     ctx = _context(privateSubnetIds=PRIVATE)
     cfg = resolve_environment(ctx)
     app = cdk.App(context=ctx, outdir=str(tmp_path_factory.mktemp("existing-vpc")))
-    stacks = build(app, cfg, load_endpoints(cfg, ROOT))
+    # an endpoint that forces the managed L2, so that the Cache stack exists and shows where
+    # it puts the cache (the sample's endpoint asks for L1 only)
+    specs = tuple(dataclasses.replace(s, l2_enabled=True, l2_backend="redis", l2_forced=True)
+                  for s in load_endpoints(cfg, ROOT))
+    stacks = build(app, cfg, specs)
     assembly = app.synth()
     return cfg, stacks, Path(assembly.directory), {s.stack_name: s.template
                                                    for s in assembly.stacks}

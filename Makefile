@@ -52,6 +52,7 @@ tools:
 ## Only what synthesis needs: the test-only LMCache and checkov venvs are left to `make test`.
 synth: $(VENV)/.installed node_modules/.installed
 	cdk synth -q $(if $(ENV),-c env=$(ENV)) $(if $(CHINA),-c china=$(CHINA))
+	@cat cdk.out/kvcache-warnings.txt >&2
 
 ## The whole test suite: config, stacks, charts, loopback router tests, tools.
 test: tools deps

@@ -7,6 +7,7 @@ only asks for the lookup, and the CLI runs it again with the answer (stacks/look
 """
 import os
 import sys
+from pathlib import Path
 
 from config.context import ROOT, cli_context, exit_on_config_error
 from config.environment import resolve_environment
@@ -37,9 +38,15 @@ if lookup is not None:
           f"{lookup.account} ({lookup.region}); commit cdk.context.json", file=sys.stderr)
     sys.exit(0)
 
-from stacks.app_builder import build, warning_summary, write_manifests  # noqa: E402
+from stacks.app_builder import (  # noqa: E402
+    SUMMARY_FILE, build, warning_summary, write_manifests,
+)
 
 stacks = build(app, cfg, endpoints)
 app.synth()
 write_manifests(cfg, endpoints, ROOT / "dist" / cfg.name)
-print(warning_summary(cfg, stacks.notices), file=sys.stderr)   # after CDK's own warnings
+# The CLI prints CDK's warnings after the app exits: this line comes first there, and `make
+# synth` repeats it from the assembly after them (SUMMARY_FILE), so it ends the output.
+summary = warning_summary(cfg, stacks.notices)
+print(summary, file=sys.stderr)
+(Path(app.outdir) / SUMMARY_FILE).write_text(summary + "\n")

@@ -111,6 +111,9 @@ def notices(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> list
             *environment_notices(cfg, endpoints)]
 
 
+SUMMARY_FILE = "kvcache-warnings.txt"   # the summary line, in the cloud assembly (app.py)
+
+
 def warning_summary(cfg: EnvironmentConfig, warnings: list[str]) -> str:
     """The line synth ends with: how many warnings of each kind are not acknowledged."""
     acked = set(cfg.acknowledged_warnings)

@@ -12,5 +12,6 @@ def test_make_synth_builds_only_the_synthesis_toolchain():
                          text=True, timeout=60, check=True).stdout
     assert "pip install -q -r requirements.txt" in out and "npm ci" in out
     assert "cdk synth" in out
+    assert out.rstrip().endswith("cat cdk.out/kvcache-warnings.txt >&2")   # the summary last
     for test_only in (".venv-lmcache", ".venv-checkov", "scripts/debian-tools"):
         assert test_only not in out, test_only

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from stacks.app_builder import SUMMARY_FILE
 from tests.conftest import ROOT
 
 
@@ -19,3 +20,7 @@ def test_cli_synth_has_no_flag_notice_and_no_deprecated_api(tmp_path):
     assert "feature flags are not configured" not in output
     assert "deprecated" not in output.lower()
     assert (tmp_path / "out" / "KvCache-dev-Cluster.template.json").exists()
+    # the warnings' summary, in the assembly for `make synth` to print after CDK's warnings
+    summary = (tmp_path / "out" / SUMMARY_FILE).read_text().strip()
+    assert summary.startswith("kvcache: ") and "change(s) to your request" in summary
+    assert summary in output

@@ -58,11 +58,16 @@ from bench.vtime import FleetSpec, RunConfig, run_arm
 # H100s too): one H100 serving Llama-3.1-8B per replica.
 PROFILE = "h100-8b"
 WORKERS = 4
-HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
+# GPU instances on demand, US East (N. Virginia), Linux (aws.amazon.com/ec2/pricing/on-demand;
+# p4d and p5 as they were listed before AWS's June 2025 cut, which the figures below were
+# first taken at)
+GPU_USD = {"p5.48xlarge": 98.32, "p4d.24xlarge": 32.77, "g5.24xlarge": 8.144,
+           "g5.xlarge": 1.006, "g4dn.12xlarge": 3.912, "g6e.12xlarge": 10.493}
+HOURLY_USD = GPU_USD["p5.48xlarge"] / 8        # per H100
 # per replica of each profile the sweeps run: one H100 of a p5.48xlarge, a whole g5.24xlarge
-# (on-demand, us-east-1; cdk.json's dev prices it 8.144 in us-west-2)
-REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144, "g4dn.12xlarge": 3.912,
-               "p4d.24xlarge": 32.77}
+# (environments/dev.json prices it 8.144 in us-west-2 too)
+REPLICA_USD = {"h100-8b": HOURLY_USD, **{k: GPU_USD[k] for k in (
+    "g5.24xlarge", "g4dn.12xlarge", "p4d.24xlarge")}}
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
 BASELINE = "rr"
@@ -1082,6 +1087,59 @@ def render_l2sweep(h: dict) -> list[str]:
     return lines
 
 
+# The verdict per GPU, model and prefix length (docs/serving.md): (instance, model, TP,
+# replicas, prefix), the seed file as `cdk synth` reads it, the in-cluster Valkey asked for.
+VERDICT_ROWS = (
+    ("p5.48xlarge", "Llama-3.1-8B", 1, 4, 8192), ("p5.48xlarge", "Llama-3.1-8B", 1, 4, 65536),
+    ("p5.48xlarge", "Llama-3.1-70B", 8, 1, 65536),
+    ("p4d.24xlarge", "Llama-3.1-70B", 8, 4, 65536),
+    ("p4d.24xlarge", "Llama-3.1-70B", 8, 1, 65536),
+    ("g6e.12xlarge", "Llama-3.1-8B", 4, 4, 65536), ("g6e.12xlarge", "Qwen3-32B", 4, 4, 65536),
+    ("g5.24xlarge", "Llama-3.1-8B", 4, 4, 8192), ("g5.24xlarge", "Llama-3.1-8B", 4, 4, 65536),
+    ("g4dn.12xlarge", "Llama-3.1-8B", 4, 4, 8192),
+    ("g4dn.12xlarge", "Llama-3.1-8B", 4, 4, 65536),
+    ("g5.xlarge", "Llama-3.1-8B", 1, 4, 8192))
+
+
+def _binding(what: str) -> str:
+    for key, name in (("sustained network", "the L2's network"), ("CPU (", "the L2's CPU"),
+                      ("NIC", "the worker's NIC"), ("TCP flows", "TCP flows")):
+        if key in what:
+            return name
+    return "LMCache's client"
+
+
+def l2_verdict_table() -> str:
+    """docs/serving.md's table of verdicts (tests/k8s/test_tier_choice.py holds the two
+    equal): `python -m bench.tiered --verdict-table`."""
+    import math
+
+    from bench.tiers import bench_endpoint
+    from config.instances import gpu_shape
+    from k8s.l2 import node_hourly_usd
+    from k8s.serving import l2_plan
+
+    _quiet_jsii()
+    lines = ["| instance | model | replicas | prefix | break-even GB/s/GPU | delivered (binding "
+             "term) | F: GPU KV + L1s | must hold | L2 | its node $/h, of the GPUs' |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for instance, model, tp, replicas, prefix in VERDICT_ROWS:
+        cfg, spec = bench_endpoint(L2_BACKEND, instance_type=instance, gpus=tp,
+                                   replicas=replicas, prefix_tokens=prefix, model=model)
+        v = l2_plan(cfg, spec).verdict
+        node = v.server.node_type
+        usd = node_hourly_usd(node)
+        fleet = math.ceil(replicas * tp / gpu_shape(instance).gpus) * GPU_USD[instance]
+        lines.append(
+            f"| {instance} | {model} TP {tp} | {replicas} | {prefix // 1024}K | "
+            f"{v.need_gbs:.2f} | {v.deliver_gbs:.2f} ({_binding(v.binding.what)}) | "
+            f"{v.fleet_gib:,.0f} GiB | {v.capacity_gib:,.0f} GiB | "
+            + (f"`{v.connector.scheme}`, {node} ({v.kv_gib:,.0f} GiB of KV) | "
+               f"{usd:.2f}, {usd / fleet:.0%} |" if v.deploys else
+               f"no ({'too slow' if not v.pays else 'no node holds it'}) | - |"))
+    return "\n".join(lines)
+
+
 def render_llmd(d: dict) -> list[str]:
     if "setup" not in d:
         return []
@@ -1237,8 +1295,13 @@ def main(argv: list[str] | None = None) -> int:
                    "new salts give the same figures, so one is the default)")
     p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--verdict-table", action="store_true",
+                   help="print docs/serving.md's table of L2 verdicts and exit")
     profile_file_option(p)
     a = p.parse_args(argv)
+    if a.verdict_table:
+        print(l2_verdict_table())
+        return 0
     name = load_profile_option(p, a)
     if name:
         global PROFILE

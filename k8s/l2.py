@@ -53,6 +53,7 @@ from typing import Any
 
 from config.instances import gpu_model, gpu_shape
 from config.models import ModelShape
+from k8s.cache import container_gib, maxmemory_mib
 from config.bandwidth import (
     CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, ec2_baseline_gbps,
 )
@@ -178,14 +179,11 @@ class L2Server:
 VALKEY_IO_THREADS = 16  # at most: Valkey's io-threads on its own node, half its vCPUs
 
 
-# Of a node's memory, what holds KV: the in-cluster Valkey's container (k8s/cache.py: all but
-# 12% and 2 GiB) x maxmemory's 3/4; ElastiCache's reserved-memory-percent leaves 3/4.
-IN_CLUSTER_DATA_SHARE = 0.88 * 0.75
-
-
 def in_cluster_server(node_type: str, vcpus: int, gib: float) -> L2Server:
+    """The in-cluster Valkey on a node of its own, with the maxmemory k8s/cache.py renders
+    (ElastiCache's reserved-memory-percent leaves 3/4 of its nodes: ELASTICACHE_DATA_SHARE)."""
     return L2Server(IN_CLUSTER, node_type, ec2_baseline_gbps(node_type) or 0.0,
-                    min(VALKEY_IO_THREADS, vcpus // 2), (gib - 2) * IN_CLUSTER_DATA_SHARE)
+                    min(VALKEY_IO_THREADS, vcpus // 2), maxmemory_mib(container_gib(gib)) / 1024)
 
 
 def elasticache_server(node_type: str, max_shards: int) -> L2Server:

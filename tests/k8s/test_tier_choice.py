@@ -248,6 +248,18 @@ def test_the_l2s_size_and_price_are_said_and_a_working_set_the_fleet_holds_is_fl
     assert "stays on one replica" in said[1_000_000]      # 122 GiB: the fleet's GPUs hold it
 
 
+def test_docs_show_the_verdicts_as_synth_makes_them():
+    import re
+
+    from bench.tiered import l2_verdict_table
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs" / "serving.md").read_text()
+    block = re.search(r"<!-- l2-verdicts:begin[^>]*-->\n(.*?)\n<!-- l2-verdicts:end -->", doc,
+                      re.S)
+    assert block and block.group(1) == l2_verdict_table()
+
+
 def test_an_h100_8b_file_asking_for_l2_gets_layerwise_l1_and_one_warning():
     r = rendered_tiers("valkey", instance_type="p5.48xlarge", gpus=1, replicas=4)
     assert "remote_url" not in r.lmcache and r.l2_url is None

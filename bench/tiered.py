@@ -787,8 +787,8 @@ def render_hyperpod(h: dict, title: str = "## HyperPod-shaped: tiers and routing
     lines += [f"- `{k}`: {v}" for k, v in h.get("configs", {}).items()]
     same = {a: v["same_as"] for a, v in h.get("arms", {}).items() if v.get("same_as")}
     if same:
-        lines += [""] + [f"- `{a}` renders exactly what `{b}` does (no L2 on this GPU): its "
-                         "figures are that arm's." for a, b in same.items()]
+        lines += [""] + [f"- `{a}` renders exactly what `{b}` does on this GPU (the same tier "
+                         "configuration): its figures are that arm's." for a, b in same.items()]
     for scenario in SCENARIOS:
         cell = h.get(scenario)
         if not cell or not cell.get("loads"):

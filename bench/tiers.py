@@ -471,7 +471,10 @@ class ValkeyServer:
 
 class L2Store:
     """The endpoint's shared L2: its index in a real redis-server (eviction by Valkey's own
-    LRU), the bytes it holds, and whether it is reachable."""
+    LRU), the bytes it holds, and whether it is reachable. One key per chunk of every rank, its
+    value the chunk's bytes / SCALE: jemalloc rounds it up as it rounds a rank's real chunk in
+    the deployed Valkey (8 MiB -> 10 MiB there, 32 KiB -> 40 KiB here), so `maxmemory` /
+    SCALE holds what the real one does (tests/bench/test_tiers.py)."""
 
     def __init__(self, server: ValkeyServer, chunk_bytes: int, cfg: TierConfig) -> None:
         import valkey

@@ -201,7 +201,7 @@ class TierConfig:
         batched = False
         if kind == "lm":     # one socket: one flow
             put, get = min(LM_SERVER_PUT_GBS, net), min(LM_SERVER_GET_GBS, net)
-        elif verdict is not None:
+        elif verdict is not None and kind:
             # the connector, flows and NIC per rank, and the whole L2 shared by every busy
             # rank: the terms of the synth-time verdict (k8s/l2.py), from the same rates
             put = get = verdict.client_side_gbs

@@ -14,10 +14,13 @@ emulator in virtual time through the real routers (`bench.vtime`): `make bench-r
   queries, 1,000 output tokens) on their fleet shape (8 x Qwen3-32B TP 2 on H100), with the
   number of customers sized so the contexts fill 73% of the fleet's KV, QPS swept past
   saturation; printed beside their published numbers.
-- The L2 where its synth-time verdict deploys one (k8s/l2.py): 64K documents whose working
-  set outgrows GPU + L1, the rendered L2 against L1 alone under round robin and prefix-aware
+- The L2 as its synth-time verdict renders it (k8s/l2.py): 64K documents whose working set
+  outgrows GPU + L1, the rendered L2 against L1 alone under round robin and prefix-aware
   routing, per fleet (g5.24xlarge and g4dn.12xlarge with Llama-3.1-8B, p4d.24xlarge with
-  Llama-3.1-70B TP 8, one H100 with Llama-3.1-8B), with the verdict beside it.
+  Llama-3.1-70B TP 8, one H100 with Llama-3.1-8B), with the verdict beside it; where the
+  verdict deploys none, the same file with kvCacheSpec.forceL2Cache against L1 alone, which
+  must be slower or no better for the verdict to stand. Every L2 arm's $/1K output tokens
+  counts the L2 node's price beside the GPUs'.
 - L2 outage drill: the Valkey holding L2 is stopped mid-run and started again; every request
   must succeed, TTFT falls back to L1/recompute and recovers; the alert rules we ship
   (observability/rules.py) are evaluated by promtool on the metrics the emulated workers
@@ -55,11 +58,16 @@ from bench.vtime import FleetSpec, RunConfig, run_arm
 # H100s too): one H100 serving Llama-3.1-8B per replica.
 PROFILE = "h100-8b"
 WORKERS = 4
-HOURLY_USD = 98.32 / 8        # a p5.48xlarge's on-demand price per GPU (us-east-1)
+# GPU instances on demand, US East (N. Virginia), Linux (aws.amazon.com/ec2/pricing/on-demand;
+# p4d and p5 as they were listed before AWS's June 2025 cut, which the figures below were
+# first taken at)
+GPU_USD = {"p5.48xlarge": 98.32, "p4d.24xlarge": 32.77, "g5.24xlarge": 8.144,
+           "g5.xlarge": 1.006, "g4dn.12xlarge": 3.912, "g6e.12xlarge": 10.493}
+HOURLY_USD = GPU_USD["p5.48xlarge"] / 8        # per H100
 # per replica of each profile the sweeps run: one H100 of a p5.48xlarge, a whole g5.24xlarge
-# (on-demand, us-east-1; cdk.json's dev prices it 8.144 in us-west-2)
-REPLICA_USD = {"h100-8b": HOURLY_USD, "g5.24xlarge": 8.144, "g4dn.12xlarge": 3.912,
-               "p4d.24xlarge": 32.77}
+# (environments/dev.json prices it 8.144 in us-west-2 too)
+REPLICA_USD = {"h100-8b": HOURLY_USD, **{k: GPU_USD[k] for k in (
+    "g5.24xlarge", "g4dn.12xlarge", "p4d.24xlarge")}}
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)   # closed loop: requests in flight, to the peak
 BASELINE = "rr"
@@ -99,13 +107,15 @@ L2_BACKEND = "valkey"         # the self-hosted Valkey the chart deploys (k8s/ca
 # The L2 where its verdict deploys it (k8s/l2.py): the rendered L2 against L1 alone, same
 # strategy, on 64K documents whose working set outgrows GPU + L1 even under prefix-aware
 # routing (`python -m bench.tiered --only l2sweep --profile P`), per profile: (model, prefix).
-L2_SWEEP_ARMS = ("rr", "rr+L1", "rr+L1+L2", "prefixaware+L1", "prefixaware+L1+L2")
+L2_SWEEP_ARMS = ("rr", "rr+L1", "rr+L1+L2", "rr+L1+L2 forced", "prefixaware+L1",
+                 "prefixaware+L1+L2", "prefixaware+L1+L2 forced")
 L2_SWEEP_PROFILES = {"g5.24xlarge": ("Llama-3.1-8B", 65536),
                      "g4dn.12xlarge": ("Llama-3.1-8B", 65536),
                      "p4d.24xlarge": ("Llama-3.1-70B", 65536),
                      "h100-8b": ("Llama-3.1-8B", 65536)}
 L2_SWEEP_SCENARIO = "document-64k-many"
-L1_TWINS = {"rr+L1+L2": "rr+L1", "prefixaware+L1+L2": "prefixaware+L1"}
+L1_TWINS = {"rr+L1+L2": "rr+L1", "prefixaware+L1+L2": "prefixaware+L1",
+            "rr+L1+L2 forced": "rr+L1", "prefixaware+L1+L2 forced": "prefixaware+L1"}
 # HyperPod's published gains (Llama-3.1-70B, 7 x p5.48xlarge, L1+L2+routing vs neither)
 HYPERPOD = {"document-8k": {"p50": 0.28, "p90": 0.60, "throughput": 1.24, "cost": 0.79},
             "document-64k": {"p50": 0.06, "p90": 0.65, "throughput": 1.38, "cost": 0.72}}
@@ -122,6 +132,24 @@ def _quiet_jsii() -> None:
     for var in ("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION",
                 "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION"):
         os.environ.setdefault(var, "1")
+
+
+def l2_node_usd(gpu: GpuProfile, prefix_tokens: int | None = None, model: str | None = None
+                ) -> dict[str, float]:
+    """Per tier configuration key, what its in-cluster L2 node costs an hour (on demand,
+    config/bandwidth.py): the rendered L2 where the verdict deploys one, and the forced one."""
+    from bench.tiers import rendered_tiers
+    from k8s.l2 import node_hourly_usd
+
+    out = {}
+    for key, force in (("l1l2", False), ("l1l2-forced", True)):
+        r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
+                           replicas=WORKERS, force_l2=force, prefix_tokens=prefix_tokens,
+                           model=model)
+        v = r.verdict
+        if r.lmcache.get("remote_url") and v is not None and v.server is not None:
+            out[key] = node_hourly_usd(v.server.node_type) or 0.0
+    return out
 
 
 def tier_configs(gpu: GpuProfile, prefix_tokens: int | None = None,
@@ -163,9 +191,10 @@ def scenario_config(scenario: str, repeats: int, seed: int = 1, quick: bool = Fa
     if scenario == "multi-turn":
         return replace(base, scenarios=("multi-turn",), sessions=7 if quick else 13, turns=5)
     if scenario == L2_SWEEP_SCENARIO:
-        # 80 64K documents, 4 questions each: 5.2M tokens of KV (640 GiB for an 8B model), more
-        # than 4 A10G or T4 replicas' GPUs and L1s hold even under prefix-aware routing (~70
-        # documents), less than the L2 the verdict sizes (674 GiB): what an L2 is for
+        # 80 64K documents, 4 questions each: 5.2M tokens of KV (640 GiB for an 8B model, 1.6
+        # TiB for a 70B one), more than 4 replicas' GPUs and L1s hold even under prefix-aware
+        # routing (562 GiB on g5.24xlarge, 454 on g4dn.12xlarge), less than the L2 the verdict
+        # sizes by default (twice that): what an L2 is for
         return replace(base, scenarios=("document",), contexts=(65536,),
                        documents=24 if quick else 80, questions=4)
     ctx = {"document-8k": 8192, "document-64k": 65536}[scenario]
@@ -197,25 +226,27 @@ class _L2:
 
 
 def arm_run(arm: str, cfgs: dict[str, TierConfig], c: BenchConfig, *, in_flight: int = 0,
-            gpu: GpuProfile | None = None, log_dir: Path | None = None) -> dict:
+            gpu: GpuProfile | None = None, log_dir: Path | None = None,
+            l2_usd: dict[str, float] | None = None) -> dict:
+    """`l2_usd`: the L2 node's hourly price per configuration key, shared by the replicas."""
     strategy, key = ARMS[arm]
     gpu = gpu or profile(PROFILE)
+    hourly = REPLICA_USD.get(gpu.name, HOURLY_USD) + (l2_usd or {}).get(key, 0.0) / WORKERS
     with _L2(cfgs[key], gpu) as l2:
         return run_arm(fleet(cfgs[key], gpu), strategy,
-                       RunConfig(c, in_flight=in_flight,
-                                 hourly_usd=REPLICA_USD.get(gpu.name, HOURLY_USD),
+                       RunConfig(c, in_flight=in_flight, hourly_usd=hourly,
                                  instances=WORKERS), l2=l2, log_dir=log_dir)
 
 
 def peak(arm: str, cfgs: dict, scenario: str, *, quick: bool, log_dir: Path | None,
-         gpu: GpuProfile | None = None) -> dict:
+         gpu: GpuProfile | None = None, l2_usd: dict[str, float] | None = None) -> dict:
     """Closed loop at 1, 2, 4, ... requests in flight until throughput stops growing (< 3%
     more): the arm's peak request and output-token throughput, and TTFT there."""
     c = scenario_config(scenario, 1, quick=quick)
     points = []
     for n in WIDTHS:
         r = arm_run(arm, cfgs, replace(c, concurrency=n), in_flight=n, log_dir=log_dir,
-                    gpu=gpu)
+                    gpu=gpu, l2_usd=l2_usd)
         s = next(iter(r["scenarios"].values()))
         points.append({"in_flight": n, "rps": s["request_throughput_rps"],
                        "out_tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_s"]["p50"],
@@ -247,19 +278,32 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     gpu = profile(profile_name or PROFILE)
     cfgs = tier_configs(gpu, prefix_tokens, model)
-    r = None
+    l2_usd = None
     if prefix_tokens or model:
         from bench.tiers import rendered_tiers
-        r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
-                           replicas=WORKERS, prefix_tokens=prefix_tokens, model=model)
-        done["verdict"] = {"warnings": [w for w in r.warnings if "L2" in w],
-                           "rendered": r.lmcache.get("remote_url"),
-                           "explain": r.verdict.explain() if r.verdict else None,
-                           "need_gbs": r.verdict.need_gbs if r.verdict else None,
-                           "deliver_gbs": r.verdict.deliver_gbs if r.verdict else None,
-                           "node": r.verdict.server.node_type
-                           if r.verdict and r.verdict.server else None,
-                           "prefix_tokens": prefix_tokens, "model": model}
+        l2_usd = l2_node_usd(gpu, prefix_tokens, model)
+        done["verdict"] = {}
+        for key, force in (("rendered", False), ("forced", True)):
+            r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
+                               replicas=WORKERS, prefix_tokens=prefix_tokens, model=model,
+                               force_l2=force)
+            v = r.verdict
+            x = {"warnings": [w for w in r.warnings if "L2" in w],
+                 "url": r.lmcache.get("remote_url"),
+                 "explain": v.explain() if v else None,
+                 "need_gbs": v.need_gbs if v else None,
+                 "deliver_gbs": v.deliver_gbs if v else None,
+                 "node": v.server.node_type if v and v.server else None,
+                 "node_usd": l2_usd.get("l1l2-forced" if force else "l1l2"),
+                 "fleet_gib": v.fleet_gib if v else None,
+                 "capacity_gib": v.capacity_gib if v else None,
+                 "kv_gib": v.kv_gib if v and v.server else None,
+                 "value_overhead": v.value_overhead if v else None,
+                 "prefix_tokens": prefix_tokens, "model": model}
+            if force:
+                done["verdict"]["forced"] = x
+            else:
+                done["verdict"].update(x, rendered=x["url"])
     done["profile"] = gpu.name
     done["configs"] = {k: describe(v) for k, v in cfgs.items()}
     done["arms"] = {a: {"strategy": ARMS[a][0], "config": ARMS[a][1],
@@ -272,7 +316,7 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
                 t0 = time.time()
                 twin = done["arms"][arm]["same_as"]
                 cell["peaks"][arm] = cell["peaks"][twin] if twin else peak(
-                    arm, cfgs, scenario, quick=quick, gpu=gpu,
+                    arm, cfgs, scenario, quick=quick, gpu=gpu, l2_usd=l2_usd,
                     log_dir=logs / f"{gpu.name}-{scenario}-{arm}-peak")
                 _save(path, done, f"{scenario} {arm} peak", t0)
         capacity = cell["peaks"][BASELINE]["peak"]["rps"]
@@ -289,7 +333,7 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
                     continue
                 c = replace(scenario_config(scenario, repeats, seed=seed, quick=quick),
                             request_rate=load * capacity, think_s=0.0)
-                r = arm_run(arm, cfgs, c, gpu=gpu,
+                r = arm_run(arm, cfgs, c, gpu=gpu, l2_usd=l2_usd,
                             log_dir=logs / f"{gpu.name}-{scenario}-{arm}-{key}")
                 s = next(iter(r["scenarios"].values()))
                 cell["loads"].setdefault(key, {})[arm] = _compact(s) | {
@@ -743,8 +787,8 @@ def render_hyperpod(h: dict, title: str = "## HyperPod-shaped: tiers and routing
     lines += [f"- `{k}`: {v}" for k, v in h.get("configs", {}).items()]
     same = {a: v["same_as"] for a, v in h.get("arms", {}).items() if v.get("same_as")}
     if same:
-        lines += [""] + [f"- `{a}` renders exactly what `{b}` does (no L2 on this GPU): its "
-                         "figures are that arm's." for a, b in same.items()]
+        lines += [""] + [f"- `{a}` renders exactly what `{b}` does on this GPU (the same tier "
+                         "configuration): its figures are that arm's." for a, b in same.items()]
     for scenario in SCENARIOS:
         cell = h.get(scenario)
         if not cell or not cell.get("loads"):
@@ -965,17 +1009,36 @@ def llmd_verdict(d: dict) -> dict:
 
 
 def l2_bar(h: dict) -> dict[str, dict]:
-    """Each rendered-L2 arm against the same strategy with L1 alone, per load: TTFT P50 and
-    P90 ratios (the L2's bar: P50 <= 0.7 at 100% load, nowhere above 1.05)."""
+    """Each L2 arm against the same strategy with L1 alone, per load: TTFT P50 and P90 ratios
+    (the L2's bar: P50 <= 0.7 at 100% load, nowhere above 1.05), and $/1K output tokens (the
+    L2 node's price counted). An arm that renders what another does is left out."""
     cell = h.get(L2_SWEEP_SCENARIO) or {}
+    same = {a: v.get("same_as") for a, v in (h.get("arms") or {}).items()}
     out: dict[str, dict] = {}
     for load, arms in (cell.get("loads") or {}).items():
         for arm, twin in L1_TWINS.items():
+            if same.get(arm):
+                continue
             a, b = arms.get(twin), arms.get(arm)
             if a and b:
                 out.setdefault(arm, {})[load] = {
-                    k: b["ttft_s"][k] / a["ttft_s"][k] for k in ("p50", "p90")}
+                    **{k: b["ttft_s"][k] / a["ttft_s"][k] for k in ("p50", "p90")},
+                    "cost": (b["cost_per_1k_output_tokens_usd"] or 0)
+                    / (a["cost_per_1k_output_tokens_usd"] or 1)}
     return out
+
+
+def l2_judgement(arm: str, x: dict) -> str:
+    """The rendered L2 holds the bar or not; a forced one (where the verdict deploys none) is
+    slower (a cell above 1.05), no better (P50 at 100% load above 0.95) or faster (the verdict
+    would be wrong)."""
+    worst = max(max(r["p50"], r["p90"]) for r in x.values())
+    at100 = x.get("1.00", {}).get("p50")
+    if "forced" not in arm:
+        return "yes" if worst <= BAR and at100 is not None and at100 <= 0.7 else "no"
+    if worst > BAR:
+        return "slower"
+    return "no better" if at100 is None or at100 > 0.95 else "faster"
 
 
 def render_l2sweep(h: dict) -> list[str]:
@@ -983,27 +1046,98 @@ def render_l2sweep(h: dict) -> list[str]:
     v = h.get("verdict") or {}
     lines = render_hyperpod(h, findings=False, title=(
         f"## The L2 as rendered against L1 alone: {name}, 64K documents"))
+
+    def size(x: dict) -> str:
+        if not x.get("capacity_gib"):
+            return ""
+        return (f" It must hold {x['capacity_gib']:,.0f} GiB of KV (twice the fleet's GPU KV "
+                f"and L1s, {x['fleet_gib']:,.0f} GiB: the working set unstated) and keeps "
+                f"{x['kv_gib']:,.0f} GiB (maxmemory over Valkey's {x['value_overhead']:.2f}x "
+                "per chunk)." if x.get("kv_gib") else "")
+
+    def price(x: dict) -> str:
+        usd = x.get("node_usd")
+        fleet = REPLICA_USD.get(name, HOURLY_USD) * WORKERS
+        return (f" Its node costs ${usd:.2f}/h on demand (us-east-1), {usd / fleet:.0%} of the "
+                f"{WORKERS} replicas' ${fleet:.2f}/h." if usd else "")
     lines += ["", f"The verdict (k8s/l2.py) for this fleet ({WORKERS} replicas of "
               f"{v.get('model')}, prefixTokens {v.get('prefix_tokens')}): "
               + (f"deploys `{v['rendered']}` on `{v.get('node')}`: delivers "
                  f"{v['deliver_gbs']:.2f} GB/s per GPU against a break-even of "
-                 f"{v['need_gbs']:.2f} ({v['explain']})." if v.get("rendered") else
-                 "no L2: " + " ".join(v.get("warnings", [])))]
+                 f"{v['need_gbs']:.2f} ({v['explain']})." + size(v) + price(v)
+                 if v.get("rendered") else "no L2: " + " ".join(v.get("warnings", [])))]
+    forced = v.get("forced") or {}
+    if not v.get("rendered") and forced.get("url"):
+        lines += ["", f"Forced (kvCacheSpec.forceL2Cache), the same file gets `{forced['url']}` "
+                  f"on `{forced['node']}`: {forced['deliver_gbs']:.2f} GB/s per GPU with every "
+                  "GPU reading at once." + size(forced) + price(forced)]
     bar = l2_bar(h)
     if bar:
         loads = sorted({ld for x in bar.values() for ld in x}, key=float)
-        lines += ["", "TTFT P50 / P90, the rendered L2 arm over the same strategy with L1 "
-                  "alone (the bar: P50 <= 0.70 at 100% load, no cell above 1.05):", "",
+        lines += ["", "TTFT P50 / P90 and $/1K output tokens (the L2 node counted), each L2 arm "
+                  "over the same strategy with L1 alone (the bar for the rendered L2: P50 <= "
+                  "0.70 at 100% load, no cell above 1.05; a forced L2 where the verdict "
+                  "deploys none must be slower or no better):", "",
                   "| arm | " + " | ".join(f"{float(ld):.0%}" for ld in loads) + " | holds |",
                   "|" + "---|" * (len(loads) + 2)]
         for arm, x in bar.items():
-            worst = max(max(r.values()) for r in x.values())
-            at100 = x.get("1.00", {}).get("p50")
-            holds = worst <= BAR and (at100 is not None and at100 <= 0.7)
             lines.append(f"| {arm} vs {L1_TWINS[arm]} | " + " | ".join(
-                f"{x[ld]['p50']:.2f} / {x[ld]['p90']:.2f}" if ld in x else "-"
-                for ld in loads) + f" | {'yes' if holds else 'no'} |")
+                f"{x[ld]['p50']:.2f} / {x[ld]['p90']:.2f}, $ {x[ld]['cost']:.2f}x"
+                if ld in x else "-" for ld in loads) + f" | {l2_judgement(arm, x)} |")
     return lines
+
+
+# The verdict per GPU, model and prefix length (docs/serving.md): (instance, model, TP,
+# replicas, prefix), the seed file as `cdk synth` reads it, the in-cluster Valkey asked for.
+VERDICT_ROWS = (
+    ("p5.48xlarge", "Llama-3.1-8B", 1, 4, 8192), ("p5.48xlarge", "Llama-3.1-8B", 1, 4, 65536),
+    ("p5.48xlarge", "Llama-3.1-70B", 8, 1, 65536),
+    ("p4d.24xlarge", "Llama-3.1-70B", 8, 4, 65536),
+    ("p4d.24xlarge", "Llama-3.1-70B", 8, 1, 65536),
+    ("g6e.12xlarge", "Llama-3.1-8B", 4, 4, 65536), ("g6e.12xlarge", "Qwen3-32B", 4, 4, 65536),
+    ("g5.24xlarge", "Llama-3.1-8B", 4, 4, 8192), ("g5.24xlarge", "Llama-3.1-8B", 4, 4, 65536),
+    ("g4dn.12xlarge", "Llama-3.1-8B", 4, 4, 8192),
+    ("g4dn.12xlarge", "Llama-3.1-8B", 4, 4, 65536),
+    ("g5.xlarge", "Llama-3.1-8B", 1, 4, 8192))
+
+
+def _binding(what: str) -> str:
+    for key, name in (("sustained network", "the L2's network"), ("CPU (", "the L2's CPU"),
+                      ("NIC", "the worker's NIC"), ("TCP flows", "TCP flows")):
+        if key in what:
+            return name
+    return "LMCache's client"
+
+
+def l2_verdict_table() -> str:
+    """docs/serving.md's table of verdicts (tests/k8s/test_tier_choice.py holds the two
+    equal): `python -m bench.tiered --verdict-table`."""
+    import math
+
+    from bench.tiers import bench_endpoint
+    from config.instances import gpu_shape
+    from k8s.l2 import node_hourly_usd
+    from k8s.serving import l2_plan
+
+    _quiet_jsii()
+    lines = ["| instance | model | replicas | prefix | break-even GB/s/GPU | delivered (binding "
+             "term) | F: GPU KV + L1s | must hold | L2 | its node $/h, of the GPUs' |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for instance, model, tp, replicas, prefix in VERDICT_ROWS:
+        cfg, spec = bench_endpoint(L2_BACKEND, instance_type=instance, gpus=tp,
+                                   replicas=replicas, prefix_tokens=prefix, model=model)
+        v = l2_plan(cfg, spec).verdict
+        node = v.server.node_type
+        usd = node_hourly_usd(node)
+        fleet = math.ceil(replicas * tp / gpu_shape(instance).gpus) * GPU_USD[instance]
+        lines.append(
+            f"| {instance} | {model} TP {tp} | {replicas} | {prefix // 1024}K | "
+            f"{v.need_gbs:.2f} | {v.deliver_gbs:.2f} ({_binding(v.binding.what)}) | "
+            f"{v.fleet_gib:,.0f} GiB | {v.capacity_gib:,.0f} GiB | "
+            + (f"`{v.connector.scheme}`, {node} ({v.kv_gib:,.0f} GiB of KV) | "
+               f"{usd:.2f}, {usd / fleet:.0%} |" if v.deploys else
+               f"no ({'too slow' if not v.pays else 'no node holds it'}) | - |"))
+    return "\n".join(lines)
 
 
 def render_llmd(d: dict) -> list[str]:
@@ -1161,8 +1295,13 @@ def main(argv: list[str] | None = None) -> int:
                    "new salts give the same figures, so one is the default)")
     p.add_argument("--quick", action="store_true", help="smaller plans, for a smoke run")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--verdict-table", action="store_true",
+                   help="print docs/serving.md's table of L2 verdicts and exit")
     profile_file_option(p)
     a = p.parse_args(argv)
+    if a.verdict_table:
+        print(l2_verdict_table())
+        return 0
     name = load_profile_option(p, a)
     if name:
         global PROFILE

@@ -201,7 +201,7 @@ class TierConfig:
         batched = False
         if kind == "lm":     # one socket: one flow
             put, get = min(LM_SERVER_PUT_GBS, net), min(LM_SERVER_GET_GBS, net)
-        elif verdict is not None:
+        elif verdict is not None and kind:
             # the connector, flows and NIC per rank, and the whole L2 shared by every busy
             # rank: the terms of the synth-time verdict (k8s/l2.py), from the same rates
             put = get = verdict.client_side_gbs
@@ -257,28 +257,21 @@ class RenderedTiers:
     verdict: Any = None                # k8s/l2.py L2Verdict on the L2 asked for, if any
 
 
-def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
-                   instance_type: str | None = None, gpus: int | None = None,
-                   replicas: int | None = None, force_l2: bool = False,
-                   prefix_tokens: int | None = None, model: str | None = None
-                   ) -> RenderedTiers:
-    """Render the serving charts for a HyperPod endpoint file with L1 and L2 `backend`
-    (`valkey`, `lmcache-server`, `redis` = the environment's managed cache, or `none`) and
-    read back what the workers and the cache get. `instance_type`/`gpus`: the seed file served
-    on that type with that many GPUs (tensor parallel) per worker, through the same checks as
-    `cdk synth` (k8s/serving.py fit_endpoint: where an L2 read cannot beat recompute on that
-    GPU for `replicas` sharing it, no L2, unless `force_l2` = the file's
-    kvCacheSpec.forceL2Cache). Imports cdk8s:
-    seconds, once per run."""
+def bench_endpoint(backend: str, *, env: str = "dev", instance_type: str | None = None,
+                   gpus: int | None = None, replicas: int | None = None,
+                   force_l2: bool = False, prefix_tokens: int | None = None,
+                   model: str | None = None, working_set_tokens: int | None = None
+                   ) -> tuple[Any, Any]:
+    """(environment, endpoint spec) for the seed file (tests/fixtures/endpoint-seed.yaml) with
+    L1 and L2 `backend`, served on `instance_type` with `gpus` GPUs (tensor parallel) per
+    worker, `replicas` of them (all reading at once), as `cdk synth` reads it."""
     import copy
 
-    import cdk8s
     import yaml
 
     from config import resolve_environment
     from config.context import ROOT, cdk_json_context
     from config.endpoint_spec import parse_endpoint
-    from k8s.serving import build_charts, fit_endpoint, l2_plan, placeholder_facts
 
     ctx = cdk_json_context(ROOT)
     ctx["env"] = env
@@ -310,6 +303,8 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
         kv["enableL2Cache"] = True
         kv.setdefault("l2CacheSpec", {})["l2CacheBackend"] = backend
         kv["forceL2Cache"] = force_l2      # the seed forces it; the bench asks
+        if working_set_tokens:
+            kv["workingSetTokens"] = working_set_tokens
     if prefix_tokens:
         kv["prefixTokens"] = prefix_tokens
     if model:
@@ -317,6 +312,30 @@ def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
     spec = parse_endpoint(cfg.name, "endpoints/bench.yaml", raw,
                           node_instance_types=tuple(
                               t for g in cfg.gpu_node_groups for t in g.instance_types))
+    return cfg, spec
+
+
+def rendered_tiers(backend: str, *, env: str = "dev", l1_gib: int | None = None,
+                   instance_type: str | None = None, gpus: int | None = None,
+                   replicas: int | None = None, force_l2: bool = False,
+                   prefix_tokens: int | None = None, model: str | None = None
+                   ) -> RenderedTiers:
+    """Render the serving charts for a HyperPod endpoint file with L1 and L2 `backend`
+    (`valkey`, `lmcache-server`, `redis` = the environment's managed cache, or `none`) and
+    read back what the workers and the cache get. `instance_type`/`gpus`: the seed file served
+    on that type with that many GPUs (tensor parallel) per worker, through the same checks as
+    `cdk synth` (k8s/serving.py fit_endpoint: where an L2 read cannot beat recompute on that
+    GPU for `replicas` sharing it, no L2, unless `force_l2` = the file's
+    kvCacheSpec.forceL2Cache). Imports cdk8s:
+    seconds, once per run."""
+    import cdk8s
+    import yaml
+
+    from k8s.serving import build_charts, fit_endpoint, l2_plan, placeholder_facts
+
+    cfg, spec = bench_endpoint(backend, env=env, instance_type=instance_type, gpus=gpus,
+                               replicas=replicas, force_l2=force_l2,
+                               prefix_tokens=prefix_tokens, model=model)
     plan = l2_plan(cfg, spec)     # the verdict, also where it leaves the L2 out
     spec = fit_endpoint(cfg, spec)
     if l1_gib is not None:
@@ -452,7 +471,10 @@ class ValkeyServer:
 
 class L2Store:
     """The endpoint's shared L2: its index in a real redis-server (eviction by Valkey's own
-    LRU), the bytes it holds, and whether it is reachable."""
+    LRU), the bytes it holds, and whether it is reachable. One key per chunk of every rank, its
+    value the chunk's bytes / SCALE: jemalloc rounds it up as it rounds a rank's real chunk in
+    the deployed Valkey (8 MiB -> 10 MiB there, 32 KiB -> 40 KiB here), so `maxmemory` /
+    SCALE holds what the real one does (tests/bench/test_tiers.py)."""
 
     def __init__(self, server: ValkeyServer, chunk_bytes: int, cfg: TierConfig) -> None:
         import valkey

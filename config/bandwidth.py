@@ -10,10 +10,14 @@ they do, so a cache read all day long gets the baseline.
   "up to" sizes; the stated figure otherwise).
 - ElastiCache: the "Supported node types" tables of the ElastiCache user guide (baseline and
   burst bandwidth) and the node types' memory (ElastiCache pricing / node type pages).
+- What the in-cluster Valkey's node costs: Amazon EC2 On-Demand pricing (aws.amazon.com/ec2/
+  pricing/on-demand, Linux, US East (N. Virginia)); an environment's `instanceHourlyUsd`
+  states its own (another region, a discount).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 PER_FLOW_GBPS = 5.0
 
@@ -42,15 +46,29 @@ EC2_BASELINE_GBPS: dict[str, float] = {
     "m6in.8xlarge": 50.0, "m6in.12xlarge": 75.0, "m6in.16xlarge": 100.0,
     "r6in.8xlarge": 50.0, "r6in.12xlarge": 75.0, "r6in.16xlarge": 100.0,
     "x2idn.16xlarge": 50.0, "x2idn.24xlarge": 75.0, "x2idn.32xlarge": 100.0,
+    "x2iedn.24xlarge": 75.0, "x2iedn.32xlarge": 100.0,
 }
 
 
-# Nodes the in-cluster Valkey may get, smallest first: (type, vCPUs, GiB). k8s/l2.py takes the
-# first offered in the region on which the L2 pays.
-IN_CLUSTER_NODE_TYPES = (("r6i.8xlarge", 32, 256), ("r6i.16xlarge", 64, 512),
-                         ("c6in.8xlarge", 32, 64), ("x2idn.16xlarge", 64, 1024),
-                         ("r6i.32xlarge", 128, 1024), ("x2idn.24xlarge", 96, 1536),
-                         ("x2idn.32xlarge", 128, 2048))
+class CacheHost(NamedTuple):
+    """An EC2 type the in-cluster Valkey may have to itself."""
+
+    type: str
+    vcpus: int
+    gib: int
+    hourly_usd: float        # on demand, us-east-1 (module docstring)
+
+
+# Nodes the in-cluster Valkey may get, cheapest first: k8s/l2.py takes the first offered in the
+# region on which the L2 pays and holds what it must. x2iedn.16xlarge is left out: it costs
+# what x2idn.32xlarge does for the same memory and half its network.
+IN_CLUSTER_NODE_TYPES = (
+    CacheHost("c6in.8xlarge", 32, 64, 1.8144), CacheHost("r6i.8xlarge", 32, 256, 2.016),
+    CacheHost("r6i.16xlarge", 64, 512, 4.032), CacheHost("x2idn.16xlarge", 64, 1024, 6.669),
+    CacheHost("r6i.32xlarge", 128, 1024, 8.064), CacheHost("x2idn.24xlarge", 96, 1536, 10.0035),
+    CacheHost("x2idn.32xlarge", 128, 2048, 13.338),
+    CacheHost("x2iedn.24xlarge", 96, 3072, 20.007),
+    CacheHost("x2iedn.32xlarge", 128, 4096, 26.676))
 
 
 def ec2_baseline_gbps(instance_type: str) -> float | None:

@@ -111,6 +111,7 @@ class EndpointSpec:
     l2_url: str | None = None     # l2CacheLocalUrl: the endpoint's own L2, no credentials
     l2_forced: bool = False       # forceL2Cache: even where a read cannot beat recompute
     prefix_tokens: int = 8192     # prefixTokens: the prompt prefix an L2 hit saves (k8s/l2.py)
+    working_set_tokens: int | None = None   # workingSetTokens: what the L2 must keep (k8s/l2.py)
     model: ModelShape | None = None   # modelShape, or the shape modelName names; None: unknown
     tls_certificate_arn: str | None = None
     autoscaling: AutoScaling | None = None
@@ -246,6 +247,11 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if not MIN_PREFIX_TOKENS <= prefix_tokens <= MAX_PREFIX_TOKENS:
         raise kv.fail("prefixTokens", prefix_tokens, f"an integer from {MIN_PREFIX_TOKENS} to "
                       f"{MAX_PREFIX_TOKENS:,} (the prompt prefix, in tokens, an L2 hit saves)")
+    working_set = kv.get("workingSetTokens", int, None)   # our extension (k8s/l2.py)
+    if working_set is not None and not MIN_PREFIX_TOKENS <= working_set <= MAX_WORKING_SET:
+        raise kv.fail("workingSetTokens", working_set, f"an integer from {MIN_PREFIX_TOKENS} "
+                      f"to {MAX_WORKING_SET:,} (the distinct prompt tokens clients come back "
+                      "to, which the L2 is sized to keep)")
     model = _model_shape(kv, model_name)
     backend = l2_url = None
     if l2:
@@ -264,6 +270,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if l2_forced and not l2:
         warnings.append(f"{file}: spec.kvCacheSpec.forceL2Cache: ignored: enableL2Cache is "
                         "false")
+    if working_set is not None and not l2:
+        warnings.append(f"{file}: spec.kvCacheSpec.workingSetTokens: ignored: enableL2Cache "
+                        "is false")
     if not l2 and "l2CacheSpec" in kv.data:
         kv.used.add("l2CacheSpec")
         warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec: ignored: enableL2Cache is "
@@ -424,7 +433,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         name=name, model_name=model_name, instance_type=itype,
         replicas=replicas, model_location=location,
         l1_enabled=l1, l1_size_gib=l1_size, l2_enabled=l2, l2_backend=backend, l2_forced=l2_forced,
-        prefix_tokens=prefix_tokens, model=model,
+        prefix_tokens=prefix_tokens, model=model, working_set_tokens=working_set,
         routing_strategy=strategy, metrics_enabled=metrics_enabled, health_check_path=health,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
@@ -434,6 +443,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
 
 
 MIN_PREFIX_TOKENS, MAX_PREFIX_TOKENS = 256, 1 << 20
+MAX_WORKING_SET = 1 << 40
 
 
 def _model_shape(kv: _Doc, model_name: str) -> ModelShape | None:

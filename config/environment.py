@@ -353,7 +353,7 @@ def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
     in_cluster = r.get("inClusterNodeType", str, None,
                        allowed="an EC2 instance type for the in-cluster Valkey's node")
     if in_cluster is not None:
-        nodes = {n[0] for n in IN_CLUSTER_NODE_TYPES} & instance_types_in(facts.region)
+        nodes = {n.type for n in IN_CLUSTER_NODE_TYPES} & instance_types_in(facts.region)
         if in_cluster not in nodes:
             raise r.fail("inClusterNodeType", in_cluster,
                          f"{', '.join(sorted(nodes))} (offered in {facts.region}, with a "

@@ -83,6 +83,10 @@ _ROWS = (
           "L2 even where reading from it is slower than recomputing"),
     Field("spec.kvCacheSpec.prefixTokens", USED, "this project's extension: the prompt prefix "
           "(tokens) an L2 hit saves, which the L2 verdict judges at (default 8192)"),
+    Field("spec.kvCacheSpec.workingSetTokens", USED, "this project's extension: the distinct "
+          "prompt tokens clients come back to (documents, system prompts, chat histories, and "
+          "what one-time prompts write between two uses of them); the L2 is sized to hold "
+          "them plus the fleet's GPU KV and L1s (default: twice the fleet's GPU KV and L1s)"),
     Field("spec.kvCacheSpec.modelShape", USED, "this project's extension: the model's shape "
           "for the L2 verdict, a known model's name or its config.json keys (default: the "
           "shape modelName names)"),

@@ -133,8 +133,8 @@ MAX_PODS = {
 VM_MEMORY_OVERHEAD = 0.075
 EVICTION_HARD_MIB = 100
 _DEFAULT_MAX_PODS = 58   # a type not listed (a system group's): a 4-ENI, 15-address type
-# the families a system group or the in-cluster L2's node uses
-_GIB_PER_VCPU = {"m": 4, "c": 2, "r": 8, "x": 16}
+# the families a system group or the in-cluster L2's node uses (by family, else its letter)
+_GIB_PER_VCPU = {"m": 4, "c": 2, "r": 8, "x": 16, "x2iedn": 32}
 # Kept free on a GPU node beside its workers: the add-ons' and our DaemonSets (aws-node,
 # kube-proxy, EBS CSI node, device plugin, DCGM exporter, node exporter) with headroom.
 DAEMONSET_ROOM_M, DAEMONSET_ROOM_MIB = 1000, 2048
@@ -154,7 +154,7 @@ def instance_shape(instance_type: str) -> tuple[int, float, int]:
         return shape.vcpus, shape.memory_gib, shape.gpus
     family, size = instance_type.split(".")
     vcpus = {"large": 2, "xlarge": 4}.get(size) or 4 * int(size.removesuffix("xlarge"))
-    return vcpus, vcpus * _GIB_PER_VCPU[family[0]], 0
+    return vcpus, vcpus * _GIB_PER_VCPU.get(family, _GIB_PER_VCPU[family[0]]), 0
 
 
 def max_pods(instance_type: str) -> int:

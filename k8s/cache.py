@@ -9,8 +9,8 @@ k8s/network_policies.py).
 Where it lands: a node of its own (the `l2cache` node group stacks/cache_stack.py adds, tainted
 for it), of the type k8s/l2.py chose so that the L2 pays: the node's sustained network is what
 a cache read all day long gets, and Valkey 9 moves large values with its io-threads. Its
-memory is most of the node's: `maxmemory` is 3/4 of the container's, the rest Valkey's buffers
-and fragmentation. LMCache reaches it by `resp://` where the image's LMCache has it: plain TCP,
+memory is most of the node's: `maxmemory` is 90% of the container's, the rest Valkey's buffers
+(DATA_SHARE says why that is enough). LMCache reaches it by `resp://` where the image's LMCache has it: plain TCP,
 no AUTH, which only worker pods may open (the NetworkPolicy below; docs/security.md).
 """
 from __future__ import annotations
@@ -33,7 +33,14 @@ from k8s.workers import COMPONENT as WORKER_COMPONENT
 VALKEY = "valkey"
 VALKEY_UID = 999   # the valkey image's own user
 EVICTION_POLICY = "allkeys-lru"
-DATA_SHARE = 3 / 4  # of the container's memory; the rest: Valkey's buffers and fragmentation
+# maxmemory, of the container's memory. What Valkey holds beyond `used_memory` (which maxmemory
+# bounds): client buffers (a chunk in flight per connection: LMCache's 8 per rank, ~10 MiB
+# each, about 1 GiB for 16 ranks) and what jemalloc keeps. No fork needs room (no persistence,
+# no replica). And for KV chunks used_memory over-counts what is resident: it counts each
+# value's size class (10 MiB for an 8 MiB chunk: k8s/l2.py valkey_value_bytes) of which only
+# the pages written are: RSS was 0.82x used_memory under allkeys-lru churn of 8 and 10 MiB
+# values (Redis 7, jemalloc 5.3). 10% of a cache node's container is tens of GiB.
+DATA_SHARE = 0.9
 
 
 # What the node keeps for itself and its DaemonSets (kubelet reserve, eviction threshold,
@@ -57,7 +64,7 @@ class CacheProps:
                 io_threads: int, exporter_image: str | None = None) -> "CacheProps":
         """Valkey sized to the node it has to itself."""
         return cls(namespace=namespace, image=image, cpu=str(max(1, vcpus - NODE_KEEP_CPUS)),
-                   memory_gib=int(node_gib * (1 - NODE_KEEP_SHARE)) - 2,
+                   memory_gib=container_gib(node_gib),
                    io_threads=io_threads, exporter_image=exporter_image)
 
     @property
@@ -66,7 +73,16 @@ class CacheProps:
 
     @property
     def maxmemory_mib(self) -> int:
-        return int(self.memory_gib * 1024 * DATA_SHARE)
+        return maxmemory_mib(self.memory_gib)
+
+
+def container_gib(node_gib: float) -> int:
+    """The Valkey container's memory on a node of its own."""
+    return int(node_gib * (1 - NODE_KEEP_SHARE)) - 2
+
+
+def maxmemory_mib(container: float) -> int:
+    return int(container * 1024 * DATA_SHARE)
 
 
 class SharedCacheChart(Chart):

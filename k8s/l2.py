@@ -19,10 +19,31 @@ least of five terms:
   x shards over every GPU of the endpoint's largest fleet, all reading at once;
 - the L2 server's CPU: Valkey's GB per CPU-second for GET and SET x its threads x shards, every
   byte read having been written once, over the same GPUs.
-An L2 is deployed only where that least term is at least MARGIN x need. It is sized for KV
-too: it holds at least what the fleet's L1s hold together (an L2 smaller than them holds little
-they do not). ElastiCache in cluster mode is given the shards that take; the in-cluster Valkey
-the smallest node type that does.
+An L2 is deployed only where that least term is at least MARGIN x need.
+
+How much it must hold follows from what it is for: KV the fleet's GPUs and L1s do not hold.
+- It is inclusive. LMCache writes every chunk it computes to every tier and reads the L2 only
+  after the GPU's prefix cache and its L1 missed, so the L2 holds a copy of what the fleet
+  holds, and a hit upstairs never touches the L2's LRU order (LMCache sets no TTL; Valkey
+  evicts `allkeys-lru`). Under prefix-aware routing each document lives in one replica's GPU
+  + L1, so the fleet holds up to F = replicas x (GPU KV + L1) of distinct KV, and an L2 no
+  larger than F adds next to nothing: what it adds is what it holds beyond F.
+- A reused chunk survives in an LRU as long as less than its capacity of other chunks was
+  written or read since it was last touched. A chunk of the working set W (the distinct
+  prefixes clients come back to) is touched in the L2 when it is computed or read from it; it
+  then serves from a replica's GPU + L1, unseen by the L2, until that replica has moved up to
+  its own GPU + L1 of other KV through; meanwhile the fleet writes what it computes (up to F,
+  one-time prompts included) to the L2. So the L2 keeps W across that stretch when it holds
+  W + F. The rule: capacity = W + F, where W is the endpoint's `kvCacheSpec.workingSetTokens`
+  (x the model's KV per token) or, unstated, F: the smallest working set for which an L2 adds
+  anything under prefix-aware routing. An L2 twice the fleet's GPU + L1 by default.
+- In Valkey's terms: `used_memory`, which `maxmemory` bounds, counts jemalloc's size class of
+  each value, and a chunk's value is a power of two for most models (256 tokens x KV per token
+  / TP: 8 MiB for Llama-3.1-8B at TP 4), so it takes the next class: 10 MiB, 1.25x
+  (`valkey_value_bytes`; measured on Redis 7 and jemalloc 5.3, which Valkey 9 builds with too:
+  tests/k8s/test_tier_choice.py).
+ElastiCache in cluster mode is given the fewest shards that pay and hold that; the in-cluster
+Valkey the cheapest node type that does (config/bandwidth.py IN_CLUSTER_NODE_TYPES).
 """
 from __future__ import annotations
 
@@ -32,6 +53,7 @@ from typing import Any
 
 from config.instances import gpu_model, gpu_shape
 from config.models import ModelShape
+from k8s.cache import container_gib, maxmemory_mib
 from config.bandwidth import (
     CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, ec2_baseline_gbps,
 )
@@ -41,6 +63,32 @@ MFU = 0.6
 MARGIN = 2.0
 DEFAULT_PREFIX_TOKENS = 8192
 MIN_BLOCKING_TIMEOUT_S = 2
+GIB = 1024 ** 3
+GPU_MEMORY_UTILIZATION = 0.9   # vLLM's default --gpu-memory-utilization
+SDS_OVERHEAD = 10              # a value's sds header (sdshdr32: len, alloc, flags) and its NUL
+
+
+def valkey_value_bytes(value: int) -> int:
+    """What Valkey's `used_memory` counts for a value of `value` bytes: jemalloc's size class
+    of the value and its sds header. Up to 64 bytes classes are 16 apart; past that jemalloc
+    has four per doubling (2^k x 1.25, 1.5, 1.75, 2), so a value of exactly 2^k bytes (and
+    its header) takes 1.25 x 2^k."""
+    size = value + SDS_OVERHEAD
+    if size <= 64:
+        return -(-size // 16) * 16
+    step = 1 << ((size - 1).bit_length() - 3)
+    return -(-size // step) * step
+
+
+def gpu_kv_gib(instance_type: str, model: ModelShape, ranks: int,
+               utilization: float = GPU_MEMORY_UTILIZATION) -> float:
+    """KV one replica's GPUs hold: vLLM's share of their memory less the weights (activations
+    left out: a little more KV than vLLM logs, so the L2 is sized no smaller)."""
+    shape = gpu_shape(instance_type)
+    if shape is None:
+        return 0.0
+    return max(0.0, ranks * shape.gpu_memory_gib * utilization
+               - model.params * model.dtype_bytes / GIB)
 
 
 @dataclass(frozen=True)
@@ -131,14 +179,11 @@ class L2Server:
 VALKEY_IO_THREADS = 16  # at most: Valkey's io-threads on its own node, half its vCPUs
 
 
-# Of a node's memory, what holds KV: the in-cluster Valkey's container (k8s/cache.py: all but
-# 12% and 2 GiB) x maxmemory's 3/4; ElastiCache's reserved-memory-percent leaves 3/4.
-IN_CLUSTER_DATA_SHARE = 0.88 * 0.75
-
-
 def in_cluster_server(node_type: str, vcpus: int, gib: float) -> L2Server:
+    """The in-cluster Valkey on a node of its own, with the maxmemory k8s/cache.py renders
+    (ElastiCache's reserved-memory-percent leaves 3/4 of its nodes: ELASTICACHE_DATA_SHARE)."""
     return L2Server(IN_CLUSTER, node_type, ec2_baseline_gbps(node_type) or 0.0,
-                    min(VALKEY_IO_THREADS, vcpus // 2), (gib - 2) * IN_CLUSTER_DATA_SHARE)
+                    min(VALKEY_IO_THREADS, vcpus // 2), maxmemory_mib(container_gib(gib)) / 1024)
 
 
 def elasticache_server(node_type: str, max_shards: int) -> L2Server:
@@ -166,7 +211,9 @@ class L2Verdict:
     server: L2Server | None
     need_gbs: float | None          # per GPU: the read rate that only breaks even
     terms: tuple[Term, ...]
-    capacity_gib: float = 0.0       # what the L2 must hold: the fleet's L1s together
+    fleet_gib: float = 0.0          # F: the fleet's GPU KV and L1s together
+    working_set_gib: float | None = None    # W: kvCacheSpec.workingSetTokens x KV per token
+    value_overhead: float = 1.0     # Valkey's used_memory per byte of a chunk's value
     shards: int = 1
     client_side_gbs: float = 0.0    # per GPU: the least of the terms on the worker's side
     server_total_gbs: float | None = None   # the whole L2 (every shard), reads and writes
@@ -184,8 +231,21 @@ class L2Verdict:
         return min(self.terms, key=lambda t: t.gbs)
 
     @property
+    def capacity_gib(self) -> float:
+        """KV the L2 must hold (module docstring): the working set, F where unstated, plus F."""
+        return (self.fleet_gib if self.working_set_gib is None else self.working_set_gib) \
+            + self.fleet_gib
+
+    @property
+    def kv_gib(self) -> float:
+        """KV the server holds: its maxmemory over what Valkey counts per byte of a chunk."""
+        if self.server is None:
+            return math.inf
+        return self.server.memory_gib * self.shards / self.value_overhead
+
+    @property
     def holds(self) -> bool:
-        return self.server is None or self.server.memory_gib * self.shards >= self.capacity_gib
+        return self.kv_gib >= self.capacity_gib
 
     @property
     def pays(self) -> bool:
@@ -214,9 +274,17 @@ class L2Verdict:
             mark = " (the least)" if t is self.binding else ""
             parts.append(f"{t.what}: {t.gbs:.2f} GB/s{mark}")
         if not self.holds:
-            parts.append(f"and it holds {self.server.memory_gib * self.shards:.0f} GiB of KV, "
-                         f"less than the fleet's L1s ({self.capacity_gib:.0f} GiB)")
+            parts.append(f"and it holds {self.kv_gib:.0f} GiB of KV, less than it must: "
+                         f"{self.size_reason()}")
         return "; ".join(parts)
+
+    def size_reason(self) -> str:
+        w = (f"the working set {self.working_set_gib:,.0f} GiB (kvCacheSpec.workingSetTokens)"
+             if self.working_set_gib is not None else
+             f"unstated (kvCacheSpec.workingSetTokens), taken as F")
+        return (f"{self.capacity_gib:,.0f} GiB = {w} + F, the fleet's GPU KV and L1s "
+                f"({self.fleet_gib:,.0f} GiB), Valkey counting {self.value_overhead:.2f}x per "
+                "chunk")
 
 
 def break_even_gbs(model: ModelShape, tflops: float, prefix_tokens: int) -> float:
@@ -246,10 +314,14 @@ def _server_terms(server: L2Server, shards: int, gpus: int) -> list[Term]:
 def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: int,
                connector: Connector, server: L2Server | None,
                prefix_tokens: int = DEFAULT_PREFIX_TOKENS, cpu_per_rank: float = 4.0,
-               model_assumed: bool = False, capacity_gib: float = 0.0) -> L2Verdict:
+               model_assumed: bool = False, fleet_gib: float = 0.0,
+               working_set_gib: float | None = None, chunk_tokens: int = 256) -> L2Verdict:
     """Whether reading a token's KV from the L2 beats recomputing it with MARGIN to spare, for
-    `replicas` replicas of `ranks` GPU processes reading at once (module docstring). With a
-    server that may shard, the fewest shards that let it pay (or all of them)."""
+    `replicas` replicas of `ranks` GPU processes reading at once, and whether the L2 holds
+    what it must (module docstring). With a server that may shard, the fewest shards that let
+    it pay and hold (or all of them)."""
+    value = chunk_tokens * model.kv_bytes_per_token // ranks
+    overhead = valkey_value_bytes(value) / value
     known = gpu_model(instance_type)
     need = break_even_gbs(model, known[1], prefix_tokens) if known else None
     shape = gpu_shape(instance_type)
@@ -276,7 +348,8 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
             total = min(server_gbs(server, shards))
         verdict = L2Verdict(instance_type, known[0] if known else None, model, model_assumed,
                             prefix_tokens, ranks, replicas, connector, server, need,
-                            tuple(terms), capacity_gib, shards, client_side, total)
+                            tuple(terms), fleet_gib, working_set_gib, overhead, shards,
+                            client_side, total)
         if verdict.pays and verdict.holds:
             break
     assert verdict is not None
@@ -285,21 +358,31 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
 
 def choose_in_cluster(offered: frozenset[str], pinned: str | None, **verdict_args: Any
                       ) -> L2Verdict:
-    """The in-cluster Valkey on the smallest node type (offered in the region) that lets the
-    L2 pay, or on the largest where none does; `pinned`: the environment's choice."""
-    candidates = [n for n in IN_CLUSTER_NODE_TYPES if n[0] in offered and (not pinned
-                                                                      or n[0] == pinned)]
+    """The in-cluster Valkey on the cheapest node type (offered in the region) on which the L2
+    pays and holds what it must; where none does, the one that reads fastest of those that
+    hold it (what kvCacheSpec.forceL2Cache gets), or the largest; `pinned`: the environment's
+    choice."""
+    candidates = [n for n in IN_CLUSTER_NODE_TYPES if n.type in offered and (not pinned
+                                                                        or n.type == pinned)]
     if pinned and not candidates:
         raise ValueError(pinned)
-    verdict = None
-    for node_type, vcpus, gib in candidates:
-        verdict = l2_verdict(server=in_cluster_server(node_type, vcpus, gib), **verdict_args)
+    verdicts = []
+    for node in candidates:
+        verdict = l2_verdict(server=in_cluster_server(node.type, node.vcpus, node.gib),
+                             **verdict_args)
         if verdict.pays and verdict.holds:
             return verdict
-    if verdict is None:   # nothing offered: judge the client side alone, on a node of 0 Gbps
-        verdict = l2_verdict(server=L2Server(IN_CLUSTER, "none offered", 0.0, 1, 0.0),
-                             **verdict_args)
-    return verdict
+        verdicts.append(verdict)
+    if not verdicts:   # nothing offered: judge the client side alone, on a node of 0 Gbps
+        return l2_verdict(server=L2Server(IN_CLUSTER, "none offered", 0.0, 1, 0.0),
+                          **verdict_args)
+    holding = [v for v in verdicts if v.holds]
+    return max(holding, key=lambda v: v.deliver_gbs) if holding else verdicts[-1]
+
+
+def node_hourly_usd(node_type: str) -> float | None:
+    """The in-cluster node's published on-demand price (config/bandwidth.py)."""
+    return next((n.hourly_usd for n in IN_CLUSTER_NODE_TYPES if n.type == node_type), None)
 
 
 def with_server(v: L2Verdict, server: L2Server) -> L2Verdict:

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from config import ConfigError, EnvironmentConfig
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.endpoint_spec import (
-    AutoScaling, EndpointSpec, _cores, _gib, default_trigger, load_endpoint,
+    AutoScaling, EndpointSpec, _cores, _gib, arg_value, default_trigger, load_endpoint,
 )
+from config.instances import gpu_shape
 from config.images import (
     IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
     image_release, lmcache_version, vllm_version,
@@ -25,8 +27,9 @@ from config.notices import changed
 from config.regions import instance_types_in
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from k8s.l2 import (
-    ELASTICACHE, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS, VALKEY as VALKEY_CONNECTOR,
-    L2Verdict, choose_in_cluster, connector_for, elasticache_server, l2_verdict, server_gbs,
+    ELASTICACHE, GIB, GPU_MEMORY_UTILIZATION, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS,
+    VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
+    gpu_kv_gib, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
 )
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
@@ -34,7 +37,7 @@ from k8s.placeholders import token
 from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
-    KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
+    CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, l1_budget,
     parallel_ranks, worker_urls,
 )
@@ -62,9 +65,19 @@ def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
         return specs
     gpus = sum(p.verdict.gpus_reading for p in plans.values())
     share = min(server_gbs(node, 1)) / gpus
+    # what they must hold together, in Valkey's memory (each endpoint's chunks counted as
+    # Valkey counts them), against the node's maxmemory
+    memory = sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans.values())
     out = []
     for s in specs:
         p = plans.get(s.name)
+        if p and memory > node.memory_gib:
+            s = replace(s, warnings=(*s.warnings, (
+                f"{s.source_file}: spec.kvCacheSpec.workingSetTokens: the in-cluster Valkey "
+                f"({node.node_type}, maxmemory {node.memory_gib:,.0f} GiB) is shared by "
+                f"{len(plans)} endpoints, which together must hold {memory:,.0f} GiB: each "
+                "verdict sized it for its own fleet only (cache.inClusterNodeType, or the "
+                "managed L2, gives more)")))
         if p and p.verdict.need_gbs and share < MARGIN * p.verdict.need_gbs:
             s = replace(s, warnings=(*s.warnings, (
                 f"{s.source_file}: spec.kvCacheSpec.enableL2Cache: the in-cluster Valkey "
@@ -104,7 +117,9 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                 "(docs/serving.md, 'The tier configuration, and why')", s.name,
                 "kvCacheSpec.enableL2Cache"))
             s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
-        elif plan.target == ELASTICACHE and v.connector is REDISS:
+        if s.l2_forced or v.deploys:
+            warnings.append(l2_size_notice(cfg, s, plan))
+        if plan.target == ELASTICACHE and (s.l2_forced or v.deploys) and v.connector is REDISS:
             warnings.append(
                 f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
                 f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, cluster "
@@ -197,6 +212,40 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     return replace(s, warnings=tuple(warnings), tls_certificate_arn=certificate)
 
 
+def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> str:
+    """What the L2 holds, why, and (in the cluster) what its node costs beside the GPUs."""
+    v = plan.verdict
+    where = f"{s.source_file}: spec.kvCacheSpec.workingSetTokens"
+    if plan.target == OWN or v.server is None:
+        return (f"{where}: the L2 is the endpoint's own ({s.l2_url}): size it to hold "
+                f"{v.capacity_gib:,.0f} GiB of KV ({v.size_reason()})")
+    if plan.target == IN_CLUSTER:
+        node = v.server.node_type
+        price = cfg.instance_hourly_usd.get(node)
+        source = "instanceHourlyUsd"
+        if price is None:
+            price, source = node_hourly_usd(node), "on demand in us-east-1"
+        shape = gpu_shape(s.instance_type)
+        instances = math.ceil(v.replicas * s.gpus / shape.gpus) if shape else v.replicas
+        gpu_price = cfg.instance_hourly_usd.get(s.instance_type)
+        cost = (f", ${price:.2f}/h {source}" if price else "") + (
+            f": {price / (instances * gpu_price):.0%} of the {instances} x {s.instance_type} "
+            f"it serves (${instances * gpu_price:.2f}/h, instanceHourlyUsd)"
+            if price and gpu_price else "")
+        what = f"the in-cluster Valkey on a {node} of its own{cost}"
+    else:
+        what = (f"ElastiCache: {v.shards} shard(s) of {v.server.node_type}, each with "
+                f"{cfg.cache.replicas} replica(s)")
+    line = (f"{where}: the L2 is {what}; it keeps {min(v.kv_gib, 1e9):,.0f} GiB of KV and must "
+            f"hold {v.size_reason()}")
+    if (s.working_set_tokens and v.working_set_gib <= v.fleet_gib
+            and s.routing_strategy != "roundrobin"):
+        line += (f"; with {s.routing_strategy} routing each prefix stays on one replica, whose "
+                 "GPU and L1 hold a working set this small: the L2 serves what routing moves "
+                 "(scale-out, restarts, load spilled to another replica)")
+    return line + " (docs/serving.md, 'How big the L2 is')"
+
+
 @dataclass(frozen=True)
 class L2Plan:
     """Where an endpoint's L2 is, how LMCache reaches it, and the verdict on it."""
@@ -221,9 +270,16 @@ def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     scaling = effective_scaling(cfg, s)
     replicas = scaling.max_replicas if scaling else s.replicas
     l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
-    args = dict(instance_type=s.instance_type, model=s.model or ASSUMED,
+    model = s.model or ASSUMED
+    utilization = arg_value(s.worker_args, "--gpu-memory-utilization")
+    gpu = gpu_kv_gib(s.instance_type, model, ranks, float(utilization) if utilization
+                     and utilization.replace(".", "", 1).isdigit() else GPU_MEMORY_UTILIZATION)
+    args = dict(instance_type=s.instance_type, model=model,
                 model_assumed=s.model is None, ranks=ranks, replicas=replicas,
-                capacity_gib=replicas * ranks * l1,
+                fleet_gib=replicas * (gpu + ranks * l1),
+                working_set_gib=(s.working_set_tokens * model.kv_bytes_per_token / GIB
+                                 if s.working_set_tokens else None),
+                chunk_tokens=CHUNK_TOKENS,
                 connector=connector, prefix_tokens=s.prefix_tokens,
                 cpu_per_rank=_cores(s.cpu) / ranks)
     if target == IN_CLUSTER:
@@ -313,7 +369,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     node = in_cluster_node(cfg, specs)
     for kind in sorted({_shared_kind(cfg, s) for s in specs if s.l2_enabled} - {None}):
         assert node is not None
-        _, vcpus, gib = next(n for n in IN_CLUSTER_NODE_TYPES if n[0] == node.node_type)
+        _, vcpus, gib, _ = next(n for n in IN_CLUSTER_NODE_TYPES if n.type == node.node_type)
         props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), vcpus, gib,
                                    node.threads, exporter_image=images.uri("redis-exporter"))
         shared[kind] = props
@@ -402,13 +458,25 @@ def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) 
 
 
 def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):
-    """The node the in-cluster Valkey gets: the largest any endpoint's plan chose (they share
-    one server); None where no endpoint's L2 is in the cluster."""
-    order = [n[0] for n in IN_CLUSTER_NODE_TYPES]
-    servers = [p.verdict.server for s in specs
-               if (p := l2_plan(cfg, s)) and p.target == IN_CLUSTER and p.verdict.server
-               and p.verdict.server.node_type in order]
-    return max(servers, key=lambda x: order.index(x.node_type), default=None)
+    """The node the in-cluster Valkey gets (they share one server): the dearest any endpoint's
+    plan chose, or where several share it the cheapest offered after it whose maxmemory holds
+    what they must hold together (_shared_l2_check says where none does); None where no
+    endpoint's L2 is in the cluster."""
+    order = [n.type for n in IN_CLUSTER_NODE_TYPES]
+    plans = [p for s in specs if (p := l2_plan(cfg, s)) and p.target == IN_CLUSTER
+             and p.verdict.server and p.verdict.server.node_type in order]
+    if not plans:
+        return None
+    chosen = max((p.verdict.server for p in plans), key=lambda x: order.index(x.node_type))
+    if len(plans) < 2 or cfg.cache.in_cluster_node_type:
+        return chosen
+    memory = sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans)
+    offered = instance_types_in(cfg.region)
+    for n in IN_CLUSTER_NODE_TYPES[order.index(chosen.node_type):]:
+        server = in_cluster_server(n.type, n.vcpus, n.gib)
+        if n.type in offered and server.memory_gib >= memory and server.gbps >= chosen.gbps:
+            return server
+    return chosen
 
 
 def managed_l2_plans(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]

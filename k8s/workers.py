@@ -180,6 +180,8 @@ TIER_POLICY: tuple[TierSetting, ...] = (
                 "a dead L2 costs misses, never L1", l2_only=True),
 )
 
+CHUNK_TOKENS = next(t.value for t in TIER_POLICY if t.key == "chunk_size")
+
 # The L2 we run or connect to speaks Redis (Valkey in the cluster, ElastiCache managed), never
 # LMCache's own `lm://` server. LMCache's lm connector (storage_backend/connector/lm_connector.py,
 # 0.3.7 and 0.5.4) sends every put and every EXISTS over one socket under one asyncio lock, so a

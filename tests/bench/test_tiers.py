@@ -20,6 +20,21 @@ CHUNK_BYTES = 256 * H100.model.kv_bytes_per_token
 OLD = measured()["lmcache_two_servers_one_gpu"]["setup"]["config"]
 
 
+@pytest.mark.parametrize("name", ["h100-8b", "g5.24xlarge", "p4d.24xlarge"])
+def test_the_emulated_l2_holds_what_the_deployed_one_does(name):
+    """The emulated L2 stores a whole chunk as one value of its bytes / SCALE; the deployed
+    Valkey one value per rank. jemalloc rounds both up alike, so maxmemory / SCALE holds as
+    many chunks as maxmemory does in the deployed one (k8s/l2.py counts the same)."""
+    from bench.tiers import SCALE
+    from k8s.l2 import valkey_value_bytes
+
+    gpu = profile(name)
+    chunk = 256 * gpu.model.kv_bytes_per_token
+    emulated, rank = chunk // SCALE, chunk // gpu.gpus
+    assert valkey_value_bytes(emulated) / emulated == pytest.approx(
+        valkey_value_bytes(rank) / rank, rel=0.01)
+
+
 @pytest.fixture(scope="module")
 def valkey():
     with ValkeyServer(evict=True) as server:

@@ -152,6 +152,15 @@ CASES = [
     ("full-width GPU count", _resources({"nvidia.com/gpu": "４"}, {"nvidia.com/gpu": "４"}),
      "nvidia.com/gpu"),
     ("full-width CPU count", _resources({"cpu": "１６"}, {}), "requests.cpu"),
+    ("a working set below one chunk",
+     _values(lambda r: r["spec"]["kvCacheSpec"].update(workingSetTokens=100)),
+     "kvCacheSpec.workingSetTokens"),
+    ("a working set in words",
+     _values(lambda r: r["spec"]["kvCacheSpec"].update(workingSetTokens="5M")),
+     "kvCacheSpec.workingSetTokens"),
+    ("a working set as true",
+     _values(lambda r: r["spec"]["kvCacheSpec"].update(workingSetTokens=True)),
+     "kvCacheSpec.workingSetTokens"),
 ]
 
 

@@ -13,10 +13,12 @@ from bench.emulator import PROFILES
 from bench.tiers import RATES_FILE, pipelined, rendered_tiers
 from config.instances import GPU_MODELS
 from config.models import ASSUMED, KNOWN_MODELS, known_model, shape_from_config
+from config.bandwidth import IN_CLUSTER_NODE_TYPES
 from k8s.l2 import (
     CONNECTORS, ELASTICACHE, IN_CLUSTER, MARGIN, REDIS, REDISS, RESP,
-    SERVER_GET_GB_PER_CPU_S, SERVER_SET_GB_PER_CPU_S, VALKEY, break_even_gbs, connector_for,
-    elasticache_server, l2_verdict,
+    SERVER_GET_GB_PER_CPU_S, SERVER_SET_GB_PER_CPU_S, VALKEY, break_even_gbs, choose_in_cluster,
+    connector_for, elasticache_server, gpu_kv_gib, in_cluster_server, l2_verdict,
+    node_hourly_usd, valkey_value_bytes,
 )
 from k8s.workers import TIER_POLICY, tier_settings
 from observability.rules import L2_GETS_FAILED_TO_BYPASS
@@ -147,6 +149,117 @@ def test_what_a_deployed_l2_delivers_beats_the_emulators_recompute(name):
     assert emulated < MARGIN * need and emulated < 1.3 * need, (name, emulated, need)
 
 
+def test_valkey_counts_a_chunk_as_jemalloc_allocates_it():
+    """What `maxmemory` bounds per chunk, from a real server: Debian's Redis 7 with jemalloc 5.3
+    (the allocator the Valkey 9 image builds with), for a rank's chunk of Llama-3.1-8B at TP 4
+    (8 MiB: the next size class, 1.25x) and of Llama-3.1-70B at TP 8 (10 MiB: 1.2x). Counted
+    between 4 and 8 keys, so the connection's own read buffer drops out."""
+    import shutil
+
+    import valkey
+
+    from bench.tiers import ValkeyServer
+
+    server = ValkeyServer()
+    server.binary = shutil.which("redis-server")
+    with server:
+        c = valkey.Valkey(port=server.port)
+        assert "jemalloc" in c.info("memory")["mem_allocator"]
+        for size in (8 << 20, 10 << 20):
+            c.flushall()
+            value, used = b"\0" * size, []
+            for n in (4, 8):
+                for i in range(n - 4, n):
+                    c.set(f"chunk-{i}", value)
+                used.append(c.info("memory")["used_memory"])
+            per_key = (used[1] - used[0]) / 4
+            assert per_key == pytest.approx(valkey_value_bytes(size), rel=0.01), size
+    assert valkey_value_bytes(8 << 20) / (8 << 20) == 1.25
+    assert valkey_value_bytes(10 << 20) / (10 << 20) == 1.2
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_the_fleet_is_counted_with_no_less_gpu_kv_than_vllm_holds(name):
+    """F, what the fleet's GPUs and L1s hold, takes a replica's GPU KV from the GPU's nominal
+    memory and the weights alone: no less than the emulator's vLLM holds (its measured memory,
+    activations reserved), so the L2 is never sized smaller, and within 30% of it."""
+    p = PROFILES[name]
+    ours = gpu_kv_gib(p.instance_type, known_model(p.model.name), p.gpus)
+    vllm = p.kv_tokens * p.model.kv_bytes_per_token / 2 ** 30
+    assert vllm <= ours <= 1.3 * vllm, (name, ours, vllm)
+
+
+def test_the_l2_holds_the_working_set_and_the_fleets_gpus_and_l1s_on_the_cheapest_node():
+    """An inclusive L2 adds only what it holds beyond the fleet's GPU KV and L1s (F): it must
+    hold the working set plus F, the working set taken as F where the file does not state it,
+    in Valkey's own count of a chunk (1.25x for 8 MiB); the in-cluster Valkey gets the cheapest
+    node on which it pays and holds that."""
+    assert [n.hourly_usd for n in IN_CLUSTER_NODE_TYPES] == sorted(
+        n.hourly_usd for n in IN_CLUSTER_NODE_TYPES)
+    offered = frozenset(n.type for n in IN_CLUSTER_NODE_TYPES)
+    args = dict(instance_type="g5.24xlarge", model=known_model("Llama-3.1-8B"), ranks=4,
+                replicas=4, connector=RESP, prefix_tokens=65536, fleet_gib=600.0)
+    default = choose_in_cluster(offered, None, **args)
+    stated = choose_in_cluster(offered, None, working_set_gib=100.0, **args)
+    assert default.capacity_gib == 1200 and stated.capacity_gib == 700
+    for v in (default, stated):
+        assert v.value_overhead == 1.25 and v.pays and v.holds
+        assert v.kv_gib == pytest.approx(v.server.memory_gib / 1.25)
+        price = node_hourly_usd(v.server.node_type)
+        for n in IN_CLUSTER_NODE_TYPES:
+            if n.hourly_usd < price:
+                cheaper = l2_verdict(server=in_cluster_server(n.type, n.vcpus, n.gib), **args,
+                                     working_set_gib=v.working_set_gib)
+                assert not (cheaper.pays and cheaper.holds), n.type
+    assert node_hourly_usd(stated.server.node_type) < node_hourly_usd(default.server.node_type)
+    # an L2 the size of the fleet's L1s (the first rule's) would not hold it
+    small = l2_verdict(server=in_cluster_server("x2idn.16xlarge", 64, 1024), **args)
+    assert small.pays and not small.holds and "less than it must" in small.explain()
+
+
+def test_the_l2s_size_and_price_are_said_and_a_working_set_the_fleet_holds_is_flagged():
+    import copy
+
+    import yaml
+
+    from config import resolve_environment
+    from config.endpoint_spec import parse_endpoint
+    from k8s.serving import fit_endpoint, l2_plan
+    from tests.conftest import ROOT, context_for
+
+    cfg = resolve_environment(context_for(env="dev"))   # prices g5.24xlarge (instanceHourlyUsd)
+    seed = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
+    said = {}
+    for working_set in (None, 1_000_000):
+        raw = copy.deepcopy(seed)
+        raw["spec"]["kvCacheSpec"].update(prefixTokens=65536, forceL2Cache=False)
+        if working_set:
+            raw["spec"]["kvCacheSpec"]["workingSetTokens"] = working_set
+        raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = "valkey"
+        spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/seed.yaml", raw))
+        v = l2_plan(cfg, spec).verdict
+        assert spec.l2_enabled and v.deploys
+        (said[working_set],) = [w for w in spec.warnings if "workingSetTokens" in w]
+        node, fleet = v.server.node_type, 4 * cfg.instance_hourly_usd["g5.24xlarge"]
+        assert f"on a {node} of its own, ${node_hourly_usd(node):.2f}/h" in said[working_set]
+        assert f"{node_hourly_usd(node) / fleet:.0%} of the 4 x g5.24xlarge" in said[working_set]
+        assert f"{v.capacity_gib:,.0f} GiB" in said[working_set]
+    assert "stays on one replica" not in said[None]
+    assert "stays on one replica" in said[1_000_000]      # 122 GiB: the fleet's GPUs hold it
+
+
+def test_docs_show_the_verdicts_as_synth_makes_them():
+    import re
+
+    from bench.tiered import l2_verdict_table
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs" / "serving.md").read_text()
+    block = re.search(r"<!-- l2-verdicts:begin[^>]*-->\n(.*?)\n<!-- l2-verdicts:end -->", doc,
+                      re.S)
+    assert block and block.group(1) == l2_verdict_table()
+
+
 def test_an_h100_8b_file_asking_for_l2_gets_layerwise_l1_and_one_warning():
     r = rendered_tiers("valkey", instance_type="p5.48xlarge", gpus=1, replicas=4)
     assert "remote_url" not in r.lmcache and r.l2_url is None
@@ -178,7 +291,9 @@ def test_a10g_replicas_on_64k_documents_get_their_l2_by_resp():
     assert v.deploys and v.deliver_gbs >= MARGIN * v.need_gbs
     rank_bytes = 65536 * v.model.kv_bytes_per_token / 4
     assert r.lmcache["blocking_timeout_secs"] * v.deliver_gbs * 1e9 >= rank_bytes
-    assert r.l2_capacity_gib >= v.capacity_gib   # it holds the fleet's L1s
+    # it keeps twice the fleet's GPU KV and L1s, in Valkey's own count of a chunk
+    assert v.capacity_gib == pytest.approx(2 * v.fleet_gib)
+    assert r.l2_capacity_gib / v.value_overhead >= v.capacity_gib
 
 
 def test_a100_replicas_of_a_70b_model_get_no_l2_and_say_why():
@@ -189,7 +304,7 @@ def test_a100_replicas_of_a_70b_model_get_no_l2_and_say_why():
     said = [w for w in r.warnings if FIELD in w]
     assert "remote_url" not in r.lmcache and len(said) == 1
     assert "4 replica(s) x 8 GPU(s)" in said[0] and "Llama-3.1-70B" in said[0]
-    assert "x2idn.32xlarge, 100 Gbps" in said[0]
+    assert "x2iedn.32xlarge, 100 Gbps" in said[0]   # the fastest node that holds it
 
 
 def test_layerwise_is_rendered_by_every_release_we_know_but_never_beside_an_l2():
@@ -243,7 +358,17 @@ def test_endpoints_sharing_the_in_cluster_valkey_are_told_when_together_it_is_to
     cfg = resolve_environment(ctx)
     alone = load_endpoints(cfg, tmp_path)
     assert all(s.l2_enabled for s in alone)
+    assert not [w for s in alone for w in s.warnings if "shared by 2 endpoints" in w]
+    # a node that carries and holds each fleet alone, not both: 8 GiB of L1 per replica and a
+    # stated working set of 100K tokens keep each one's L2 within an r6i.16xlarge
+    for name in names:
+        raw = yaml.safe_load((tmp_path / name).read_text())
+        raw["spec"]["kvCacheSpec"].update(l1CacheSizeGiB=8, workingSetTokens=100_000)
+        (tmp_path / name).write_text(yaml.safe_dump(raw))
     ctx["environments"]["dev"]["cache"]["inClusterNodeType"] = "r6i.16xlarge"
     pinned = load_endpoints(resolve_environment(ctx), tmp_path)
+    assert all(s.l2_enabled for s in pinned)
     shared = [w for s in pinned for w in s.warnings if "shared by 2 endpoints" in w]
-    assert len(shared) == 2 and "r6i.16xlarge" in shared[0]
+    network = [w for w in shared if "GB/s each" in w]
+    memory = [w for w in shared if "together must hold" in w]
+    assert len(network) == 2 and len(memory) == 2 and "r6i.16xlarge" in shared[0]

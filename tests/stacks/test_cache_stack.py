@@ -114,17 +114,26 @@ def _spec(cfg, glide_image: bool, monkeypatch):
 
 
 def test_the_shards_follow_the_verdict_and_glide_decides_cluster_mode(monkeypatch):
+    from dataclasses import replace
+
+    from k8s.serving import l2_plan
     from stacks.app_builder import l2_needs
 
     cfg = resolve_environment(context_for(env="dev"))
     ctx = context_for(env="dev")
-    ctx["environments"]["dev"]["cache"]["nodeType"] = "cache.r7g.4xlarge"
+    ctx["environments"]["dev"]["cache"].update(nodeType="cache.r7g.4xlarge", maxShards=32)
     big = resolve_environment(ctx)
     glide = _spec(big, True, monkeypatch)
     needs = l2_needs(big, (glide,))
     assert glide.l2_enabled and needs.elasticache_cluster_mode
     assert 1 < needs.elasticache_shards <= big.cache.max_shards
     assert needs.in_cluster_node_type is None
+    # the fewest shards that pay and hold twice the fleet's GPU KV and L1s: here what it must
+    # hold decides (r7g.4xlarge: 79 GiB of maxmemory a shard), not the network
+    v = l2_plan(big, glide).verdict
+    assert v.shards == needs.elasticache_shards and v.pays and v.holds
+    fewer = replace(v, shards=v.shards - 1)
+    assert fewer.pays and not fewer.holds
     monkeypatch.undo()
     plain = _spec(cfg, False, monkeypatch)   # rediss:// on one r7g.large: too slow, said once
     assert not plain.l2_enabled and l2_needs(cfg, (plain,)).elasticache_shards is None

@@ -473,7 +473,8 @@ def held_against_hardware(out: Path) -> list[str]:
     and the real A/B reproduced (`python -m bench.ab_check --json`), when it has run."""
     from dataclasses import replace as _replace
 
-    from bench.emulator import measured, profile
+    from bench import tp_check
+    from bench.emulator import ModelShape, measured, profile
 
     h = profile("h100-8b")
     m = measured()["single_server"]
@@ -493,7 +494,18 @@ def held_against_hardware(out: Path) -> list[str]:
     lines.append(f"| KV tokens at utilization {m['gpu_memory_utilization']} | "
                  f"{m['kv_cache_size_tokens']:,} | "
                  f"{_replace(h, gpu_memory_utilization=m['gpu_memory_utilization']).kv_tokens:,} |")
-    lines += tp_rows()
+    sl = measured()["llama70b_8layer_slice"]
+    g = _replace(h, model=ModelShape("slice", sl["params_b"], sl["layers"], 8192, 8, 128))
+    for n, v in sl["ttft_ms"].items():
+        n_ = int(n)
+        lines.append(f"| Llama-3.1-70B's layers, 8 of them: TTFT cold / all but 256 cached, "
+                     f"{n_ // 1024}K, ms | {v['cold']} / {v['hit256']} | "
+                     f"{g.prefill_seconds(n_) * 1e3:.1f} / "
+                     f"{g.prefill_seconds(n_, n_ - 256) * 1e3:.1f} |")
+    for b, v in sl["decode_step_ms"].items():
+        lines.append(f"| Llama-3.1-70B's layers, 8 of them: decode step, 2K context, batch {b}, "
+                     f"ms | {v} | {g.decode_seconds(2048, int(b)) * 1e3:.2f} |")
+    lines += tp_check.render()
     ab = out.parent / "ab-check.json"
     if ab.exists():
         rows = json.loads(ab.read_text())["reproduction"]
@@ -519,36 +531,6 @@ def held_against_hardware(out: Path) -> list[str]:
                      "req/s document P90 ratio was 0.49 against 0.70)." if not bad else
                      "all rows but " + ", ".join(bad) + ".")]
     return lines
-
-
-def tp_latency(run: dict) -> float:
-    """A published `vllm bench latency` run replayed on the step model: one prefill step of
-    the batch, then a decode step per output token after the first (seconds)."""
-    from dataclasses import replace as _replace
-
-    from bench.emulator import MODELS, PROFILES
-
-    gpu = _replace(PROFILES["p5.48xlarge"], gpu=run["gpu"], gpus=run["tp"],
-                   gpu_memory_gib=run["gpu_memory_gib"], bandwidth_gbs=run["bandwidth_gbs"],
-                   tflops=run["tflops"], model=MODELS[run["model"]])
-    n, b = run["input_tokens"], run["batch"]
-    t = gpu.step_seconds((), [(0, n)] * b)
-    for k in range(run["output_tokens"] - 1):
-        t += gpu.step_seconds([n + 1 + k] * b, ())
-    return t
-
-
-def tp_rows() -> list[str]:
-    """Tensor-parallel replicas against published runs (bench/data/published_tp.json)."""
-    path = Path(__file__).parent / "data" / "published_tp.json"
-    rows = []
-    for run in json.loads(path.read_text())["runs"]:
-        ours = tp_latency(run) * 1e3
-        rows.append(f"| {run['model']} TP {run['tp']} on {run['gpu']}, {run['input_tokens']} in "
-                    f"/ {run['output_tokens']} out, batch {run['batch']}: mean latency, ms "
-                    f"({run['source'].split(',')[0]}) | {run['mean_latency_ms']:,.1f} | "
-                    f"{ours:,.1f} ({ours / run['mean_latency_ms']:.2f}x) |")
-    return rows
 
 
 def findings(m: dict, st: dict) -> list[str]:

@@ -559,9 +559,10 @@ def held_against_hardware(out: Path) -> list[str]:
     h = profile("h100-8b")
     m = measured()["single_server"]
     lines = ["", "## Held against real hardware", "",
-             "Real vLLM 0.24.0 on one H100 80GB (Llama-3.1-8B shapes; bench/data/"
-             "h100_vllm_0_24.json) beside the `h100-8b` profile "
-             "(tests/bench/test_emulator.py keeps every figure within 15%):", "",
+             "Real vLLM 0.24.0 on one H100 80GB (Llama-3.1-8B shapes, and the same server "
+             "with 8 of Llama-3.1-70B's layers; bench/data/h100_vllm_0_24.json) beside the "
+             "`h100-8b` profile (tests/bench/test_emulator.py keeps every figure within "
+             "15%):", "",
              "| figure | real vLLM | emulator |", "|---|---|---|"]
     for n, v in m["ttft_ms"].items():
         n_ = int(n)

@@ -5,7 +5,7 @@
     python -m bench.ab_check --lmcache       # also the tiers run: the old configuration and
                                              # the one k8s/workers.py renders now
 
-The real A/B (../shared/gpu/ab-2x-vllm-0.24-one-h100/, copied into
+The real A/B (copied into
 bench/data/h100_vllm_0_24.json): two vLLM 0.24 servers (Llama-3.1-8B shapes,
 gpu_memory_utilization 0.42 each) sharing one H100's compute, behind the routers k8s/router.py
 renders, driven by this project's bench (multi-turn + 8K document Q&A, seed 1, Poisson
@@ -23,7 +23,7 @@ cold 8K documents slower than the real one did, each request waiting for the nex
 chunk in its last step, and no prefill weight (1-4) or sharing efficiency (0.86-1.2) brought
 that row's P90 ratio within 0.1 (0.49 against 0.70).
 
-The tiers run (../shared/gpu/lmcache-2x-vllm-0.24-one-h100/): the same servers with
+The tiers run (bench/data/h100_vllm_0_24.json): the same servers with
 `--num-gpu-blocks-override 2000`, LMCache L1 20 GiB + L2 `lm://` on the same host, 3.93 req/s,
 arms A (round robin, no LMCache), B (round robin + L1 + L2), C (prefixaware + L1 + L2).
 """

@@ -8,7 +8,7 @@ Why: the emulator's figures are only as good as the GPU they were held against. 
 their own deployment (one worker, not the router: the router spreads requests) before they buy
 more GPUs, then run the routing and tier benchmarks on their own numbers.
 
-What it measures (as ../shared/gpu/bench_vllm.py did on the H100): prompts of random token ids
+What it measures (as our H100 run did, bench/data/h100_vllm_0_24.json): prompts of random token ids
 sent to /v1/completions (no tokenizer in the figures), streamed:
 - cold TTFT at each length (a fresh prompt, one output token), 2K to 64K or the endpoint's
   `max_model_len` (from /v1/models), whichever is smaller: the longest prompt the profile

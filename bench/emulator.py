@@ -78,9 +78,16 @@ SOURCES = (
     "Measured (the calibration): vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B shapes, prefix "
     "caching, chunked prefill 8192, CUDA graphs: cold and prefix-hit TTFT at 2K-64K, decode "
     "steps at batch 1/8/32, KV capacity, CPU->GPU KV loads (`bench/data/h100_vllm_0_24.json`)"
-    ". Fitted: prefill at 0.78 of peak on the linear layers and 0.57 on "
-    "attention, decode at 0.75 of the memory bandwidth with no fixed step cost, a front end of "
-    "12.2 ms + 1.09 us per prompt token, 1.5 GB per GPU of activation reserve.",
+    "; the same with 8 of Llama-3.1-70B's layers (about the 8B's bytes in a quarter of "
+    "its layers: what a step costs per layer apart from what it costs per byte). Fitted "
+    "(least squares, relative errors): the decode steps of both shapes give 0.83 of the memory "
+    "bandwidth for the weights read (all but the input embedding) and KV, plus 35 us per layer "
+    "(a full CUDA graph's kernel boundaries); the TTFTs give prefill at 0.67 of peak on the "
+    "layers' FLOPs and 0.61 on attention, 185 us per layer more in a step with a prefill chunk "
+    "(its host launching attention between graph pieces, vLLM 0.24's FULL_AND_PIECEWISE CUDA "
+    "graphs; the GPU idles meanwhile), a front end of 4.6 ms + 1.17 us per prompt token; 1.5 GB "
+    "per GPU of activation reserve. No fixed per-step host cost: 0.24 plans the next step while "
+    "the GPU runs this one (async scheduling; vllm/v1/engine/core.py step_with_batch_queue).",
     "A10G: 24 GB GDDR6 (nvidia-smi: 23,028 MiB), 600 GB/s; tensor FP16 ~70 TFLOPS dense: "
     "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/",
     "g5.24xlarge = 4 x A10G over PCIe, 50 Gbps; p4d.24xlarge = 8 x A100 40 GB over NVLink, "
@@ -92,8 +99,8 @@ SOURCES = (
     "H100 SXM: 989 TFLOPS BF16 dense, 3.35 TB/s; 79.2 GiB as the runtime reports it "
     "(measured; https://glennklockwood.com/garden/processors/h100).",
     "Not measured, kept from before: A10G TP 4 over PCIe prefills at 0.3 of peak (2 x A10G TP 2 "
-    "then make ~2,600 prompt tokens/s, within 20% of the ~2,200 published); "
-    "the other A100/A10G efficiencies and the front end are the H100's.",
+    "then make 2,400-2,700 prompt tokens/s at 8K-2K, 11-22% above the ~2,200 published); "
+    "the other A100/A10G efficiencies, the per-layer costs and the front end are the H100's.",
     "Llama-3.1-8B: 32 layers, d_model 4096, 8 KV heads x 128; Llama-3.1-70B: 80 layers, "
     "d_model 8192, 8 KV heads x 128 (the models' config.json); BF16 weights and KV.",
     "vLLM defaults: gpu_memory_utilization 0.9, block size 16, chunked prefill; the API "
@@ -113,7 +120,20 @@ SOURCES = (
     "A10Gs have no NVLink) 32 GB/s per direction, PCIe Gen3 x16 (g4dn's T4s) 16 (PCI-SIG). "
     "Latency 10 us on NVLink (vLLM's "
     "custom all-reduce: 10 us for 32 tokens x 8192 hidden on 2 x H100, vllm-project/vllm "
-    "PR 22086), 30 us over PCIe (assumed, not measured). The 0.8 efficiency is assumed.",
+    "PR 22086), 30 us over PCIe (assumed, not measured). The 0.8 efficiency is assumed; beside "
+    "vLLM's own all-reduce benchmarks (benchmark_device_communicators, hidden 8192 BF16): on "
+    "H100 at TP 2, 7 us for 0.5 MB (vllm-project/vllm PR 24111; model 11.5 us); at TP 4, "
+    "10 / 14 / 23 us for 0.5 / 1 / 2 MB and 28 us for 4 MB (PR 24532, the best algorithm, "
+    "its GPU not named; model 12 / 14 / 19 / 28 us). vLLM 0.24 picks the algorithm by size "
+    "(custom all-reduce up to 32 MB at TP 4 and 256 KB at TP 8 on Hopper, "
+    "then PyTorch symmetric memory, then NCCL: distributed/device_communicators/"
+    "all_reduce_utils.py, cuda_communicator.py). Once a step the sampled tokens' logits are "
+    "all-gathered (the LM head is split by vocabulary; LogitsProcessor._gather_logits), "
+    "modelled like an all-reduce without the ring's factor 2. Per layer, every GPU runs all "
+    "the layer's kernels, so the per-layer costs above do not shrink with TP; the scheduler's "
+    "output reaches the TP workers through a shared-memory MessageQueue (v1/executor/"
+    "multiproc_executor.py) while the previous step runs, so it adds no step time at 0.24. "
+    "Held against vLLM's published TP 4 latency runs (bench.tp_check): 0.89-0.96.",
 )
 
 
@@ -127,10 +147,28 @@ class ModelShape:
     head_dim: int
     dtype_bytes: int = 2   # BF16
     q_dim: int = 0         # query width (heads x head dim) where it differs from d_model
+    vocab: int = 128256    # input embedding and LM head rows (untied)
 
     @property
     def weight_bytes(self) -> float:
         return self.params_b * 1e9 * self.dtype_bytes
+
+    @property
+    def table_params(self) -> float:
+        """One vocabulary table (the input embedding; the LM head is as large)."""
+        return self.vocab * self.d_model
+
+    @property
+    def read_bytes(self) -> float:
+        """What a step reads of the weights: all but the input embedding, of which it gathers
+        only its tokens' rows."""
+        return (self.params_b * 1e9 - self.table_params) * self.dtype_bytes
+
+    @property
+    def layer_params(self) -> float:
+        """The transformer layers' parameters: what every token of a step multiplies by (the
+        LM head only runs for the tokens that are sampled)."""
+        return self.params_b * 1e9 - 2 * self.table_params
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -141,7 +179,7 @@ class ModelShape:
 LLAMA_31_8B = ModelShape("Llama-3.1-8B", 8.03, 32, 4096, 8, 128)
 LLAMA_31_70B = ModelShape("Llama-3.1-70B", 70.6, 80, 8192, 8, 128)
 # llm-d's benchmark model: 64 layers, hidden 5120, 64 query heads and 8 KV heads of 128.
-QWEN3_32B = ModelShape("Qwen3-32B", 32.8, 64, 5120, 8, 128, q_dim=8192)
+QWEN3_32B = ModelShape("Qwen3-32B", 32.8, 64, 5120, 8, 128, q_dim=8192, vocab=151936)
 MODELS = {m.name: m for m in (LLAMA_31_8B, LLAMA_31_70B, QWEN3_32B)}
 
 
@@ -159,18 +197,27 @@ class GpuProfile:
     model: ModelShape
     mfu: float                     # prefill compute efficiency, linear layers
     bandwidth_efficiency: float    # decode memory efficiency
-    attention_efficiency: float = 0.57
+    attention_efficiency: float = 0.61
     gpu_memory_utilization: float = 0.9   # vLLM's default
     activation_reserve_gb: float = 1.5    # per GPU: activations, CUDA graphs (fitted, H100)
     step_overhead_ms: float = 0.0
+    # Per layer and step, what neither FLOPs nor bytes explain: the gaps between a layer's
+    # dozen kernels and the small kernels' fixed time (norms, rotary, KV-cache write,
+    # activation). Every GPU of a TP group runs every layer's kernels, so it does not shrink
+    # with TP. vLLM 0.24 runs a decode-only step as one full CUDA graph and a step with a
+    # prefill chunk as piecewise graphs with attention launched between them
+    # (CUDAGraphMode.FULL_AND_PIECEWISE), so the two differ. Fitted on the H100: Llama-3.1-8B
+    # (32 layers) against an 8-layer slice of Llama-3.1-70B, the same bytes in fewer layers.
+    layer_graph_us: float = 35.0
+    layer_piecewise_us: float = 185.0
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 1024
     # vLLM's scheduler runs one step ahead of the GPU (async scheduling, on by default since
     # vllm-project/vllm#27614; 0.24 ran with it): a request that arrives while a step runs
     # joins the step after next, unless the engine was idle.
     async_scheduling: bool = True
-    frontend_fixed_ms: float = 12.2
-    frontend_us_per_token: float = 1.09
+    frontend_fixed_ms: float = 4.6
+    frontend_us_per_token: float = 1.17
     connector_us_per_token: float = 0.74
     cpu_to_gpu_gbs: float = 46.0          # per GPU: vLLM's own CPU offload (measured)
     gpu_to_cpu_gbs: float = 25.0          # per GPU
@@ -210,9 +257,9 @@ class GpuProfile:
         return self.gpus * self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency
 
     def prefill_flops(self, context: int, n: int) -> float:
-        """FLOPs of a prefill chunk of `n` tokens after `context` tokens already in KV."""
-        m = self.model
-        return 2 * m.params_b * 1e9 * n + self.attention_flops(context, n)
+        """FLOPs of a prefill chunk of `n` tokens after `context` tokens already in KV (the
+        layers; its sampled token's LM head is the step's)."""
+        return 2 * self.model.layer_params * n + self.attention_flops(context, n)
 
     def attention_flops(self, context: int, n: int) -> float:
         m = self.model
@@ -237,14 +284,36 @@ class GpuProfile:
         the tensor-parallel all-reduces."""
         m = self.model
         tokens = sum(n for _, n in chunks) + len(decode_contexts)
-        linear = 2 * m.params_b * 1e9 * tokens
+        sampled = len(decode_contexts) + len(chunks)     # the LM head runs for these only
+        linear = 2 * (m.layer_params * tokens + m.table_params * sampled)
         attention = sum(self.attention_flops(c, n) for c, n in chunks) + \
             sum(4 * m.layers * (m.q_dim or m.d_model) * c for c in decode_contexts)
         kv_read = sum(decode_contexts) + sum(c + n for c, n in chunks)
-        traffic = m.weight_bytes + m.kv_bytes_per_token * kv_read
+        traffic = m.read_bytes + m.kv_bytes_per_token * kv_read
         compute = linear / self.flops_per_s + attention / self.attention_flops_per_s
-        return (max(compute, traffic / self.bytes_per_s) + self.allreduce_seconds(tokens)
-                + self.step_overhead_ms / 1e3)
+        return (max(compute, traffic / self.bytes_per_s) + m.layers * self.layer_graph_us / 1e6
+                + self.allreduce_seconds(tokens) + self.logits_gather_seconds(sampled)
+                + self.host_seconds(bool(chunks)))
+
+    def logits_gather_seconds(self, sampled: int) -> float:
+        """The LM head is split by vocabulary over the TP group and every rank all-gathers the
+        sampled tokens' logits (vLLM 0.24 LogitsProcessor._gather_logits; CUDA all-gathers):
+        a latency plus (n-1)/n of sampled x vocab x 2 bytes; none on one GPU."""
+        n = self.gpus
+        if n <= 1 or sampled <= 0:
+            return 0.0
+        size = sampled * self.model.vocab * self.model.dtype_bytes
+        return self.allreduce_latency_us / 1e6 + (n - 1) / n * size / (
+            self.link_gbs * 1e9 * self.allreduce_efficiency)
+
+    def host_seconds(self, prefill: bool) -> float:
+        """The part of a step its host spends with the GPU idle: the CPU work vLLM does not
+        overlap (`step_overhead_ms`) and, in a step with a prefill chunk, the layer-by-layer
+        launches of attention between the graph pieces (`layer_piecewise_us` per layer;
+        measured additive: the 8B's and the slice's prefix hits differ by it). Engines sharing
+        a GPU (bench.vtime.SharedGpu) do not share it."""
+        launch = self.model.layers * self.layer_piecewise_us / 1e6 if prefill else 0.0
+        return self.step_overhead_ms / 1e3 + launch
 
     @property
     def lmcache_rates(self) -> LMCacheRates:
@@ -339,8 +408,8 @@ def load_profile_file(path: str | Path) -> GpuProfile:
 
 # vLLM's API-server defaults (vllm/engine/arg_utils.py, get_batch_defaults): 8192 batched
 # tokens and 1024 sequences on GPUs with >= 70 GiB that are not A100s, 2048 and 256 elsewhere.
-H100 = dict(gpu="H100-SXM", gpu_memory_gib=79.2, tflops=989, bandwidth_gbs=3350, mfu=0.78,
-            attention_efficiency=0.57, bandwidth_efficiency=0.75, max_num_batched_tokens=8192,
+H100 = dict(gpu="H100-SXM", gpu_memory_gib=79.2, tflops=989, bandwidth_gbs=3350, mfu=0.67,
+            attention_efficiency=0.61, bandwidth_efficiency=0.83, max_num_batched_tokens=8192,
             max_num_seqs=1024)
 SMALL_BATCH = dict(max_num_batched_tokens=2048, max_num_seqs=256)
 # GPU interconnects (SOURCES): per GPU, per direction
@@ -359,7 +428,7 @@ PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
                mfu=0.3, attention_efficiency=0.3, bandwidth_efficiency=0.75, network_gbps=50,
                **PCIE3, **SMALL_BATCH),
     GpuProfile("p4d.24xlarge", "p4d.24xlarge", "A100-40GB", 8, 40.0, 312, 1555, LLAMA_31_70B,
-               mfu=0.78, attention_efficiency=0.57, bandwidth_efficiency=0.75,
+               mfu=0.67, attention_efficiency=0.61, bandwidth_efficiency=0.83,
                network_gbps=400, **NVLINK3, **SMALL_BATCH),
     GpuProfile("p5.48xlarge", "p5.48xlarge", gpus=8, model=LLAMA_31_70B, network_gbps=3200,
                **H100),

@@ -72,12 +72,12 @@ def rendered(strategy: str | None = None, router: str | None = None,
     import cdk8s
 
     from config import resolve_environment
-    from config.context import cdk_json_context
+    from config.context import repository_context
     from config.endpoint_spec import arg_value
     from k8s.router_front import FRONT_CONFIG
     from k8s.serving import build_charts, load_endpoints, placeholder_facts
 
-    cfg = resolve_environment({**cdk_json_context(ROOT), "env": ENV})
+    cfg = resolve_environment({**repository_context(ROOT), "env": ENV})
     spec = load_endpoints(cfg, ROOT)[0]
     spec = dataclasses.replace(spec, routing_strategy=strategy or spec.routing_strategy,
                                replicas=replicas or spec.replicas)

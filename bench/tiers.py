@@ -1,7 +1,7 @@
 """LMCache's L1 and L2 tiers in the emulated worker, as LMCache 0.5.x does them.
 
 Why: the tiered cache is half of what the project promises, and on real vLLM the configuration
-we rendered made everything slower (../shared/gpu/, bench/data/h100_vllm_0_24.json): each
+we rendered made everything slower (bench/data/h100_vllm_0_24.json): each
 prefill queued its whole KV to L2 over one socket per worker at ~0.5 GB/s, the next lookup
 waited behind those writes until `lookup_timeout_ms`, and each timeout stalled the engine
 ~1.2 s. A model that cannot reproduce that cannot judge a new configuration either.
@@ -54,7 +54,6 @@ import collections
 import functools
 import heapq
 import json
-import math
 import shutil
 import subprocess
 import tempfile
@@ -270,10 +269,10 @@ def bench_endpoint(backend: str, *, env: str = "dev", instance_type: str | None 
     import yaml
 
     from config import resolve_environment
-    from config.context import ROOT, cdk_json_context
+    from config.context import ROOT, repository_context
     from config.endpoint_spec import parse_endpoint
 
-    ctx = cdk_json_context(ROOT)
+    ctx = repository_context(ROOT)
     ctx["env"] = env
     cfg = resolve_environment(ctx)
     raw = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())

@@ -45,7 +45,7 @@ from bench.tiers import (
     L2Store, LMCacheWorker, LookupResult, TierConfig, lookup_seconds, pipelined,
 )
 
-ROUTER_HOP_S = 0.001   # round_robin / consistent_hash / sglang cache_aware add ~1 ms (FACTS.md)
+ROUTER_HOP_S = 0.001   # round_robin / consistent_hash / sglang cache_aware add ~1 ms (docs/benchmarks.md)
 
 
 class Sim:
@@ -264,9 +264,9 @@ class VirtualWorker:
             return
         self.busy = True
         self._step_start = now
-        # the step's CPU part (scheduling, sampling) does not occupy the GPU: it matters only
-        # where engines share one
-        cpu = self.gpu.step_overhead_ms / 1e3
+        # the step's host part (scheduling, sampling, launching attention between graph
+        # pieces) does not occupy the GPU: it matters only where engines share one
+        cpu = self.gpu.host_seconds(bool(chunks))
         compute = self.gpu.step_seconds([s.context for s in decode],
                                         [(s.done, n) for s, n in chunks]) - cpu
         load = self._load

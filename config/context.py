@@ -96,7 +96,6 @@ def repository_context(root: Path = ROOT) -> dict[str, Any]:
     return {**_files_context(root), "environments": environment_files(root)}
 
 
-cdk_json_context = repository_context   # the name older callers use
 
 
 def cli_context(environ: Mapping[str, str] = os.environ, root: Path = ROOT) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from importlib import resources
 CHINA_REGIONS = ("cn-north-1", "cn-northwest-1")
 
 # EKS add-on and controller images (aws-load-balancer-controller etc.) are published per region
-# by AWS. Source: EKS user guide "Amazon container image registries"; ../shared/FACTS.md.
+# by AWS. Source: EKS user guide "Amazon container image registries".
 _EKS_ADDON_ACCOUNTS = {
     "cn-north-1": "918309763551",
     "cn-northwest-1": "961992271922",
@@ -42,7 +42,7 @@ class RegionFacts:
 
     @property
     def ec2_service_principals(self) -> tuple[str, ...]:
-        """`iam:PassedToService` must name the .com.cn principal in China (FACTS.md)."""
+        """`iam:PassedToService` must name the .com.cn principal in China (IAM user guide, China partitions)."""
         if self.china:
             return ("ec2.amazonaws.com", "ec2.amazonaws.com.cn")
         return ("ec2.amazonaws.com",)

@@ -281,7 +281,7 @@ class L2Verdict:
     def size_reason(self) -> str:
         w = (f"the working set {self.working_set_gib:,.0f} GiB (kvCacheSpec.workingSetTokens)"
              if self.working_set_gib is not None else
-             f"unstated (kvCacheSpec.workingSetTokens), taken as F")
+             "unstated (kvCacheSpec.workingSetTokens), taken as F")
         return (f"{self.capacity_gib:,.0f} GiB = {w} + F, the fleet's GPU KV and L1s "
                 f"({self.fleet_gib:,.0f} GiB), Valkey counting {self.value_overhead:.2f}x per "
                 "chunk")

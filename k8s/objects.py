@@ -2,7 +2,7 @@
 
 Raw `ApiObject` + a JSON patch keeps manifests exactly as written (quantities, extended
 resources like `nvidia.com/gpu`) and avoids cdk8s-plus defaults that are wrong for GPU workers
-(see ../shared/FACTS.md); strict schema tests check every object.
+(docs/serving.md); strict schema tests check every object.
 """
 from __future__ import annotations
 

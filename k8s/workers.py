@@ -111,7 +111,7 @@ class WorkerProps:
 # Read from LMCache's own code for the releases our images carry (0.3.7 in lmcache/vllm-openai
 # v0.3.7, 0.5.4 in v0.5.4; `lmcache/v1/config.py` `_CONFIG_DEFINITIONS` of each, and the files
 # named below). What went wrong when LMCache ran as we used to configure it (real vLLM 0.24 +
-# LMCache 0.5.0 on an H100, ../shared/gpu/lmcache-2x-vllm-0.24-one-h100/): every prefill queued
+# LMCache 0.5.0 on an H100, bench/data/h100_vllm_0_24.json): every prefill queued
 # its whole KV to an `lm://` LMCache server over one socket per worker (~0.5 GB/s), lookups
 # waited behind those writes until `lookup_timeout_ms` (each timeout stalled the engine
 # ~1.2 s), the server grew to 55.6 GiB (it has no eviction), and L1 filled.
@@ -136,7 +136,7 @@ TIER_POLICY: tuple[TierSetting, ...] = (
     TierSetting("local_cpu", True, OLDEST_KNOWN_LMCACHE,
                 "L1 in pinned CPU memory: lookups are local dict checks that never wait on the "
                 "network; a 32K request with 61% of its KV loaded from CPU took 129-134 ms "
-                "against 1,242 ms cold on the H100 (../shared/gpu/README.md)"),
+                "against 1,242 ms cold on the H100 (bench/data/h100_vllm_0_24.json)"),
     TierSetting("use_layerwise", True, OLDEST_KNOWN_LMCACHE,
                 "takes the store off the engine's critical path: by default LMCache copies a "
                 "step's new KV GPU->CPU in wait_for_save and the step waits for all of it "

@@ -52,6 +52,29 @@ def test_h100_predictions_are_within_15_percent_of_every_measured_figure():
                    off["gpu_hit_repeat_ms"])
 
 
+def test_a_70b_layer_slice_is_held_too_so_a_step_costs_per_layer_as_well_as_per_byte():
+    """The same H100 with 8 of Llama-3.1-70B's layers: about the 8B's bytes in a quarter of its
+    layers. A model that charges bytes alone put its decode step 22% slow; the per-layer
+    kernel costs (layer_graph_us, layer_piecewise_us) hold both shapes within 15%."""
+    from bench.emulator import ModelShape
+    sl = measured()["llama70b_8layer_slice"]
+    shape = ModelShape("slice", sl["params_b"], sl["layers"], 8192, 8, 128)
+    gpu = replace(H100, model=shape)
+    for n, want in sl["ttft_ms"].items():
+        n = int(n)
+        assert _within(gpu.prefill_seconds(n) * 1e3, want["cold"]), (n, want)
+        assert _within(gpu.prefill_seconds(n, n - 256) * 1e3, want["hit256"]), (n, want)
+    for batch, want in sl["decode_step_ms"].items():
+        assert _within(gpu.decode_seconds(sl["decode_context"], int(batch)) * 1e3, want)
+    # bytes alone, at the efficiency that gives the 8B its measured step, miss the slice
+    t8 = H100.decode_seconds(2048)
+    slow = H100.bandwidth_efficiency * (1 - 32 * H100.layer_graph_us / 1e6 / t8)
+    bytes_only = replace(gpu, layer_graph_us=0.0, bandwidth_efficiency=slow)
+    assert replace(H100, layer_graph_us=0.0, bandwidth_efficiency=slow).decode_seconds(
+        2048) == pytest.approx(t8, rel=0.01)
+    assert bytes_only.decode_seconds(2048) * 1e3 > 1.15 * sl["decode_step_ms"]["1"]
+
+
 def test_a_prefix_hit_costs_a_fixed_part_plus_a_part_per_cached_token():
     """What the H100 showed: ~19 ms plus ~1.2 us per cached token, so an 8K hit is 5-10x
     cheaper than a miss, not ~50x as the first emulator had it."""
@@ -81,17 +104,31 @@ def test_kv_capacity_is_what_is_left_of_the_memory_after_the_weights():
 def test_prefill_flops_add_up_over_chunks_and_grow_quadratically():
     full = G5.prefill_flops(0, 65536)
     assert full == pytest.approx(G5.prefill_flops(0, 8192) + G5.prefill_flops(8192, 57344))
-    linear = 2 * 8.03e9 * 65536
+    linear = 2 * (8.03e9 - 2 * 128256 * 4096) * 65536   # the layers: no embedding, no LM head
     assert full - linear == pytest.approx(2 * 32 * 4096 * 65536 ** 2)
 
 
 def test_decode_is_memory_bound_and_prefill_compute_bound():
     assert G5.step_overhead_ms == H100.step_overhead_ms == 0   # none beyond what was measured
-    assert G5.decode_seconds(0) == pytest.approx(LLAMA_31_8B.weight_bytes / G5.bytes_per_s
-                                                 + G5.allreduce_seconds(1))
+    # a decode step reads every weight but the input embedding (it gathers its rows), and pays
+    # each layer's kernels once per GPU (a full CUDA graph)
+    table = 128256 * 4096
+    assert LLAMA_31_8B.read_bytes == pytest.approx((8.03e9 - table) * 2)
+    assert G5.decode_seconds(0) == pytest.approx(LLAMA_31_8B.read_bytes / G5.bytes_per_s
+                                                 + 32 * G5.layer_graph_us / 1e6
+                                                 + G5.allreduce_seconds(1)
+                                                 + G5.logits_gather_seconds(1))
+    # a prefill chunk multiplies its tokens by the layers, and the LM head only for the one
+    # token it samples; its host launches attention layer by layer between graph pieces, the
+    # GPU idle meanwhile (host time: engines sharing a GPU do not share it)
+    assert G5.layer_piecewise_us > G5.layer_graph_us > 0
+    assert G5.host_seconds(prefill=False) == 0.0
+    assert G5.host_seconds(prefill=True) == pytest.approx(32 * G5.layer_piecewise_us / 1e6)
     assert G5.step_seconds((), [(0, 2048)]) == pytest.approx(
-        2 * 8.03e9 * 2048 / G5.flops_per_s
-        + G5.attention_flops(0, 2048) / G5.attention_flops_per_s + G5.allreduce_seconds(2048))
+        2 * ((8.03e9 - 2 * table) * 2048 + table) / G5.flops_per_s
+        + G5.attention_flops(0, 2048) / G5.attention_flops_per_s
+        + 32 * (G5.layer_graph_us + G5.layer_piecewise_us) / 1e6 + G5.allreduce_seconds(2048)
+        + G5.logits_gather_seconds(1))
     # batching decode is nearly free; a cached prefix costs the front end and its tail
     assert G5.decode_seconds(2048, 32) < 2 * G5.decode_seconds(2048, 1)
     assert G5.prefill_seconds(8192, cached=8176) < G5.prefill_seconds(8192) / 10
@@ -257,14 +294,17 @@ def test_the_engine_waiting_queue_is_exported_as_vllm_metrics():
 def test_tensor_parallelism_pays_two_all_reduces_per_layer_over_the_interconnect():
     """Nothing on one GPU; on 4 A10Gs over PCIe a token's all-reduces cost what a ring moves
     (2 x 3/4 of 4096 x 2 bytes, 64 times) plus a latency each; NVLink is ~14x cheaper per byte."""
-    assert H100.allreduce_seconds(8192) == 0.0
+    assert H100.allreduce_seconds(8192) == H100.logits_gather_seconds(8) == 0.0
+    # the sampled tokens' logits are all-gathered once a step (vocabulary-split LM head)
+    assert G5.logits_gather_seconds(8) == pytest.approx(
+        30e-6 + 3 / 4 * 8 * 128256 * 2 / (32e9 * 0.8))
     per_ar = 30e-6 + 2 * 3 / 4 * 8192 * 4096 * 2 / (32e9 * 0.8)
     assert G5.allreduce_seconds(8192) == pytest.approx(2 * 32 * per_ar)
     p5, p4d = PROFILES["p5.48xlarge"], PROFILES["p4d.24xlarge"]
     assert G5.interconnect.startswith("PCIe") and p5.interconnect == "NVLink 4"
     assert p5.allreduce_seconds(8192) < p4d.allreduce_seconds(8192)
     # the all-reduce is part of every step: a TP 8 decode step costs it on top of the weights
-    assert p5.decode_seconds(2048) > p5.model.weight_bytes / p5.bytes_per_s + 160 * 10e-6
+    assert p5.decode_seconds(2048) > p5.model.read_bytes / p5.bytes_per_s + 160 * 10e-6
 
 
 def test_lmcache_copy_rates_come_from_the_release_the_profile_assumes():
@@ -282,3 +322,19 @@ def test_lmcache_copy_rates_come_from_the_release_the_profile_assumes():
     assert H100.lmcache_release == "0.5.0" and H100.lmcache_rates.to_gpu_gbs == 28.0
     with pytest.raises(ValueError, match="no CPU<->GPU rates for LMCache 9.9"):
         _ = replace(H100, lmcache_release="9.9").lmcache_rates
+
+
+def test_tp4_replicas_are_within_15_percent_of_published_runs_held_out():
+    """vLLM's own latency runs (bench/data/published_tp.json): each build's TP 1 run fixes its
+    host time per step, its TP 4 run is predicted within 15% with nothing fitted to it."""
+    from bench import tp_check
+
+    rows = tp_check.rows()
+    assert {r["gpu"] for r in rows} >= {"H100", "H200", "A100-SXM4-80GB"}
+    for r in rows:
+        assert r["held_out"]["tp"] == 4 and r["fit"]["tp"] == 1
+        assert r["ok"] and abs(r["ratio"] - 1) <= 0.15, (r["build"], r["ratio"])
+    # the host time comes from the TP 1 run alone: the held-out figure moves nothing
+    b = tp_check.published()["builds"][0]
+    moved = {**b, "held_out": {**b["held_out"], "mean_latency_ms": 1.0}}
+    assert tp_check.host_ms(moved) == tp_check.host_ms(b) > 0

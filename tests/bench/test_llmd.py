@@ -65,3 +65,19 @@ def test_the_verdict_holds_a_run_to_their_figures_and_can_fail():
     x = llmd_verdict({"roundrobin": {"stages": blind}, "prefixaware": {"stages": aware}}
                      )["arms"]["roundrobin"]
     assert not x["blind_ok"] and not x["ratio_ok"] and x["knee"] == 15 and x["knee_ok"]
+
+
+def test_the_sensitivity_run_takes_the_output_length_their_figures_imply():
+    """Configured to 1,000 output tokens, their 3 QPS stage (no saturation) shows 424-477
+    tokens per request under every scheduler (output tokens/s over requests/s); the
+    sensitivity run uses their mean. Past saturation the ratio is not a length: it falls."""
+    from bench.tiered import llmd_implied_output_len, llmd_output_ratios
+
+    ratios = llmd_output_ratios()
+    assert set(ratios) == {"random", "precise", "estimated", "load"}
+    first = [v[0] for v in ratios.values()]
+    assert all(400 < x < 500 for x in first)
+    n = llmd_implied_output_len()
+    assert n % 10 == 0 and min(first) <= n <= max(first) and n < llmd_published()[
+        "workload"]["output_len"]
+    assert all(v[-1] < v[0] / 2 for v in ratios.values())

@@ -43,11 +43,11 @@ def _rendered_docs_json(strategy: str, replicas: int | None, router: str | None 
     import yaml
 
     from config import resolve_environment
-    from config.context import cdk_json_context
+    from config.context import repository_context
     from config.endpoint_spec import parse_endpoint
     from k8s.serving import build_charts, placeholder_facts
 
-    cfg = resolve_environment({**cdk_json_context(_ROOT), "env": "dev"})
+    cfg = resolve_environment({**repository_context(_ROOT), "env": "dev"})
     if router:   # as `routerImplementations: {strategy: router}` in cdk.json
         cfg = dataclasses.replace(cfg, router_implementations={strategy: router})
     raw = yaml.safe_load((_ROOT / SEED_FILE).read_text())

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from bench.loopback import FakeWorkerPool, free_port, localize_for_pool
+from bench.loopback import FakeWorkerPool, localize_for_pool
 from config.contracts import NODE_START_MINUTES
 from tests.e2e.conftest import _container, _rendered_docs, start_rendered_router
 

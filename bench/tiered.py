@@ -1113,6 +1113,14 @@ def render_l2sweep(h: dict) -> list[str]:
             lines.append(f"| {arm} vs {L1_TWINS[arm]} | " + " | ".join(
                 f"{x[ld]['p50']:.2f} / {x[ld]['p90']:.2f}, $ {x[ld]['cost']:.2f}x"
                 if ld in x else "-" for ld in loads) + f" | {l2_judgement(arm, x)} |")
+        wrong = [a for a, x in bar.items() if l2_judgement(a, x) in ("faster", "no")]
+        if wrong:
+            lines += ["", "The verdict does not stand for this fleet: "
+                      + ", ".join(wrong) + (" is faster than L1 alone though the verdict "
+                                            "deploys no L2 (kvCacheSpec.forceL2Cache gives it)"
+                                            if "forced" in wrong[0] else
+                                            " misses the bar though the verdict deploys it")
+                      + "."]
     return lines
 
 

@@ -246,3 +246,35 @@ def test_a_retrieve_whose_l2_chunks_outgrow_l1_keeps_its_own_l1_chunks(valkey):
     b.store(3, other, len(other), 0.0, 0)                    # newer chunks behind them
     res = b.lookup(doc, 0, 100.0)
     assert (res.l1_tokens, res.l2_tokens) == (2 * 256, 4 * 256)   # 6 whole chunks
+
+
+def test_the_l2_sweep_says_where_the_verdict_does_not_stand():
+    """A forced L2 faster than L1 alone, or a rendered one that misses the bar, is named under
+    the table: the sweep is the verdict's check, not a decoration."""
+    from bench.tiered import l2_judgement, render_l2sweep
+
+    def cells(p50: float, p90: float) -> dict:
+        return {ld: {"p50": p50, "p90": p90, "cost": 1.0} for ld in ("0.25", "1.00")}
+
+    assert l2_judgement("rr+L1+L2 forced", cells(0.3, 0.9)) == "faster"
+    assert l2_judgement("rr+L1+L2 forced", cells(0.9, 1.2)) == "slower"
+    assert l2_judgement("rr+L1+L2 forced", cells(0.97, 1.0)) == "no better"
+    assert l2_judgement("rr+L1+L2", cells(0.5, 1.0)) == "yes"
+    assert l2_judgement("rr+L1+L2", cells(0.8, 1.0)) == "no"
+
+    def sweep(arm: str, p50: float) -> dict:
+        figures = {"output_tokens_per_s": 100.0, "gpu_hit_rate": 0.5, "l1_hit_rate": 0.1,
+                   "l2_hit_rate": 0.0, "errors": 0}
+        run = {**figures, "ttft_s": {"p50": 1.0, "p90": 1.0, "p99": 1.0},
+               "cost_per_1k_output_tokens_usd": 1.0}
+        l2 = {**figures, "ttft_s": {"p50": p50, "p90": 0.9, "p99": 0.9},
+              "cost_per_1k_output_tokens_usd": 1.2}
+        return {"profile": "p4d.24xlarge", "verdict": {},
+                "arms": {"rr+L1": {}, arm: {}},
+                "document-64k-many": {"capacity_rps": 1.0, "peaks": {}, "loads": {
+                    "1.00": {"rr+L1": run, arm: l2}}}}
+    from bench.tiered import L2_SWEEP_SCENARIO
+    assert L2_SWEEP_SCENARIO == "document-64k-many"
+    said = "\n".join(render_l2sweep(sweep("rr+L1+L2 forced", 0.3)))
+    assert "The verdict does not stand for this fleet: rr+L1+L2 forced is faster" in said
+    assert "does not stand" not in "\n".join(render_l2sweep(sweep("rr+L1+L2 forced", 0.99)))

@@ -1116,10 +1116,12 @@ def render_l2sweep(h: dict) -> list[str]:
         wrong = [a for a, x in bar.items() if l2_judgement(a, x) in ("faster", "no")]
         if wrong:
             lines += ["", "The verdict does not stand for this fleet: "
-                      + ", ".join(wrong) + (" is faster than L1 alone though the verdict "
-                                            "deploys no L2 (kvCacheSpec.forceL2Cache gives it)"
-                                            if "forced" in wrong[0] else
-                                            " misses the bar though the verdict deploys it")
+                      + " and ".join(wrong) + (" " + ("is" if len(wrong) == 1 else "are")
+                                               + (" faster than L1 alone though the verdict "
+                                                  "deploys no L2 (kvCacheSpec.forceL2Cache "
+                                                  "gives it)" if "forced" in wrong[0] else
+                                                  " short of the bar though the verdict "
+                                                  "deploys it"))
                       + "."]
     return lines
 

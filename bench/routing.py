@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -523,9 +524,11 @@ def model_bars(out: Path) -> list[str]:
             continue
         v = tiered.llmd_verdict(json.loads(path.read_text()))
         for arm, x in v["arms"].items():
-            far_b = max(x["rows"], key=lambda r: max(abs(r["mean"] - 1), abs(r["p90"] - 1)))
+            # furthest by factor (0.5x is as far as 2x), as "within 2x" judges
+            far_b = max(x["rows"], key=lambda r: max(abs(math.log(r["mean"])),
+                                                     abs(math.log(r["p90"]))))
             aw = [r for r in x["rows"] if r["aware"] is not None]
-            far_a = max(aw, key=lambda r: abs(r["aware"] - 1)) if aw else None
+            far_a = max(aw, key=lambda r: abs(math.log(r["aware"]))) if aw else None
             bad = [r["qps"] for r in x["rows"] if not 0.5 <= r["mean"] <= 2
                    or not 0.5 <= r["p90"] <= 2]
             bad_a = [r["qps"] for r in aw if not 0.5 <= r["aware"] <= 2]

@@ -164,6 +164,17 @@ class GpuCluster(Construct):
 
 
 
+def node_launch_template(scope: Construct, id: str, *, device: str,
+                         disk_size_gib: int) -> ec2.LaunchTemplate:
+    """Every node's launch template: IMDSv2 at hop limit 1, an encrypted gp3 volume on
+    `device` (the root, or Bottlerocket's data volume)."""
+    return ec2.LaunchTemplate(
+        scope, id, require_imdsv2=True, http_put_response_hop_limit=IMDS_HOP_LIMIT,
+        block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
+            disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
+    )
+
+
 # aws-cdk-lib 2.275's Nodegroup judges instance types by its own tables (aws-eks-v2
 # managed-nodegroup.ts getPossibleAmiTypes, private/nodegroup.ts isGpuInstanceType, aws-ec2
 # instance-types.ts): its GPU classes stop at p4d/g6e, so a p5, p5e, p5en or gr6 group with an
@@ -185,13 +196,10 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
     Cluster Autoscaler (ACCELERATOR_LABEL, also as the node-template tag CA documents; EKS
     keeps node group tags off the Auto Scaling group, so CA 1.35 takes the label from
     eks:DescribeNodegroup, which constructs/cluster_scaling.py grants it)."""
-    device = _DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda")
-    template = ec2.LaunchTemplate(
+    template = node_launch_template(
         scope, f"{logical_id(group.name)}Template",
-        require_imdsv2=True, http_put_response_hop_limit=IMDS_HOP_LIMIT,
-        block_devices=[ec2.BlockDevice(device_name=device, volume=ec2.BlockDeviceVolume.ebs(
-            group.disk_size_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True))],
-    )
+        device=_DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda"),
+        disk_size_gib=group.disk_size_gib)
     labels = {**labels, NODE_GROUP_LABEL: group.name}
     taints, tags = [], None
     if group.gpu:

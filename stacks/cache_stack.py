@@ -9,7 +9,7 @@ from config import EnvironmentConfig
 from config.contracts import (
     CACHE_NODE_GROUP, CACHE_TAINT_KEY, NODE_GROUP_LABEL, NODE_ROLE_CACHE, NODE_ROLE_LABEL,
 )
-from constructs.gpu_cluster import IMDS_HOP_LIMIT
+from constructs.gpu_cluster import node_launch_template
 from constructs.kv_cache import KvCache, KvCacheProps
 
 CACHE_NODE_DISK_GIB = 50   # the node's root volume: Valkey keeps nothing on disk
@@ -54,13 +54,8 @@ class CacheStack(Stack):
             CfnOutput(self, "L2SecretArn", value=self.cache.auth_secret.secret_arn)
         if needs.in_cluster_node_type is not None:
             assert cluster is not None and node_role is not None
-            template = ec2.LaunchTemplate(
-                self, "L2NodeTemplate", require_imdsv2=True,
-                http_put_response_hop_limit=IMDS_HOP_LIMIT,
-                block_devices=[ec2.BlockDevice(
-                    device_name="/dev/xvda", volume=ec2.BlockDeviceVolume.ebs(
-                        CACHE_NODE_DISK_GIB, volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        encrypted=True))])
+            template = node_launch_template(self, "L2NodeTemplate", device="/dev/xvda",
+                                            disk_size_gib=CACHE_NODE_DISK_GIB)
             # One node: resp:// reaches one Valkey (no cluster), which has the node to itself.
             eks.Nodegroup(
                 self, "L2Nodes", cluster=cluster, node_role=node_role,

@@ -23,7 +23,6 @@ import io
 import json
 import os
 import re
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -532,7 +531,3 @@ def _tag(layout: Path, tag: str, desc: dict) -> None:
     index["manifests"].append({**desc, "annotations": {"org.opencontainers.image.ref.name":
                                                        tag}})
     (layout / "index.json").write_text(json.dumps(index))
-
-
-def clear(layout: Path) -> None:
-    shutil.rmtree(layout, ignore_errors=True)

@@ -57,10 +57,6 @@ def recipe(lock: Mapping, base_source: str) -> Recipe:
         created_by="kvcache-eks tools/router_image.py from images/router/lock.json")
 
 
-def lock_digest(path: Path = LOCK) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 # --------------------------------------------------------------------------- re-lock
 
 PYPI = "https://pypi.org/simple"

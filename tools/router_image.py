@@ -24,9 +24,9 @@ from typing import Iterable, Mapping
 
 from config.arguments import ToolError, add_command, out_console
 from config.context import ROOT
+from config.images import IMAGES, ROUTER_LOCK as LOCK, router_tag
 from tools.image_build import Pinned, PlatformLayer, Recipe
 
-LOCK = ROOT / "images" / "router" / "lock.json"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 _ARCH = {"linux/amd64": ("amd64", "x86_64"), "linux/arm64": ("arm64", "aarch64")}
 # The user the router pods run as (k8s/router.py runs them as this uid).
@@ -76,8 +76,6 @@ SCRIPT_ONLY = ("adduser", "lsb-base", "init-system-helpers", "dpkg", "debconf",
 
 
 def relock(args: argparse.Namespace) -> int:
-    from config.images import IMAGES
-
     old = load_lock()
     base = IMAGES[old["base"]["key"]]
     lock = {**old, "base": {"key": base.key, "source": base.source, "tag": base.tag,
@@ -95,15 +93,10 @@ def relock(args: argparse.Namespace) -> int:
                             f"not the {old['debian']['haproxy_series']} series the front's "
                             "configuration is written for")
         lock["platforms"][platform] = {"wheels": wheels, "debs": debs}
-    LOCK.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
-    out_console.print(f"wrote {LOCK.relative_to(ROOT)}: tag {router_tag_of(lock)}")
+    text = json.dumps(lock, indent=1, sort_keys=True) + "\n"
+    LOCK.write_text(text)
+    out_console.print(f"wrote {LOCK.relative_to(ROOT)}: tag {router_tag(text.encode())}")
     return 0
-
-
-def router_tag_of(lock: Mapping) -> str:
-    from config.images import router_tag
-
-    return router_tag(json.dumps(lock, indent=1, sort_keys=True).encode() + b"\n")
 
 
 def resolve_wheels(requirements: Iterable[str], python: str, machine: str,

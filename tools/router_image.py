@@ -25,7 +25,7 @@ from typing import Iterable, Mapping
 from config.arguments import ToolError, add_command, out_console
 from config.context import ROOT
 from config.images import IMAGES, ROUTER_LOCK as LOCK, router_tag
-from tools.image_build import Pinned, PlatformLayer, Recipe
+from tools.image_build import Pinned, PlatformLayer, Recipe, _http_get, _relations
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 _ARCH = {"linux/amd64": ("amd64", "x86_64"), "linux/arm64": ("arm64", "aarch64")}
@@ -138,8 +138,6 @@ def _debian_index(suites: list[tuple[str, str]], arch: str) -> dict[str, dict]:
     from debian.deb822 import Deb822
     from debian.debian_support import version_compare
 
-    from tools.image_build import _http_get
-
     newest: dict[str, dict] = {}
     for archive, suite in suites:
         inrelease = _http_get(f"{archive}/dists/{suite}/InRelease", 60)
@@ -166,8 +164,6 @@ def _debian_index(suites: list[tuple[str, str]], arch: str) -> dict[str, dict]:
 
 def _depends(p: Mapping) -> list[str]:
     """First alternatives of Pre-Depends and Depends (architecture qualifiers dropped)."""
-    from tools.image_build import _relations
-
     return [group[0][0].split(":")[0] for f in ("Pre-Depends", "Depends")
             for group in _relations(p.get(f, ""))]
 

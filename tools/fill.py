@@ -50,7 +50,7 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         raise ToolError.bad_input("--dist", str(dist), f"the folder `cdk synth -c env=...` "
                                   f"wrote for {cfg.name} (run it first)")
     out = args.out.resolve()
-    if out == dist or out.is_relative_to(dist):
+    if out.is_relative_to(dist):
         raise ToolError.bad_input("--out", str(args.out), "a folder outside --dist (the "
                                   "placeholders there are what a review compares)")
     check_output_dir("--out", out)

@@ -23,7 +23,6 @@ import io
 import json
 import os
 import re
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -149,11 +148,8 @@ def _http_get(url: str, timeout: float) -> bytes:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 # --------------------------------------------------------------------------- layer
@@ -532,7 +528,3 @@ def _tag(layout: Path, tag: str, desc: dict) -> None:
     index["manifests"].append({**desc, "annotations": {"org.opencontainers.image.ref.name":
                                                        tag}})
     (layout / "index.json").write_text(json.dumps(index))
-
-
-def clear(layout: Path) -> None:
-    shutil.rmtree(layout, ignore_errors=True)

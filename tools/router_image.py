@@ -24,9 +24,9 @@ from typing import Iterable, Mapping
 
 from config.arguments import ToolError, add_command, out_console
 from config.context import ROOT
-from tools.image_build import Pinned, PlatformLayer, Recipe
+from config.images import IMAGES, ROUTER_LOCK as LOCK, router_tag
+from tools.image_build import Pinned, PlatformLayer, Recipe, _http_get, _relations
 
-LOCK = ROOT / "images" / "router" / "lock.json"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 _ARCH = {"linux/amd64": ("amd64", "x86_64"), "linux/arm64": ("arm64", "aarch64")}
 # The user the router pods run as (k8s/router.py runs them as this uid).
@@ -57,10 +57,6 @@ def recipe(lock: Mapping, base_source: str) -> Recipe:
         created_by="kvcache-eks tools/router_image.py from images/router/lock.json")
 
 
-def lock_digest(path: Path = LOCK) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 # --------------------------------------------------------------------------- re-lock
 
 PYPI = "https://pypi.org/simple"
@@ -80,8 +76,6 @@ SCRIPT_ONLY = ("adduser", "lsb-base", "init-system-helpers", "dpkg", "debconf",
 
 
 def relock(args: argparse.Namespace) -> int:
-    from config.images import IMAGES
-
     old = load_lock()
     base = IMAGES[old["base"]["key"]]
     lock = {**old, "base": {"key": base.key, "source": base.source, "tag": base.tag,
@@ -99,15 +93,10 @@ def relock(args: argparse.Namespace) -> int:
                             f"not the {old['debian']['haproxy_series']} series the front's "
                             "configuration is written for")
         lock["platforms"][platform] = {"wheels": wheels, "debs": debs}
-    LOCK.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
-    out_console.print(f"wrote {LOCK.relative_to(ROOT)}: tag {router_tag_of(lock)}")
+    text = json.dumps(lock, indent=1, sort_keys=True) + "\n"
+    LOCK.write_text(text)
+    out_console.print(f"wrote {LOCK.relative_to(ROOT)}: tag {router_tag(text.encode())}")
     return 0
-
-
-def router_tag_of(lock: Mapping) -> str:
-    from config.images import router_tag
-
-    return router_tag(json.dumps(lock, indent=1, sort_keys=True).encode() + b"\n")
 
 
 def resolve_wheels(requirements: Iterable[str], python: str, machine: str,
@@ -149,8 +138,6 @@ def _debian_index(suites: list[tuple[str, str]], arch: str) -> dict[str, dict]:
     from debian.deb822 import Deb822
     from debian.debian_support import version_compare
 
-    from tools.image_build import _http_get
-
     newest: dict[str, dict] = {}
     for archive, suite in suites:
         inrelease = _http_get(f"{archive}/dists/{suite}/InRelease", 60)
@@ -177,8 +164,6 @@ def _debian_index(suites: list[tuple[str, str]], arch: str) -> dict[str, dict]:
 
 def _depends(p: Mapping) -> list[str]:
     """First alternatives of Pre-Depends and Depends (architecture qualifiers dropped)."""
-    from tools.image_build import _relations
-
     return [group[0][0].split(":")[0] for f in ("Pre-Depends", "Depends")
             for group in _relations(p.get(f, ""))]
 

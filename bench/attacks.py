@@ -43,7 +43,7 @@ from bench.loopback import (
     proxy_v2_header,
 )
 from bench.router_checks import (
-    AUTH, KEY, WORKER_OPTS, RenderedRouter, rendered, router_pod, rss_mib,
+    AUTH, KEY, WORKER_OPTS, Background, RenderedRouter, rendered, router_pod, rss_mib,
 )
 GOOD_CHATS, GOOD_WITHIN_S = 20, 5.0
 FAIL_MARKER = "provoke-a-worker-500"
@@ -89,15 +89,14 @@ def _limit_mib(r: RenderedRouter) -> float:
     return memory_bytes(r.memory_limit) / 2**20
 
 
-class Sampler:
+class Sampler(Background):
     """Peak RSS of the router and the front, every 0.25 s, while running."""
 
     def __init__(self, router: RouterProcess, front: FrontProcess) -> None:
+        super().__init__()
         self.pids = {"router": router.pid, "front": front.proc.pid}
         self.peak = {k: rss_mib(p) for k, p in self.pids.items()}
         self.start_rss = dict(self.peak)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
@@ -106,14 +105,6 @@ class Sampler:
                     self.peak[k] = max(self.peak[k], rss_mib(pid))
                 except (FileNotFoundError, ProcessLookupError):
                     pass
-
-    def __enter__(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def good_client(front: FrontProcess, source: Source, spread_s: float) -> list[dict]:

@@ -27,7 +27,6 @@ Figures, not assertions. Standard library and the project only.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import socket
 import statistics
@@ -37,15 +36,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from bench.loopback import (
-    FAKE_NLB, FakeWorkerPool, FrontProcess, LOOPBACK, RouterProcess, chat, container_env,
-    localize_for_pool, proxy_v2_header, router_launch,
+    FAKE_NLB, FakeWorkerPool, FrontProcess, LOOPBACK, RouterProcess, arg_value, chat,
+    proxy_v2_header,
 )
-from bench.router_checks import WORKER_OPTS, RenderedRouter, rendered, rss_mib
-
-KEY = "endpoint-key"
+from bench.router_checks import (
+    AUTH, KEY, WORKER_OPTS, Background, RenderedRouter, rendered, router_pod, rss_mib,
+)
 GOOD_CHATS, GOOD_WITHIN_S = 20, 5.0
 FAIL_MARKER = "provoke-a-worker-500"
 CASES = {"default": (None, None), "session": ("session", "vllm-router")}
@@ -79,32 +78,25 @@ class Source:
         return f"{self.loopback}:{sock.getsockname()[1]} "
 
 
+def _payload_limit(r: RenderedRouter) -> int:
+    """The router's rendered request body limit (bytes)."""
+    return int(arg_value(r.args, "--max-payload-size"))
+
+
 def _limit_mib(r: RenderedRouter) -> float:
     from k8s.router import memory_bytes
 
     return memory_bytes(r.memory_limit) / 2**20
 
 
-@contextlib.contextmanager
-def _pod(r: RenderedRouter, pool: FakeWorkerPool) -> Iterator[tuple[RouterProcess, FrontProcess]]:
-    binary, argv = router_launch(r.implementation, localize_for_pool(r.args, pool))
-    with RouterProcess([*argv, "--api-key", KEY], binary=binary, api_key=KEY,
-                       env=container_env({"env": r.env})) as router:
-        if "--kv-event-source" in argv:
-            pool.wait_kv_subscribers(1)
-        with FrontProcess(r.front_config, router.port, api_key=KEY) as front:
-            yield router, front
-
-
-class Sampler:
+class Sampler(Background):
     """Peak RSS of the router and the front, every 0.25 s, while running."""
 
     def __init__(self, router: RouterProcess, front: FrontProcess) -> None:
+        super().__init__()
         self.pids = {"router": router.pid, "front": front.proc.pid}
         self.peak = {k: rss_mib(p) for k, p in self.pids.items()}
         self.start_rss = dict(self.peak)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
@@ -113,14 +105,6 @@ class Sampler:
                     self.peak[k] = max(self.peak[k], rss_mib(pid))
                 except (FileNotFoundError, ProcessLookupError):
                     pass
-
-    def __enter__(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def good_client(front: FrontProcess, source: Source, spread_s: float) -> list[dict]:
@@ -131,7 +115,7 @@ def good_client(front: FrontProcess, source: Source, spread_s: float) -> list[di
     t0 = time.monotonic()
     for i in range(GOOD_CHATS):
         res = chat(front.url, [{"role": "user", "content": f"a good question {i}"}], f"good-{i}",
-                   False, 8, headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+                   False, 8, headers=AUTH, timeout=30,
                    via_nlb=source.client if source.nlb else None)
         out.append({"status": res.status, "s": round(res.total_s, 3), "ok": res.ok})
         time.sleep(max(0.0, t0 + (i + 1) * spread_s / GOOD_CHATS - time.monotonic()))
@@ -235,7 +219,7 @@ def _peer_closed(sock: socket.socket) -> bool:
 def attack_h2(port: int, attacker: Source, stop: threading.Event, r: RenderedRouter,
               scale: float, **_: Any) -> dict:
     conns, streams = int(100 * scale) or 1, 100
-    limit = next(v for f, v in zip(r.args, r.args[1:]) if f == "--max-payload-size")
+    limit = str(_payload_limit(r))
     headers = b"".join(_hpack_literal(k, v) for k, v in (
         (":method", "POST"), (":scheme", "http"), (":path", "/v1/chat/completions"),
         (":authority", "router"), ("content-type", "application/json"),
@@ -258,7 +242,7 @@ def attack_h2(port: int, attacker: Source, stop: threading.Event, r: RenderedRou
 
 def attack_parked(port: int, attacker: Source, stop: threading.Event, r: RenderedRouter,
                   scale: float, **_: Any) -> dict:
-    limit = int(next(v for f, v in zip(r.args, r.args[1:]) if f == "--max-payload-size"))
+    limit = _payload_limit(r)
     body = (b'{"model": "fake-model", "messages": [{"role": "user", "content": "' +
             b"x" * limit)[:limit - 1]
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: "
@@ -334,7 +318,7 @@ def attack_5xx(port: int, attacker: Source, stop: threading.Event, r: RenderedRo
         while not stop.is_set():
             res = chat(f"http://{LOOPBACK}:{port}",
                        [{"role": "user", "content": f"{FAIL_MARKER} {k} {i}"}], f"bad-{k}",
-                       False, 4, headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+                       False, 4, headers=AUTH, timeout=30,
                        via_nlb=attacker.client if attacker.nlb else None)
             sent.append(res.status)
             i += 1
@@ -362,7 +346,7 @@ def run_attack(name: str, case: str, a: argparse.Namespace) -> dict:
     nlb = "expect-proxy" in r.front_config
     attacker = Source("198.51.100.66", "127.0.0.66", nlb)
     good = Source("203.0.113.7", "127.0.0.77", nlb)
-    with FakeWorkerPool(2, **opts) as pool, _pod(r, pool) as (router_proc, front):
+    with FakeWorkerPool(2, **opts) as pool, router_pod(r, pool) as (router_proc, front):
         stop = threading.Event()
         with Sampler(router_proc, front) as sampler, ThreadPoolExecutor(1) as ex:
             attack = ex.submit(ATTACK_FNS[name], front.port, attacker, stop, r, a.scale,
@@ -376,7 +360,7 @@ def run_attack(name: str, case: str, a: argparse.Namespace) -> dict:
         limit = _limit_mib(r)
         return {
             "attack": name, "case": f"{strategy or 'prefixaware'}@{r.implementation}",
-            "payload_limit": int(r.args[r.args.index("--max-payload-size") + 1]),
+            "payload_limit": _payload_limit(r),
             "good_chats": f"{len(served)}/{GOOD_CHATS}",
             "good_statuses": sorted({c["status"] for c in chats}),
             "good_p50_s": round(statistics.median(times), 3) if times else None,

@@ -31,7 +31,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Self
 
 from bench.loopback import (
     ChatResult, FakeWorkerPool, FrontProcess, RouterProcess, chat, container_env, filler,
@@ -155,17 +155,36 @@ def _status(port: int, method: str, path: str, body: Any = None,
         conn.close()
 
 
-class Load:
+class Background:
+    """A context manager that runs ``_run`` on a daemon thread while the block runs; ``_run``
+    ends when ``_stop`` is set."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Load(Background):
     """Open-loop chats at `rate` per second from a pool of threads until stopped; every result
     kept with its send time. Sessions cycle over `sessions` system prompts of `words`."""
 
     def __init__(self, url: str, rate: float, *, sessions: int = 13, words: int = 200,
                  unique_words: int = 0, max_tokens: int = 16, timeout: float = 60.0) -> None:
+        super().__init__()
         self.url, self.rate, self.sessions, self.words = url, rate, sessions, words
         self.unique_words, self.max_tokens, self.timeout = unique_words, max_tokens, timeout
         self.results: list[tuple[float, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         with ThreadPoolExecutor(256) as ex:
@@ -180,14 +199,6 @@ class Load:
                     timeout=self.timeout, headers=AUTH)))
                 i += 1
                 time.sleep(max(0.0, t0 + i / self.rate - time.monotonic()))
-
-    def __enter__(self) -> "Load":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def done(self, since: float = 0.0, until: float = float("inf")) -> list[ChatResult]:
         return [f.result() for t, f in self.results if since <= t < until]

@@ -470,13 +470,18 @@ def lmcache_rows(lmc: dict) -> list[str]:
     return lines
 
 
+def _slice_profile(h: Any, sl: dict) -> Any:
+    """`h` serving the measured slice of Llama-3.1-70B (`sl`: its layers and parameters)."""
+    from bench.emulator import ModelShape
+
+    return replace(h, model=ModelShape("slice", sl["params_b"], sl["layers"], 8192, 8, 128))
+
+
 def model_bars(out: Path) -> list[str]:
     """Each bar the emulator is held to, met or not, with its figures (computed from the
     results on disk and the data in bench/data; nothing hand-written)."""
-    from dataclasses import replace as _replace
-
     from bench import tiered, tp_check
-    from bench.emulator import ModelShape, measured, profile
+    from bench.emulator import measured, profile
 
     h = profile("h100-8b")
     m = measured()
@@ -488,7 +493,7 @@ def model_bars(out: Path) -> list[str]:
     worst += [h.decode_seconds(2048, int(b)) * 1e3 / v
               for b, v in m["single_server"]["decode_step_ms"].items()]
     sl = m["llama70b_8layer_slice"]
-    g = _replace(h, model=ModelShape("slice", sl["params_b"], sl["layers"], 8192, 8, 128))
+    g = _slice_profile(h, sl)
     for n, v in sl["ttft_ms"].items():
         n_ = int(n)
         worst += [g.prefill_seconds(n_) * 1e3 / v["cold"],
@@ -557,7 +562,7 @@ def held_against_hardware(out: Path) -> list[str]:
     from dataclasses import replace as _replace
 
     from bench import tp_check
-    from bench.emulator import ModelShape, measured, profile
+    from bench.emulator import measured, profile
 
     h = profile("h100-8b")
     m = measured()["single_server"]
@@ -579,7 +584,7 @@ def held_against_hardware(out: Path) -> list[str]:
                  f"{m['kv_cache_size_tokens']:,} | "
                  f"{_replace(h, gpu_memory_utilization=m['gpu_memory_utilization']).kv_tokens:,} |")
     sl = measured()["llama70b_8layer_slice"]
-    g = _replace(h, model=ModelShape("slice", sl["params_b"], sl["layers"], 8192, 8, 128))
+    g = _slice_profile(h, sl)
     for n, v in sl["ttft_ms"].items():
         n_ = int(n)
         lines.append(f"| Llama-3.1-70B's layers, 8 of them: TTFT cold / all but 256 cached, "

@@ -137,24 +137,6 @@ def _quiet_jsii() -> None:
         os.environ.setdefault(var, "1")
 
 
-def l2_node_usd(gpu: GpuProfile, prefix_tokens: int | None = None, model: str | None = None
-                ) -> dict[str, float]:
-    """Per tier configuration key, what its in-cluster L2 node costs an hour (on demand,
-    config/bandwidth.py): the rendered L2 where the verdict deploys one, and the forced one."""
-    from bench.tiers import rendered_tiers
-    from k8s.l2 import node_hourly_usd
-
-    out = {}
-    for key, force in (("l1l2", False), ("l1l2-forced", True)):
-        r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
-                           replicas=WORKERS, force_l2=force, prefix_tokens=prefix_tokens,
-                           model=model)
-        v = r.verdict
-        if r.lmcache.get("remote_url") and v is not None and v.server is not None:
-            out[key] = node_hourly_usd(v.server.node_type) or 0.0
-    return out
-
-
 def tier_configs(gpu: GpuProfile, prefix_tokens: int | None = None,
                  model: str | None = None) -> dict[str, TierConfig]:
     """The configurations the arms use: rendered by the charts for the seed file on `gpu`'s
@@ -284,20 +266,26 @@ def hyperpod(out: Path, *, repeats: int, quick: bool, arms: list[str],
     l2_usd = None
     if prefix_tokens or model:
         from bench.tiers import rendered_tiers
-        l2_usd = l2_node_usd(gpu, prefix_tokens, model)
+        from k8s.l2 import node_hourly_usd
+
+        # per tier configuration key, what its in-cluster L2 node costs an hour (on demand,
+        # config/bandwidth.py): the rendered L2 where the verdict deploys one, and the forced one
+        l2_usd = {}
         done["verdict"] = {}
-        for key, force in (("rendered", False), ("forced", True)):
+        for key, force in (("l1l2", False), ("l1l2-forced", True)):
             r = rendered_tiers(L2_BACKEND, instance_type=gpu.instance_type, gpus=gpu.gpus,
                                replicas=WORKERS, prefix_tokens=prefix_tokens, model=model,
                                force_l2=force)
             v = r.verdict
+            if r.lmcache.get("remote_url") and v is not None and v.server is not None:
+                l2_usd[key] = node_hourly_usd(v.server.node_type) or 0.0
             x = {"warnings": [w for w in r.warnings if "L2" in w],
                  "url": r.lmcache.get("remote_url"),
                  "explain": v.explain() if v else None,
                  "need_gbs": v.need_gbs if v else None,
                  "deliver_gbs": v.deliver_gbs if v else None,
                  "node": v.server.node_type if v and v.server else None,
-                 "node_usd": l2_usd.get("l1l2-forced" if force else "l1l2"),
+                 "node_usd": l2_usd.get(key),
                  "fleet_gib": v.fleet_gib if v else None,
                  "capacity_gib": v.capacity_gib if v else None,
                  "kv_gib": v.kv_gib if v and v.server else None,

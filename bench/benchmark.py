@@ -31,7 +31,6 @@ import argparse
 import http.client
 import json
 import math
-import os
 import random
 import threading
 import time
@@ -45,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from config.arguments import (
     ToolError, add_command, base_url, check_output_dir, err_console, finite_float, http_url,
-    out_console,
+    key_from_env, out_console,
 )
 from bench.loopback import metric_sum, sse_chunks
 
@@ -771,12 +770,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         raise ToolError.bad_input("--hourly-usd", hourly, "a positive price")
     if instances is not None and instances <= 0:
         raise ToolError.bad_input("--instances", instances, "a positive number of instances")
-    api_key = None
-    if a.api_key_env:
-        api_key = os.environ.get(a.api_key_env)
-        if not api_key:
-            raise ToolError.bad_input("--api-key-env", a.api_key_env,
-                                      "the name of a set environment variable")
+    api_key = key_from_env(a.api_key_env) if a.api_key_env else None
     Client(a.url, None)  # validates the URL
     if a.direct_url:
         Client(a.direct_url, None)

@@ -45,6 +45,15 @@ class ToolError(Exception):
                    f"{printable(allowed, 1000)}", exit_code=2)
 
 
+def key_from_env(var: str) -> str:
+    """The API key a tool was told to read from the environment variable `var`
+    (`--api-key-env`); never echoed, only the variable's name."""
+    key = os.environ.get(var)
+    if not key:
+        raise ToolError.bad_input("--api-key-env", var, "the name of a set environment variable")
+    return key
+
+
 # --------------------------------------------------------------------------- argument types
 # argparse prints "argument --x: <message>": each type's message is the rest of the one line.
 

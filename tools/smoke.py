@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
-from config.arguments import ToolError, add_command, base_url, out_console, pick_endpoint, \
-    load_environment
+from config.arguments import ToolError, add_command, base_url, key_from_env, out_console, \
+    pick_endpoint, load_environment
 from config.errors import excerpt
 from tools.cli import Aws, load_endpoints
 
@@ -34,11 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def api_key(args: argparse.Namespace, aws: Aws) -> str:
     if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise ToolError.bad_input("--api-key-env", args.api_key_env,
-                                      "the name of a set environment variable")
-        return key
+        return key_from_env(args.api_key_env)
     arn = aws.stack_output("Serving", "ApiKeySecretArn")
     return aws.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"]
 

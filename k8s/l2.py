@@ -48,7 +48,7 @@ Valkey the cheapest node type that does (config/bandwidth.py IN_CLUSTER_NODE_TYP
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from config.instances import gpu_model, gpu_shape
@@ -383,7 +383,3 @@ def choose_in_cluster(offered: frozenset[str], pinned: str | None, **verdict_arg
 def node_hourly_usd(node_type: str) -> float | None:
     """The in-cluster node's published on-demand price (config/bandwidth.py)."""
     return next((n.hourly_usd for n in IN_CLUSTER_NODE_TYPES if n.type == node_type), None)
-
-
-def with_server(v: L2Verdict, server: L2Server) -> L2Verdict:
-    return replace(v, server=server)

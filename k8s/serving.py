@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 from cdk8s import ApiObject, App, Chart
 
@@ -65,9 +66,7 @@ def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
         return specs
     gpus = sum(p.verdict.gpus_reading for p in plans.values())
     share = min(server_gbs(node, 1)) / gpus
-    # what they must hold together, in Valkey's memory (each endpoint's chunks counted as
-    # Valkey counts them), against the node's maxmemory
-    memory = sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans.values())
+    memory = shared_valkey_gib(plans.values())
     out = []
     for s in specs:
         p = plans.get(s.name)
@@ -470,13 +469,19 @@ def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):
     chosen = max((p.verdict.server for p in plans), key=lambda x: order.index(x.node_type))
     if len(plans) < 2 or cfg.cache.in_cluster_node_type:
         return chosen
-    memory = sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans)
+    memory = shared_valkey_gib(plans)
     offered = instance_types_in(cfg.region)
     for n in IN_CLUSTER_NODE_TYPES[order.index(chosen.node_type):]:
         server = in_cluster_server(n.type, n.vcpus, n.gib)
         if n.type in offered and server.memory_gib >= memory and server.gbps >= chosen.gbps:
             return server
     return chosen
+
+
+def shared_valkey_gib(plans: Iterable[L2Plan]) -> float:
+    """What endpoints sharing the in-cluster Valkey must hold together, in Valkey's memory
+    (each endpoint's chunks counted as Valkey counts them): against a node's maxmemory."""
+    return sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans)
 
 
 def managed_l2_plans(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]

@@ -328,7 +328,6 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
     gpus_per_node = shape.gpus if shape else ranks
     nic = ec2_baseline_gbps(instance_type)
     gpus = replicas * ranks
-    flows = connector.connections
     client = [Term(f"LMCache's {connector.scheme} client ({connector.connections} connections "
                    f"x {connector.gbs_per_connection:g} GB/s, {connector.client_gb_per_cpu_s:g}"
                    f" GB per CPU-second)", connector.client_gbs(cpu_per_rank / 2))]
@@ -338,9 +337,9 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
     verdict = None
     max_shards = server.max_shards if server and connector.cluster else 1
     for shards in range(1, max_shards + 1):
-        terms = client + [Term(f"{flows * (shards if connector.cluster else 1)} TCP flows x "
-                               f"{PER_FLOW_GBPS:g} Gbps",
-                               flows * (shards if connector.cluster else 1) * PER_FLOW_GBPS / 8)]
+        flows = connector.connections * shards   # a shard only where the connector clusters
+        terms = client + [Term(f"{flows} TCP flows x {PER_FLOW_GBPS:g} Gbps",
+                               flows * PER_FLOW_GBPS / 8)]
         client_side = min(t.gbs for t in terms)
         total = None
         if server is not None:

@@ -55,7 +55,8 @@ from config.instances import gpu_model, gpu_shape
 from config.models import ModelShape
 from k8s.cache import container_gib, maxmemory_mib
 from config.bandwidth import (
-    CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, ec2_baseline_gbps,
+    CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, CacheHost,
+    ec2_baseline_gbps,
 )
 
 LMCacheVersion = tuple[int, int, int]
@@ -379,6 +380,12 @@ def choose_in_cluster(offered: frozenset[str], pinned: str | None, **verdict_arg
     return max(holding, key=lambda v: v.deliver_gbs) if holding else verdicts[-1]
 
 
+def in_cluster_host(node_type: str) -> CacheHost | None:
+    """The in-cluster node type's row of config/bandwidth.py IN_CLUSTER_NODE_TYPES."""
+    return next((n for n in IN_CLUSTER_NODE_TYPES if n.type == node_type), None)
+
+
 def node_hourly_usd(node_type: str) -> float | None:
     """The in-cluster node's published on-demand price (config/bandwidth.py)."""
-    return next((n.hourly_usd for n in IN_CLUSTER_NODE_TYPES if n.type == node_type), None)
+    host = in_cluster_host(node_type)
+    return host.hourly_usd if host else None

@@ -30,7 +30,7 @@ from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from k8s.l2 import (
     ELASTICACHE, GIB, GPU_MEMORY_UTILIZATION, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS,
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
-    gpu_kv_gib, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
+    gpu_kv_gib, in_cluster_host, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
 )
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
@@ -368,8 +368,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     node = in_cluster_node(cfg, specs)
     for kind in sorted({_shared_kind(cfg, s) for s in specs if s.l2_enabled} - {None}):
         assert node is not None
-        _, vcpus, gib, _ = next(n for n in IN_CLUSTER_NODE_TYPES if n.type == node.node_type)
-        props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), vcpus, gib,
+        host = in_cluster_host(node.node_type)
+        props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), host.vcpus, host.gib,
                                    node.threads, exporter_image=images.uri("redis-exporter"))
         shared[kind] = props
         chart = SharedCacheChart(app, f"cache-{kind}", props=props)

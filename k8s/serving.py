@@ -100,10 +100,10 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     plan = l2_plan(cfg, s)
     if plan is not None:
         v = plan.verdict
-        assumed = (f" ({s.model_name} is not a model whose shape we know: "
-                   f"{v.model.name}'s assumed, the dearest to read we know; state it with "
-                   "kvCacheSpec.modelShape)" if v.model_assumed else "")
         if not s.l2_forced and not v.deploys:
+            assumed = (f" ({s.model_name} is not a model whose shape we know: "
+                       f"{v.model.name}'s assumed, the dearest to read we know; state it with "
+                       "kvCacheSpec.modelShape)" if v.model_assumed else "")
             need = f"{v.need_gbs:.2f}" if v.need_gbs is not None else "an unknown rate"
             warnings.append(changed(
                 f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
@@ -116,16 +116,17 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                 "(docs/serving.md, 'The tier configuration, and why')", s.name,
                 "kvCacheSpec.enableL2Cache"))
             s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
-        if s.l2_forced or v.deploys:
+        else:
             warnings.append(l2_size_notice(cfg, s, plan))
-        if plan.target == ELASTICACHE and (s.l2_forced or v.deploys) and v.connector is REDISS:
-            warnings.append(
-                f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
-                f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, cluster "
-                f"mode off): {s.worker_image} carries no valkey-glide-sync, which LMCache's "
-                f"valkey:// (TLS, AUTH, cluster mode) needs; it reads {v.deliver_gbs:.2f} GB/s "
-                f"per GPU (the least of: {v.explain()}); an image that adds it "
-                "(config/images.py GLIDE_IMAGES) gets valkey:// and the shards it needs")
+            if plan.target == ELASTICACHE and v.connector is REDISS:
+                warnings.append(
+                    f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
+                    f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, "
+                    f"cluster mode off): {s.worker_image} carries no valkey-glide-sync, which "
+                    f"LMCache's valkey:// (TLS, AUTH, cluster mode) needs; it reads "
+                    f"{v.deliver_gbs:.2f} GB/s per GPU (the least of: {v.explain()}); an image "
+                    "that adds it (config/images.py GLIDE_IMAGES) gets valkey:// and the shards "
+                    "it needs")
     family = next((f for f in NOT_VLLM if f in s.image.source), None)
     if family:
         raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,

@@ -367,7 +367,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
                if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
     node = in_cluster_node(cfg, specs)
-    for kind in sorted({_shared_kind(cfg, s) for s in specs if s.l2_enabled} - {None}):
+    for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
         assert node is not None
         host = in_cluster_host(node.node_type)
         props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), host.vcpus, host.gib,

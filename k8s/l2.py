@@ -48,14 +48,15 @@ Valkey the cheapest node type that does (config/bandwidth.py IN_CLUSTER_NODE_TYP
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from config.instances import gpu_model, gpu_shape
 from config.models import ModelShape
 from k8s.cache import container_gib, maxmemory_mib
 from config.bandwidth import (
-    CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, ec2_baseline_gbps,
+    CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, CacheHost,
+    ec2_baseline_gbps,
 )
 
 LMCacheVersion = tuple[int, int, int]
@@ -328,7 +329,6 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
     gpus_per_node = shape.gpus if shape else ranks
     nic = ec2_baseline_gbps(instance_type)
     gpus = replicas * ranks
-    flows = connector.connections
     client = [Term(f"LMCache's {connector.scheme} client ({connector.connections} connections "
                    f"x {connector.gbs_per_connection:g} GB/s, {connector.client_gb_per_cpu_s:g}"
                    f" GB per CPU-second)", connector.client_gbs(cpu_per_rank / 2))]
@@ -338,9 +338,9 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
     verdict = None
     max_shards = server.max_shards if server and connector.cluster else 1
     for shards in range(1, max_shards + 1):
-        terms = client + [Term(f"{flows * (shards if connector.cluster else 1)} TCP flows x "
-                               f"{PER_FLOW_GBPS:g} Gbps",
-                               flows * (shards if connector.cluster else 1) * PER_FLOW_GBPS / 8)]
+        flows = connector.connections * shards   # a shard only where the connector clusters
+        terms = client + [Term(f"{flows} TCP flows x {PER_FLOW_GBPS:g} Gbps",
+                               flows * PER_FLOW_GBPS / 8)]
         client_side = min(t.gbs for t in terms)
         total = None
         if server is not None:
@@ -380,10 +380,12 @@ def choose_in_cluster(offered: frozenset[str], pinned: str | None, **verdict_arg
     return max(holding, key=lambda v: v.deliver_gbs) if holding else verdicts[-1]
 
 
+def in_cluster_host(node_type: str) -> CacheHost | None:
+    """The in-cluster node type's row of config/bandwidth.py IN_CLUSTER_NODE_TYPES."""
+    return next((n for n in IN_CLUSTER_NODE_TYPES if n.type == node_type), None)
+
+
 def node_hourly_usd(node_type: str) -> float | None:
     """The in-cluster node's published on-demand price (config/bandwidth.py)."""
-    return next((n.hourly_usd for n in IN_CLUSTER_NODE_TYPES if n.type == node_type), None)
-
-
-def with_server(v: L2Verdict, server: L2Server) -> L2Verdict:
-    return replace(v, server=server)
+    host = in_cluster_host(node_type)
+    return host.hourly_usd if host else None

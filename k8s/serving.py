@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 from cdk8s import ApiObject, App, Chart
 
@@ -29,7 +30,7 @@ from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from k8s.l2 import (
     ELASTICACHE, GIB, GPU_MEMORY_UTILIZATION, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS,
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
-    gpu_kv_gib, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
+    gpu_kv_gib, in_cluster_host, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
 )
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
@@ -65,9 +66,7 @@ def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
         return specs
     gpus = sum(p.verdict.gpus_reading for p in plans.values())
     share = min(server_gbs(node, 1)) / gpus
-    # what they must hold together, in Valkey's memory (each endpoint's chunks counted as
-    # Valkey counts them), against the node's maxmemory
-    memory = sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans.values())
+    memory = shared_valkey_gib(plans.values())
     out = []
     for s in specs:
         p = plans.get(s.name)
@@ -101,10 +100,10 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     plan = l2_plan(cfg, s)
     if plan is not None:
         v = plan.verdict
-        assumed = (f" ({s.model_name} is not a model whose shape we know: "
-                   f"{v.model.name}'s assumed, the dearest to read we know; state it with "
-                   "kvCacheSpec.modelShape)" if v.model_assumed else "")
         if not s.l2_forced and not v.deploys:
+            assumed = (f" ({s.model_name} is not a model whose shape we know: "
+                       f"{v.model.name}'s assumed, the dearest to read we know; state it with "
+                       "kvCacheSpec.modelShape)" if v.model_assumed else "")
             need = f"{v.need_gbs:.2f}" if v.need_gbs is not None else "an unknown rate"
             warnings.append(changed(
                 f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
@@ -117,16 +116,17 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                 "(docs/serving.md, 'The tier configuration, and why')", s.name,
                 "kvCacheSpec.enableL2Cache"))
             s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
-        if s.l2_forced or v.deploys:
+        else:
             warnings.append(l2_size_notice(cfg, s, plan))
-        if plan.target == ELASTICACHE and (s.l2_forced or v.deploys) and v.connector is REDISS:
-            warnings.append(
-                f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
-                f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, cluster "
-                f"mode off): {s.worker_image} carries no valkey-glide-sync, which LMCache's "
-                f"valkey:// (TLS, AUTH, cluster mode) needs; it reads {v.deliver_gbs:.2f} GB/s "
-                f"per GPU (the least of: {v.explain()}); an image that adds it "
-                "(config/images.py GLIDE_IMAGES) gets valkey:// and the shards it needs")
+            if plan.target == ELASTICACHE and v.connector is REDISS:
+                warnings.append(
+                    f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "
+                    f"ElastiCache is reached by rediss:// (redis.asyncio, TLS, one shard, "
+                    f"cluster mode off): {s.worker_image} carries no valkey-glide-sync, which "
+                    f"LMCache's valkey:// (TLS, AUTH, cluster mode) needs; it reads "
+                    f"{v.deliver_gbs:.2f} GB/s per GPU (the least of: {v.explain()}); an image "
+                    "that adds it (config/images.py GLIDE_IMAGES) gets valkey:// and the shards "
+                    "it needs")
     family = next((f for f in NOT_VLLM if f in s.image.source), None)
     if family:
         raise ConfigError(cfg.name, f"{where}.worker.image", s.worker_image,
@@ -367,10 +367,10 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
                if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
     node = in_cluster_node(cfg, specs)
-    for kind in sorted({_shared_kind(cfg, s) for s in specs if s.l2_enabled} - {None}):
+    for kind in sorted({_shared_kind(cfg, s) for s in specs} - {None}):
         assert node is not None
-        _, vcpus, gib, _ = next(n for n in IN_CLUSTER_NODE_TYPES if n.type == node.node_type)
-        props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), vcpus, gib,
+        host = in_cluster_host(node.node_type)
+        props = CacheProps.on_node(SERVING_NAMESPACE, images.uri(VALKEY), host.vcpus, host.gib,
                                    node.threads, exporter_image=images.uri("redis-exporter"))
         shared[kind] = props
         chart = SharedCacheChart(app, f"cache-{kind}", props=props)
@@ -470,13 +470,19 @@ def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):
     chosen = max((p.verdict.server for p in plans), key=lambda x: order.index(x.node_type))
     if len(plans) < 2 or cfg.cache.in_cluster_node_type:
         return chosen
-    memory = sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans)
+    memory = shared_valkey_gib(plans)
     offered = instance_types_in(cfg.region)
     for n in IN_CLUSTER_NODE_TYPES[order.index(chosen.node_type):]:
         server = in_cluster_server(n.type, n.vcpus, n.gib)
         if n.type in offered and server.memory_gib >= memory and server.gbps >= chosen.gbps:
             return server
     return chosen
+
+
+def shared_valkey_gib(plans: Iterable[L2Plan]) -> float:
+    """What endpoints sharing the in-cluster Valkey must hold together, in Valkey's memory
+    (each endpoint's chunks counted as Valkey counts them): against a node's maxmemory."""
+    return sum(p.verdict.capacity_gib * p.verdict.value_overhead for p in plans)
 
 
 def managed_l2_plans(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]

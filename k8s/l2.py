@@ -109,6 +109,8 @@ class Connector:
     batched: bool                  # one batched_get per retrieve (a timeout bounds it whole)
     needs_glide: bool = False
     measured: str = ""             # the row of bench/data/lmcache_rates.json
+    # the extra_config key its adapter reads a password from (None: the URL carries it)
+    password_key: str | None = None
 
     def client_gbs(self, cores: float) -> float:
         return min(self.connections * self.gbs_per_connection,
@@ -136,9 +138,10 @@ REDIS = Connector("redis", "redis://", (0, 3, 7), 4, 1, 0.16, 1.06, tls=False, c
 REDISS = Connector("rediss", "rediss://", (0, 3, 7), 4, 1, 0.16, 0.63, tls=True,
                    cluster=False, batched=False, measured="rediss@0.5.4/redis/4c")
 RESP = Connector("resp", "resp://", (0, 3, 15), 8, 8, 1.94, 4.7, tls=False, cluster=False,
-                 batched=True, measured="resp@0.5.4/valkey/1c")
+                 batched=True, measured="resp@0.5.4/valkey/1c", password_key="password")
 VALKEY = Connector("valkey", "valkey://", (0, 4, 7), 8, 8, 1.04, 1.56, tls=True, cluster=True,
-                   batched=True, needs_glide=True, measured="valkey@0.5.4/valkey/1c")
+                   batched=True, needs_glide=True, measured="valkey@0.5.4/valkey/1c",
+                   password_key="valkey_password")
 CONNECTORS = {c.name: c for c in (REDIS, REDISS, RESP, VALKEY)}
 
 # Valkey 9's own cost per byte (GB per CPU-second, the same chunks): the median over every

@@ -507,7 +507,7 @@ def connection(plan: L2Plan, base: L2Connection) -> L2Connection:
                      valkey_mode="cluster")
     return L2Connection(url=f"{c.scheme}{address}", secret_arn=base.secret_arn,
                         extra=tuple(sorted(extra.items())),
-                        password_key="valkey_password" if base.secret_arn else None,
+                        password_key=c.password_key if base.secret_arn else None,
                         blocking_timeout_s=plan.verdict.blocking_timeout_s)
 
 

@@ -45,7 +45,7 @@ SCRATCH_ENV = [{"name": "HOME", "value": WORKER_HOME}, {"name": "USER", "value":
 class L2Connection:
     """How LMCache reaches L2 (k8s/l2.py chooses the connector). `secret_arn` set: the
     password is fetched at pod start, into the URL (redis://) or into `password_key` of
-    extra_config (valkey://)."""
+    extra_config (valkey://, resp://: k8s/l2.py `Connector.password_key`)."""
 
     url: str                          # without credentials
     secret_arn: str | None = None

@@ -7,7 +7,16 @@ they do, so a cache read all day long gets the baseline.
   instance's bandwidth applies to inbound and outbound traffic each (AWS EC2 user guide,
   "Amazon EC2 instance network bandwidth").
 - EC2 baselines: the EC2 user guide's network specifications tables (baseline bandwidth for
-  "up to" sizes; the stated figure otherwise).
+  "up to" sizes; the stated figure otherwise), docs.aws.amazon.com/ec2/latest/instancetypes/
+  ac.html (accelerated computing), gp.html, mo.html, co.html. Every figure here equals
+  Karpenter's scrape of those tables (aws/karpenter-provider-aws,
+  pkg/providers/instancetype/zz_generated.bandwidth.go, August 2026).
+- p4d/p4de, p5*/p6-*: the table's figure is the whole instance's, over all its network cards
+  (mostly EFA's RDMA). A pod's TCP rides the ENIs of network card 0 (the VPC CNI manages no
+  other card unless a pod asks for multi-NIC: amazon-vpc-cni-k8s v1.7.10 and v1.20.0 release
+  notes), and IP traffic gets at most 800 Gbps on p5, p5e and p5en (EC2 user guide, "Maximize
+  network bandwidth on Amazon EC2 instances with multiple network cards"): on these types the
+  verdict's worker NIC term is an upper bound.
 - ElastiCache: the "Supported node types" tables of the ElastiCache user guide (baseline and
   burst bandwidth) and the node types' memory (ElastiCache pricing / node type pages).
 - What the in-cluster Valkey's node costs: Amazon EC2 On-Demand pricing (aws.amazon.com/ec2/
@@ -23,7 +32,8 @@ PER_FLOW_GBPS = 5.0
 
 # Sustained Gbps of the EC2 types this project sizes: GPU workers and in-cluster cache nodes.
 EC2_BASELINE_GBPS: dict[str, float] = {
-    # GPU (g4dn/g5/g6 "up to" sizes at their baseline)
+    # GPU, every type config/instances.py GPU_SHAPES sizes (g4dn/g5/g6/gr6/g6e "up to" sizes at
+    # their baseline)
     "g4dn.xlarge": 5.0, "g4dn.2xlarge": 10.0, "g4dn.4xlarge": 20.0, "g4dn.8xlarge": 50.0,
     "g4dn.12xlarge": 50.0, "g4dn.16xlarge": 50.0, "g4dn.metal": 100.0,
     "g5.xlarge": 2.5, "g5.2xlarge": 5.0, "g5.4xlarge": 10.0, "g5.8xlarge": 25.0,
@@ -33,7 +43,10 @@ EC2_BASELINE_GBPS: dict[str, float] = {
     "g6e.xlarge": 2.5, "g6e.2xlarge": 5.0, "g6e.4xlarge": 20.0, "g6e.8xlarge": 25.0,
     "g6e.12xlarge": 100.0, "g6e.16xlarge": 35.0, "g6e.24xlarge": 200.0, "g6e.48xlarge": 400.0,
     "p3.2xlarge": 2.5, "p3.8xlarge": 10.0, "p3.16xlarge": 25.0,
-    "p4d.24xlarge": 400.0, "p5.48xlarge": 3200.0,
+    "gr6.4xlarge": 10.0, "gr6.8xlarge": 25.0,
+    "p3dn.24xlarge": 100.0, "p4d.24xlarge": 400.0, "p4de.24xlarge": 400.0,
+    "p5.4xlarge": 100.0, "p5.48xlarge": 3200.0, "p5e.48xlarge": 3200.0, "p5en.48xlarge": 3200.0,
+    "p6-b200.48xlarge": 3200.0, "p6-b300.48xlarge": 6400.0,
     # general purpose and memory optimized (system and cache nodes)
     "m6i.large": 0.781, "m6i.xlarge": 1.562, "m6i.2xlarge": 3.125, "m6i.4xlarge": 6.25,
     "m6i.8xlarge": 12.5, "m6i.12xlarge": 18.75, "m6i.16xlarge": 25.0, "m6i.24xlarge": 37.5,
@@ -71,8 +84,16 @@ IN_CLUSTER_NODE_TYPES = (
     CacheHost("x2iedn.32xlarge", 128, 4096, 26.676))
 
 
-def ec2_baseline_gbps(instance_type: str) -> float | None:
-    return EC2_BASELINE_GBPS.get(instance_type)
+def nic_gbps(instance_type: str) -> float:
+    """A type this project sizes (a GPU worker, an in-cluster cache node) missing here is a
+    gap in this table, not bad input (the files' types are checked against GPU_SHAPES and
+    IN_CLUSTER_NODE_TYPES first): fail naming it rather than judge without its NIC."""
+    try:
+        return EC2_BASELINE_GBPS[instance_type]
+    except KeyError:
+        raise LookupError(f"{instance_type}: no sustained network bandwidth in "
+                          "config/bandwidth.py EC2_BASELINE_GBPS, which the L2 verdict "
+                          "(k8s/l2.py) needs for every type it sizes") from None
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from config.models import ModelShape
 from k8s.cache import container_gib, maxmemory_mib
 from config.bandwidth import (
     CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, CacheHost,
-    ec2_baseline_gbps,
+    nic_gbps,
 )
 
 LMCacheVersion = tuple[int, int, int]
@@ -183,7 +183,7 @@ VALKEY_IO_THREADS = 16  # at most: Valkey's io-threads on its own node, half its
 def in_cluster_server(node_type: str, vcpus: int, gib: float) -> L2Server:
     """The in-cluster Valkey on a node of its own, with the maxmemory k8s/cache.py renders
     (ElastiCache's reserved-memory-percent leaves 3/4 of its nodes: ELASTICACHE_DATA_SHARE)."""
-    return L2Server(IN_CLUSTER, node_type, ec2_baseline_gbps(node_type) or 0.0,
+    return L2Server(IN_CLUSTER, node_type, nic_gbps(node_type),
                     min(VALKEY_IO_THREADS, vcpus // 2), maxmemory_mib(container_gib(gib)) / 1024)
 
 
@@ -327,12 +327,14 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
     need = break_even_gbs(model, known[1], prefix_tokens) if known else None
     shape = gpu_shape(instance_type)
     gpus_per_node = shape.gpus if shape else ranks
-    nic = ec2_baseline_gbps(instance_type)
+    # every type we judge has a NIC (config/bandwidth.py raises naming one that has not);
+    # only a type we neither size nor judge, whose verdict keeps what the file asks, has none
+    nic = nic_gbps(instance_type) if shape or known else None
     gpus = replicas * ranks
     client = [Term(f"LMCache's {connector.scheme} client ({connector.connections} connections "
                    f"x {connector.gbs_per_connection:g} GB/s, {connector.client_gb_per_cpu_s:g}"
                    f" GB per CPU-second)", connector.client_gbs(cpu_per_rank / 2))]
-    if nic:
+    if nic is not None:
         client.append(Term(f"the worker's NIC ({instance_type}, {nic:g} Gbps) over its "
                            f"{gpus_per_node} GPUs", nic / 8 / gpus_per_node))
     verdict = None

@@ -5,15 +5,16 @@ forces it; L1 stores layer by layer, which LMCache allows only without an L2."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
 
 from bench.emulator import PROFILES
 from bench.tiers import RATES_FILE, pipelined, rendered_tiers
-from config.instances import GPU_MODELS
+from config.instances import GPU_MODELS, GPU_SHAPES
 from config.models import ASSUMED, KNOWN_MODELS, known_model, shape_from_config
-from config.bandwidth import IN_CLUSTER_NODE_TYPES
+from config.bandwidth import EC2_BASELINE_GBPS, IN_CLUSTER_NODE_TYPES
 from k8s.l2 import (
     CONNECTORS, ELASTICACHE, IN_CLUSTER, MARGIN, REDIS, REDISS, RESP,
     SERVER_GET_GB_PER_CPU_S, SERVER_SET_GB_PER_CPU_S, VALKEY, break_even_gbs, choose_in_cluster,
@@ -127,6 +128,35 @@ def test_the_verdict_is_the_least_term_against_twice_the_break_even():
                                                                   sharded.shards - 1),
                        prefix_tokens=65536)
     assert not fewer.pays
+
+
+@pytest.mark.parametrize("itype", sorted(GPU_SHAPES))
+def test_every_gpu_type_is_judged_with_its_workers_nic(itype):
+    """The NIC term is there on every type a file may serve, its sustained Gbps over the
+    node's GPUs (gr6, p3dn, p4de, p5.4xlarge, p5e, p5en and p6 once went without it)."""
+    v = l2_verdict(instance_type=itype, model=known_model("llama-3.1-8b"), ranks=1,
+                   replicas=1, connector=RESP, server=None)
+    nic = [t for t in v.terms if t.what.startswith(f"the worker's NIC ({itype}, ")]
+    assert len(nic) == 1
+    assert nic[0].gbs == EC2_BASELINE_GBPS[itype] / 8 / GPU_SHAPES[itype].gpus
+
+
+def test_a_slow_nic_binds_the_verdict_and_the_timeout():
+    """gr6.4xlarge sustains 10 Gbps (25 only as burst): 1.25 GB/s for its one L4, a quarter
+    of what 8 flows carry, so the read of a 64K prefix must be given 4x as long."""
+    m = known_model("llama-3.1-8b")
+    v = l2_verdict(instance_type="gr6.4xlarge", model=m, ranks=1, replicas=1,
+                   connector=RESP, server=None, prefix_tokens=65536)
+    assert v.binding.what == "the worker's NIC (gr6.4xlarge, 10 Gbps) over its 1 GPUs"
+    assert v.deliver_gbs == pytest.approx(1.25)
+    assert v.blocking_timeout_s == math.ceil(MARGIN * 65536 * m.kv_bytes_per_token / 1.25e9)
+
+
+def test_a_gpu_type_without_a_nic_baseline_fails_naming_it(monkeypatch):
+    monkeypatch.delitem(EC2_BASELINE_GBPS, "p5en.48xlarge")
+    with pytest.raises(LookupError, match=r"^p5en\.48xlarge: .*EC2_BASELINE_GBPS"):
+        l2_verdict(instance_type="p5en.48xlarge", model=known_model("llama-3.1-70b"),
+                   ranks=8, replicas=1, connector=RESP, server=None)
 
 
 def test_an_unknown_gpu_keeps_what_the_file_asks():

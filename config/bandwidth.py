@@ -11,12 +11,14 @@ they do, so a cache read all day long gets the baseline.
   ac.html (accelerated computing), gp.html, mo.html, co.html. Every figure here equals
   Karpenter's scrape of those tables (aws/karpenter-provider-aws,
   pkg/providers/instancetype/zz_generated.bandwidth.go, August 2026).
-- p4d/p4de, p5*/p6-*: the table's figure is the whole instance's, over all its network cards
-  (mostly EFA's RDMA). A pod's TCP rides the ENIs of network card 0 (the VPC CNI manages no
-  other card unless a pod asks for multi-NIC: amazon-vpc-cni-k8s v1.7.10 and v1.20.0 release
-  notes), and IP traffic gets at most 800 Gbps on p5, p5e and p5en (EC2 user guide, "Maximize
-  network bandwidth on Amazon EC2 instances with multiple network cards"): on these types the
-  verdict's worker NIC term is an upper bound.
+- A pod's TCP is not the instance's bandwidth where the type has more than one network card
+  (pod_nic_gbps): the figure above is then every card's, mostly EFA's RDMA, and the Amazon VPC
+  CNI puts pods on network card 0 (amazon-vpc-cni-k8s: "The CNI plugin by default only
+  manages network card 0", README, ENABLE_MULTI_NIC; v1.20.0 manages the others only with
+  ENABLE_MULTI_NIC and a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment`,
+  neither of which this project renders: constructs/gpu_cluster.py VPC_CNI_CONFIGURATION,
+  tests/k8s/test_charts.py; scripts/gen_vpc_ip_limits.go sizes a node's ENIs from the default
+  card alone). So the verdict's worker NIC term is card 0's.
 - ElastiCache: the "Supported node types" tables of the ElastiCache user guide (baseline and
   burst bandwidth) and the node types' memory (ElastiCache pricing / node type pages).
 - What the in-cluster Valkey's node costs: Amazon EC2 On-Demand pricing (aws.amazon.com/ec2/
@@ -63,6 +65,36 @@ EC2_BASELINE_GBPS: dict[str, float] = {
 }
 
 
+class Card0(NamedTuple):
+    """A type with more than one network card, and the sustained Gbps of card 0."""
+
+    cards: int
+    gbps: float
+
+
+# Every type in EC2_BASELINE_GBPS with more than one network card: its card count from
+# amazon-vpc-cni-k8s pkg/vpc/vpc_ip_resource_limit.go (generated from DescribeInstanceTypes;
+# August 2026), which lists one card for every other type here. Card 0 at 100 Gbps for each,
+# a bound rather than a published card figure where there is none:
+# - c6in.32xlarge, g6e.24xlarge/48xlarge, p4d/p4de, p5/p5e: the instance's figure shared by its
+#   cards, 100 Gbps each (200/2, 200/2, 400/4, 400/4, 3200/32; EC2 user guide "Maximize network
+#   bandwidth on accelerated instances with EFA": P5/P5e up to 32 network cards and 3,200
+#   Gbps, G6e up to 4 and 400), and an ENA interface "supports network speeds of up to 100
+#   Gbps" (EC2 user guide, "Enhanced networking on Amazon EC2 instances").
+# - p5en (3200 over 16 cards), p6-b200 (3200 over 8), p6-b300 (6400 over 17): no card-0 figure
+#   we could read; the ENA interface's documented 100 Gbps, the same as p5's card 0, so the
+#   verdict never counts more than one ENA interface is documented to carry (an L2 it then
+#   refuses may still pay: kvCacheSpec.forceL2Cache).
+MULTI_CARD: dict[str, Card0] = {
+    "c6in.32xlarge": Card0(2, 100.0),
+    "g6e.24xlarge": Card0(2, 100.0), "g6e.48xlarge": Card0(4, 100.0),
+    "p4d.24xlarge": Card0(4, 100.0), "p4de.24xlarge": Card0(4, 100.0),
+    "p5.48xlarge": Card0(32, 100.0), "p5e.48xlarge": Card0(32, 100.0),
+    "p5en.48xlarge": Card0(16, 100.0),
+    "p6-b200.48xlarge": Card0(8, 100.0), "p6-b300.48xlarge": Card0(17, 100.0),
+}
+
+
 class CacheHost(NamedTuple):
     """An EC2 type the in-cluster Valkey may have to itself."""
 
@@ -94,6 +126,14 @@ def nic_gbps(instance_type: str) -> float:
         raise LookupError(f"{instance_type}: no sustained network bandwidth in "
                           "config/bandwidth.py EC2_BASELINE_GBPS, which the L2 verdict "
                           "(k8s/l2.py) needs for every type it sizes") from None
+
+
+def pod_nic_gbps(instance_type: str) -> float:
+    """What a pod's TCP on this type gets (module docstring): network card 0's where the type
+    has more than one card (the VPC CNI puts pods there), the instance's otherwise."""
+    total = nic_gbps(instance_type)
+    card0 = MULTI_CARD.get(instance_type)
+    return min(total, card0.gbps) if card0 else total
 
 
 @dataclass(frozen=True)

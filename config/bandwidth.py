@@ -7,7 +7,18 @@ they do, so a cache read all day long gets the baseline.
   instance's bandwidth applies to inbound and outbound traffic each (AWS EC2 user guide,
   "Amazon EC2 instance network bandwidth").
 - EC2 baselines: the EC2 user guide's network specifications tables (baseline bandwidth for
-  "up to" sizes; the stated figure otherwise).
+  "up to" sizes; the stated figure otherwise), docs.aws.amazon.com/ec2/latest/instancetypes/
+  ac.html (accelerated computing), gp.html, mo.html, co.html. Every figure here equals
+  Karpenter's scrape of those tables (aws/karpenter-provider-aws,
+  pkg/providers/instancetype/zz_generated.bandwidth.go, August 2026).
+- A pod's TCP is not the instance's bandwidth where the type has more than one network card
+  (pod_nic_gbps): the figure above is then every card's, mostly EFA's RDMA, and the Amazon VPC
+  CNI puts pods on network card 0 (amazon-vpc-cni-k8s: "The CNI plugin by default only
+  manages network card 0", README, ENABLE_MULTI_NIC; v1.20.0 manages the others only with
+  ENABLE_MULTI_NIC and a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment`,
+  neither of which this project renders: constructs/gpu_cluster.py VPC_CNI_CONFIGURATION,
+  tests/k8s/test_charts.py; scripts/gen_vpc_ip_limits.go sizes a node's ENIs from the default
+  card alone). So the verdict's worker NIC term is card 0's.
 - ElastiCache: the "Supported node types" tables of the ElastiCache user guide (baseline and
   burst bandwidth) and the node types' memory (ElastiCache pricing / node type pages).
 - What the in-cluster Valkey's node costs: Amazon EC2 On-Demand pricing (aws.amazon.com/ec2/
@@ -23,7 +34,8 @@ PER_FLOW_GBPS = 5.0
 
 # Sustained Gbps of the EC2 types this project sizes: GPU workers and in-cluster cache nodes.
 EC2_BASELINE_GBPS: dict[str, float] = {
-    # GPU (g4dn/g5/g6 "up to" sizes at their baseline)
+    # GPU, every type config/instances.py GPU_SHAPES sizes (g4dn/g5/g6/gr6/g6e "up to" sizes at
+    # their baseline)
     "g4dn.xlarge": 5.0, "g4dn.2xlarge": 10.0, "g4dn.4xlarge": 20.0, "g4dn.8xlarge": 50.0,
     "g4dn.12xlarge": 50.0, "g4dn.16xlarge": 50.0, "g4dn.metal": 100.0,
     "g5.xlarge": 2.5, "g5.2xlarge": 5.0, "g5.4xlarge": 10.0, "g5.8xlarge": 25.0,
@@ -33,7 +45,10 @@ EC2_BASELINE_GBPS: dict[str, float] = {
     "g6e.xlarge": 2.5, "g6e.2xlarge": 5.0, "g6e.4xlarge": 20.0, "g6e.8xlarge": 25.0,
     "g6e.12xlarge": 100.0, "g6e.16xlarge": 35.0, "g6e.24xlarge": 200.0, "g6e.48xlarge": 400.0,
     "p3.2xlarge": 2.5, "p3.8xlarge": 10.0, "p3.16xlarge": 25.0,
-    "p4d.24xlarge": 400.0, "p5.48xlarge": 3200.0,
+    "gr6.4xlarge": 10.0, "gr6.8xlarge": 25.0,
+    "p3dn.24xlarge": 100.0, "p4d.24xlarge": 400.0, "p4de.24xlarge": 400.0,
+    "p5.4xlarge": 100.0, "p5.48xlarge": 3200.0, "p5e.48xlarge": 3200.0, "p5en.48xlarge": 3200.0,
+    "p6-b200.48xlarge": 3200.0, "p6-b300.48xlarge": 6400.0,
     # general purpose and memory optimized (system and cache nodes)
     "m6i.large": 0.781, "m6i.xlarge": 1.562, "m6i.2xlarge": 3.125, "m6i.4xlarge": 6.25,
     "m6i.8xlarge": 12.5, "m6i.12xlarge": 18.75, "m6i.16xlarge": 25.0, "m6i.24xlarge": 37.5,
@@ -47,6 +62,36 @@ EC2_BASELINE_GBPS: dict[str, float] = {
     "r6in.8xlarge": 50.0, "r6in.12xlarge": 75.0, "r6in.16xlarge": 100.0,
     "x2idn.16xlarge": 50.0, "x2idn.24xlarge": 75.0, "x2idn.32xlarge": 100.0,
     "x2iedn.24xlarge": 75.0, "x2iedn.32xlarge": 100.0,
+}
+
+
+class Card0(NamedTuple):
+    """A type with more than one network card, and the sustained Gbps of card 0."""
+
+    cards: int
+    gbps: float
+
+
+# Every type in EC2_BASELINE_GBPS with more than one network card: its card count from
+# amazon-vpc-cni-k8s pkg/vpc/vpc_ip_resource_limit.go (generated from DescribeInstanceTypes;
+# August 2026), which lists one card for every other type here. Card 0 at 100 Gbps for each,
+# a bound rather than a published card figure where there is none:
+# - c6in.32xlarge, g6e.24xlarge/48xlarge, p4d/p4de, p5/p5e: the instance's figure shared by its
+#   cards, 100 Gbps each (200/2, 200/2, 400/4, 400/4, 3200/32; EC2 user guide "Maximize network
+#   bandwidth on accelerated instances with EFA": P5/P5e up to 32 network cards and 3,200
+#   Gbps, G6e up to 4 and 400), and an ENA interface "supports network speeds of up to 100
+#   Gbps" (EC2 user guide, "Enhanced networking on Amazon EC2 instances").
+# - p5en (3200 over 16 cards), p6-b200 (3200 over 8), p6-b300 (6400 over 17): no card-0 figure
+#   we could read; the ENA interface's documented 100 Gbps, the same as p5's card 0, so the
+#   verdict never counts more than one ENA interface is documented to carry (an L2 it then
+#   refuses may still pay: kvCacheSpec.forceL2Cache).
+MULTI_CARD: dict[str, Card0] = {
+    "c6in.32xlarge": Card0(2, 100.0),
+    "g6e.24xlarge": Card0(2, 100.0), "g6e.48xlarge": Card0(4, 100.0),
+    "p4d.24xlarge": Card0(4, 100.0), "p4de.24xlarge": Card0(4, 100.0),
+    "p5.48xlarge": Card0(32, 100.0), "p5e.48xlarge": Card0(32, 100.0),
+    "p5en.48xlarge": Card0(16, 100.0),
+    "p6-b200.48xlarge": Card0(8, 100.0), "p6-b300.48xlarge": Card0(17, 100.0),
 }
 
 
@@ -71,8 +116,24 @@ IN_CLUSTER_NODE_TYPES = (
     CacheHost("x2iedn.32xlarge", 128, 4096, 26.676))
 
 
-def ec2_baseline_gbps(instance_type: str) -> float | None:
-    return EC2_BASELINE_GBPS.get(instance_type)
+def nic_gbps(instance_type: str) -> float:
+    """A type this project sizes (a GPU worker, an in-cluster cache node) missing here is a
+    gap in this table, not bad input (the files' types are checked against GPU_SHAPES and
+    IN_CLUSTER_NODE_TYPES first): fail naming it rather than judge without its NIC."""
+    try:
+        return EC2_BASELINE_GBPS[instance_type]
+    except KeyError:
+        raise LookupError(f"{instance_type}: no sustained network bandwidth in "
+                          "config/bandwidth.py EC2_BASELINE_GBPS, which the L2 verdict "
+                          "(k8s/l2.py) needs for every type it sizes") from None
+
+
+def pod_nic_gbps(instance_type: str) -> float:
+    """What a pod's TCP on this type gets (module docstring): network card 0's where the type
+    has more than one card (the VPC CNI puts pods there), the instance's otherwise."""
+    total = nic_gbps(instance_type)
+    card0 = MULTI_CARD.get(instance_type)
+    return min(total, card0.gbps) if card0 else total
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ least of five terms:
   event loop) x the GET rate one connection moved here, and its GB per CPU-second x the cores
   it has (bench/lmcache_rates.py, bench/data/lmcache_rates.json);
 - its TCP flows x 5 Gbps (one EC2 flow outside a placement group);
-- the worker node's sustained NIC over its GPUs, all reading at once;
+- the worker pod's sustained NIC over the node's GPUs, all reading at once: network card 0's
+  where the type has several, since the VPC CNI puts pods there (config/bandwidth.py
+  pod_nic_gbps);
 - the L2's sustained network (ElastiCache node baseline, or the in-cluster Valkey node's)
   x shards over every GPU of the endpoint's largest fleet, all reading at once;
 - the L2 server's CPU: Valkey's GB per CPU-second for GET and SET x its threads x shards, every
@@ -56,7 +58,7 @@ from config.models import ModelShape
 from k8s.cache import container_gib, maxmemory_mib
 from config.bandwidth import (
     CACHE_NODES, ELASTICACHE_DATA_SHARE, IN_CLUSTER_NODE_TYPES, PER_FLOW_GBPS, CacheHost,
-    ec2_baseline_gbps,
+    nic_gbps, pod_nic_gbps,
 )
 
 LMCacheVersion = tuple[int, int, int]
@@ -185,8 +187,9 @@ VALKEY_IO_THREADS = 16  # at most: Valkey's io-threads on its own node, half its
 
 def in_cluster_server(node_type: str, vcpus: int, gib: float) -> L2Server:
     """The in-cluster Valkey on a node of its own, with the maxmemory k8s/cache.py renders
-    (ElastiCache's reserved-memory-percent leaves 3/4 of its nodes: ELASTICACHE_DATA_SHARE)."""
-    return L2Server(IN_CLUSTER, node_type, ec2_baseline_gbps(node_type) or 0.0,
+    (ElastiCache's reserved-memory-percent leaves 3/4 of its nodes: ELASTICACHE_DATA_SHARE),
+    and what its pod's NIC carries (a pod, so network card 0's: config/bandwidth.py)."""
+    return L2Server(IN_CLUSTER, node_type, pod_nic_gbps(node_type),
                     min(VALKEY_IO_THREADS, vcpus // 2), maxmemory_mib(container_gib(gib)) / 1024)
 
 
@@ -330,13 +333,17 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
     need = break_even_gbs(model, known[1], prefix_tokens) if known else None
     shape = gpu_shape(instance_type)
     gpus_per_node = shape.gpus if shape else ranks
-    nic = ec2_baseline_gbps(instance_type)
+    # every type we judge has a NIC (config/bandwidth.py raises naming one that has not);
+    # only a type we neither size nor judge, whose verdict keeps what the file asks, has none
+    nic = pod_nic_gbps(instance_type) if shape or known else None
     gpus = replicas * ranks
     client = [Term(f"LMCache's {connector.scheme} client ({connector.connections} connections "
                    f"x {connector.gbs_per_connection:g} GB/s, {connector.client_gb_per_cpu_s:g}"
                    f" GB per CPU-second)", connector.client_gbs(cpu_per_rank / 2))]
-    if nic:
-        client.append(Term(f"the worker's NIC ({instance_type}, {nic:g} Gbps) over its "
+    if nic is not None:
+        total = nic_gbps(instance_type)
+        card = f": network card 0 of its {total:g}" if nic < total else ""
+        client.append(Term(f"the worker's NIC ({instance_type}, {nic:g} Gbps{card}) over its "
                            f"{gpus_per_node} GPUs", nic / 8 / gpus_per_node))
     verdict = None
     max_shards = server.max_shards if server and connector.cluster else 1

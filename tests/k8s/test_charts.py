@@ -113,6 +113,14 @@ def test_china_manifests_pull_only_from_the_china_ecr(rendered, case):
     assert all("@sha256:" in i or i.endswith(":router") or ":v0.5.4" in i for i in images)
 
 
+def test_no_pod_asks_the_vpc_cni_for_other_network_cards(rendered):
+    """config/bandwidth.py gives a pod network card 0's bandwidth: the VPC CNI (v1.20.0+)
+    attaches a pod to the others only when annotated so."""
+    docs = [d for _, ds in rendered.values() for d in ds]
+    assert any(d["kind"] == "Deployment" for d in docs)
+    assert all("k8s.amazonaws.com/nicConfig" not in json.dumps(d) for d in docs)
+
+
 def test_seed_renders_the_hyperpod_shape():
     cfg = _env("dev")
     spec = _spec(cfg)

@@ -5,15 +5,16 @@ forces it; L1 stores layer by layer, which LMCache allows only without an L2."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
 
 from bench.emulator import PROFILES
 from bench.tiers import RATES_FILE, pipelined, rendered_tiers
-from config.instances import GPU_MODELS
+from config.instances import GPU_MODELS, GPU_SHAPES
 from config.models import ASSUMED, KNOWN_MODELS, known_model, shape_from_config
-from config.bandwidth import IN_CLUSTER_NODE_TYPES
+from config.bandwidth import EC2_BASELINE_GBPS, IN_CLUSTER_NODE_TYPES, pod_nic_gbps
 from k8s.l2 import (
     CONNECTORS, ELASTICACHE, IN_CLUSTER, MARGIN, REDIS, REDISS, RESP,
     SERVER_GET_GB_PER_CPU_S, SERVER_SET_GB_PER_CPU_S, VALKEY, break_even_gbs, choose_in_cluster,
@@ -127,6 +128,55 @@ def test_the_verdict_is_the_least_term_against_twice_the_break_even():
                                                                   sharded.shards - 1),
                        prefix_tokens=65536)
     assert not fewer.pays
+
+
+@pytest.mark.parametrize("itype", sorted(GPU_SHAPES))
+def test_every_gpu_type_is_judged_with_its_workers_nic(itype):
+    """The NIC term is there on every type a file may serve, what a pod's TCP sustains over
+    the node's GPUs (gr6, p3dn, p4de, p5.4xlarge, p5e, p5en and p6 once went without it; p4d,
+    p5 and p6 were once judged on every network card's figure, EFA's included)."""
+    v = l2_verdict(instance_type=itype, model=known_model("llama-3.1-8b"), ranks=1,
+                   replicas=1, connector=RESP, server=None)
+    nic = [t for t in v.terms if t.what.startswith(f"the worker's NIC ({itype}, ")]
+    assert len(nic) == 1
+    assert nic[0].gbs == pod_nic_gbps(itype) / 8 / GPU_SHAPES[itype].gpus
+    assert ("network card 0" in nic[0].what) == (pod_nic_gbps(itype) < EC2_BASELINE_GBPS[itype])
+
+
+@pytest.mark.parametrize("prefix", [8192, 65536])
+def test_sharded_elasticache_cannot_feed_a_p5_pod_past_its_network_card(prefix):
+    """Llama-3.1-70B at TP 8 on p5.48xlarge against ElastiCache (cache.r7g.16xlarge, up to 16
+    shards, valkey://): on the instance's 3200 Gbps it paid with 4 shards at 64K (1.88 GB/s
+    against a break-even of 0.87) and 6 at 8K (2.81 against 1.32), an ElastiCache the pod
+    could not read at that rate. The pod rides network card 0, 100 Gbps over 8 GPUs: 1.56
+    GB/s whatever the shards, under 2x the break-even at both lengths."""
+    m = known_model("llama-3.1-70b")
+    v = l2_verdict(instance_type="p5.48xlarge", model=m, ranks=8, replicas=1,
+                   connector=VALKEY, server=elasticache_server("cache.r7g.16xlarge", 16),
+                   prefix_tokens=prefix)
+    assert not v.pays and v.shards == 16
+    assert v.binding.what == ("the worker's NIC (p5.48xlarge, 100 Gbps: network card 0 of its "
+                              "3200) over its 8 GPUs")
+    assert v.deliver_gbs == pytest.approx(100 / 8 / 8)
+    assert MARGIN * v.need_gbs > v.deliver_gbs > v.need_gbs   # it would break even: not 2x
+
+
+def test_a_slow_nic_binds_the_verdict_and_the_timeout():
+    """gr6.4xlarge sustains 10 Gbps (25 only as burst): 1.25 GB/s for its one L4, a quarter
+    of what 8 flows carry, so the read of a 64K prefix must be given 4x as long."""
+    m = known_model("llama-3.1-8b")
+    v = l2_verdict(instance_type="gr6.4xlarge", model=m, ranks=1, replicas=1,
+                   connector=RESP, server=None, prefix_tokens=65536)
+    assert v.binding.what == "the worker's NIC (gr6.4xlarge, 10 Gbps) over its 1 GPUs"
+    assert v.deliver_gbs == pytest.approx(1.25)
+    assert v.blocking_timeout_s == math.ceil(MARGIN * 65536 * m.kv_bytes_per_token / 1.25e9)
+
+
+def test_a_gpu_type_without_a_nic_baseline_fails_naming_it(monkeypatch):
+    monkeypatch.delitem(EC2_BASELINE_GBPS, "p5en.48xlarge")
+    with pytest.raises(LookupError, match=r"^p5en\.48xlarge: .*EC2_BASELINE_GBPS"):
+        l2_verdict(instance_type="p5en.48xlarge", model=known_model("llama-3.1-70b"),
+                   ranks=8, replicas=1, connector=RESP, server=None)
 
 
 def test_an_unknown_gpu_keeps_what_the_file_asks():

@@ -39,8 +39,8 @@ from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, conte
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
-    L2_SAFE_LMCACHE, L2_SAFE_VLLM, MetricsSource, WorkerScaling, WorkerProps, WorkersChart,
-    kv_event_endpoints, l1_budget, l2_refusal, parallel_ranks, worker_urls,
+    L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
+    l1_budget, l2_refusal, parallel_ranks, worker_urls,
 )
 
 
@@ -269,16 +269,6 @@ class L2Plan:
     @property
     def connector(self):
         return self.verdict.connector
-
-
-# Worker images that may have an L2 (k8s/workers.py l2_refusal), as a refusal names them.
-_SHIPPED = IMAGES["vllm-lmcache"]
-L2_IMAGES = ("{path}:{tag} (vLLM {v} + LMCache {l}), or another image carrying a known LMCache "
-             "{lf} or later with a known vLLM {vf} or later").format(
-    path=_SHIPPED.source.split("/", 1)[1], tag=_SHIPPED.tag,
-    v=".".join(map(str, image_release(_SHIPPED).vllm)),
-    l=".".join(map(str, image_release(_SHIPPED).lmcache)),
-    lf=".".join(map(str, L2_SAFE_LMCACHE)), vf=".".join(map(str, L2_SAFE_VLLM)))
 
 
 def l2_refusal_for(s: EndpointSpec) -> str | None:

@@ -15,7 +15,7 @@ import yaml
 from cdk8s import Chart
 from constructs import Construct
 
-from config.images import ImageFamily
+from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
@@ -331,9 +331,9 @@ def layerwise_guard(vllm: tuple[int, int, int] | None, args: tuple[str, ...]) ->
 # (scheduler.py _handle_invalid_blocks, 0.11.1 on), and LMCache survives vLLM's rollback (the
 # request tracker truncated, 0.4.1 on; 0.3.9.post1 to 0.3.15 under vLLM 0.11.1+ die on an
 # assert, LMCache issue #2294). LMCache 0.3.7 in lmcache/vllm-openai v0.3.7 catches the error
-# (remote_backend.py get_blocking returns None), logs "This should not happen!" and vLLM 0.10.2
-# runs on the unloaded blocks: wrong text with HTTP 200, and 0.3.7 never reconnects. So only a
-# known pair past both floors gets an L2.
+# (remote_backend.py get_blocking / batched_get_blocking return None and drop the connection),
+# logs "This should not happen!" and vLLM 0.10.2 runs on the unloaded blocks: wrong text with
+# HTTP 200. So only a known pair past both floors gets an L2.
 L2_SAFE_VLLM: tuple[int, int, int] = (0, 11, 1)
 L2_SAFE_LMCACHE: LMCacheVersion = (0, 4, 1)
 # What vLLM does with the reported blocks: `kv_load_failure_policy` (KVTransferConfig, from
@@ -350,6 +350,14 @@ KV_LOAD_FAILURE_POLICY_SINCE: tuple[int, int, int] = (0, 13, 0)
 
 def _release(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
+
+
+_SHIPPED = image_release(IMAGES["vllm-lmcache"])
+# The images that may have an L2, as a refusal names them.
+L2_IMAGES = (f"{IMAGES['vllm-lmcache'].source.split('/', 1)[1]}:{IMAGES['vllm-lmcache'].tag} "
+             f"(vLLM {_release(_SHIPPED.vllm)} + LMCache {_release(_SHIPPED.lmcache)}), or "
+             f"another image carrying a known LMCache {_release(L2_SAFE_LMCACHE)} or later "
+             f"with a known vLLM {_release(L2_SAFE_VLLM)} or later")
 
 
 def l2_refusal(vllm: tuple[int, int, int] | None, lmcache: LMCacheVersion | None) -> str | None:

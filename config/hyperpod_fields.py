@@ -77,10 +77,12 @@ _ROWS = (
           "the worker's whole L1, split over its GPU processes into max_local_cpu_size "
           "(default: the memory vLLM and /dev/shm leave)"),
     Field("spec.kvCacheSpec.enableL2Cache", USED, "LMCache remote_url (L2 shared by workers), "
-          "where a read from it can beat recomputing on the instance type's GPU (otherwise "
-          "not deployed, with a warning: docs/serving.md)"),
+          "where a read from it can beat recomputing on the instance type's GPU and the worker "
+          "image's vLLM and LMCache report a failed L2 read (otherwise not deployed, with a "
+          "warning: docs/serving.md)"),
     Field("spec.kvCacheSpec.forceL2Cache", USED, "this project's extension: true deploys the "
-          "L2 even where reading from it is slower than recomputing"),
+          "L2 even where reading from it is slower than recomputing (refused for an image "
+          "that cannot report a failed L2 read)"),
     Field("spec.kvCacheSpec.prefixTokens", USED, "this project's extension: the prompt prefix "
           "(tokens) an L2 hit saves, which the L2 verdict judges at (default 8192)"),
     Field("spec.kvCacheSpec.workingSetTokens", USED, "this project's extension: the distinct "

@@ -39,8 +39,8 @@ from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, conte
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
-    MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints, l1_budget,
-    parallel_ranks, worker_urls,
+    L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
+    l1_budget, l2_refusal, parallel_ranks, worker_urls,
 )
 
 
@@ -97,6 +97,14 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
+    refusal = l2_refusal_for(s)
+    if refusal and not s.l2_forced:
+        warnings.append(changed(
+            f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed for "
+            f"{s.worker_image}: {refusal}. L1 stays on; {L2_IMAGES} gets the L2 "
+            "(docs/serving.md, 'KV cache tiers')", s.name, "kvCacheSpec.enableL2Cache"))
+    if refusal:   # forced: refused below, once the image is known to be vLLM at all
+        s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
     plan = l2_plan(cfg, s)
     if plan is not None:
         v = plan.verdict
@@ -144,6 +152,11 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             warnings.append(f"{where}.intelligentRoutingSpec.routingStrategy: kvaware needs "
                             f"KV events (vLLM 0.9 or later); the vLLM version of "
                             f"{s.worker_image} is not known here: check it publishes them")
+    if refusal and s.l2_forced:
+        raise ConfigError(cfg.name, f"{where}.kvCacheSpec.forceL2Cache", True,
+                          f"false (L1 only), or a worker.image whose LMCache reports a failed "
+                          f"L2 read to vLLM, {L2_IMAGES}: {s.worker_image} cannot have an L2: "
+                          f"{refusal}")
     certificate = s.tls_certificate_arn
     if certificate:
         _, partition, _, region, account, _ = certificate.split(":", 5)
@@ -258,10 +271,20 @@ class L2Plan:
         return self.verdict.connector
 
 
+def l2_refusal_for(s: EndpointSpec) -> str | None:
+    """Why the endpoint's worker image may not have the L2 it asks for; None where it may
+    (or asks for none)."""
+    if not s.l2_enabled:
+        return None
+    release = image_release(s.image) if s.image else None
+    return l2_refusal(release.vllm if release else None, release.lmcache if release else None)
+
+
 def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     """The L2 an endpoint asking for one would get, and whether it pays (k8s/l2.py), for its
-    largest fleet: autoscaling's maximum, every replica reading at once."""
-    if not s.l2_enabled:
+    largest fleet: autoscaling's maximum, every replica reading at once. None where it asks
+    for none or its image may not have one."""
+    if not s.l2_enabled or l2_refusal_for(s):
         return None
     target = OWN if s.l2_url else IN_CLUSTER if _shared_kind(cfg, s) else ELASTICACHE
     connector = ((REDISS if s.l2_url.startswith("rediss://") else REDIS) if target == OWN else
@@ -513,7 +536,7 @@ def connection(plan: L2Plan, base: L2Connection) -> L2Connection:
 
 def _shared_kind(cfg: EnvironmentConfig, s: EndpointSpec) -> str | None:
     """None: the managed ElastiCache (or no L2); otherwise the in-cluster cache to deploy."""
-    if not s.l2_enabled or s.l2_url:
+    if not s.l2_enabled or s.l2_url or l2_refusal_for(s):
         return None
     # tieredstorage and lmcache-server: the in-cluster Valkey too (k8s/workers.py TIER_POLICY).
     if s.l2_backend in ("valkey", "lmcache-server") or (

@@ -15,7 +15,7 @@ import yaml
 from cdk8s import Chart
 from constructs import Construct
 
-from config.images import ImageFamily
+from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
     NODE_ROLE_LABEL, WORKER_PORT,
@@ -324,6 +324,77 @@ def layerwise_guard(vllm: tuple[int, int, int] | None, args: tuple[str, ...]) ->
                    or (a.startswith("-O") and not a.startswith("--")) for a in args)
 
 
+# A failed L2 read (server gone, a timeout) must never leave vLLM computing on KV that was not
+# loaded. A synchronous load is counted as computed before it runs, and its blocks enter
+# vLLM's prefix cache, so three things must hold: LMCache reports the blocks it failed to load
+# (vllm_v1_adapter.py get_block_ids_with_load_errors, 0.3.9.post1 on), vLLM acts on them
+# (scheduler.py _handle_invalid_blocks, 0.11.1 on), and LMCache survives vLLM's rollback (the
+# request tracker truncated, 0.4.1 on; 0.3.9.post1 to 0.3.15 under vLLM 0.11.1+ die on an
+# assert, LMCache issue #2294). LMCache 0.3.7 in lmcache/vllm-openai v0.3.7 catches the error
+# (remote_backend.py get_blocking / batched_get_blocking return None and drop the connection),
+# logs "This should not happen!" and vLLM 0.10.2 runs on the unloaded blocks: wrong text with
+# HTTP 200. So only a known pair past both floors gets an L2.
+L2_SAFE_VLLM: tuple[int, int, int] = (0, 11, 1)
+L2_SAFE_LMCACHE: LMCacheVersion = (0, 4, 1)
+# What vLLM does with the reported blocks: `kv_load_failure_policy` (KVTransferConfig, from
+# 0.13.0; default "recompute" to 0.16, "fail" from 0.17.0). "recompute" rewinds the request, but
+# in 0.27.1 the default Model Runner V2 rewinds only its CPU mirror of num_computed_tokens and
+# builds positions from the GPU copy (gpu/model_runner.py update_requests, prepare_pos_seq_lens),
+# and under async scheduling the in-flight placeholders are not rolled back
+# (_update_requests_with_invalid_blocks): wrong output again (vllm-project/vllm#49250, open).
+# "fail" ends the request with an error (HTTP 500) and evicts the blocks, so a retry
+# recomputes: rendered explicitly wherever the key exists, whatever the release's default.
+KV_LOAD_FAILURE_POLICY = "fail"
+KV_LOAD_FAILURE_POLICY_SINCE: tuple[int, int, int] = (0, 13, 0)
+
+
+def _release(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+_SHIPPED = image_release(IMAGES["vllm-lmcache"])
+# The images that may have an L2, as a refusal names them.
+L2_IMAGES = (f"{IMAGES['vllm-lmcache'].source.split('/', 1)[1]}:{IMAGES['vllm-lmcache'].tag} "
+             f"(vLLM {_release(_SHIPPED.vllm)} + LMCache {_release(_SHIPPED.lmcache)}), or "
+             f"another image carrying a known LMCache {_release(L2_SAFE_LMCACHE)} or later "
+             f"with a known vLLM {_release(L2_SAFE_VLLM)} or later")
+
+
+def l2_refusal(vllm: tuple[int, int, int] | None, lmcache: LMCacheVersion | None) -> str | None:
+    """Why an image with this vLLM and LMCache gets no L2 (above); None where it may."""
+    if vllm is None or lmcache is None:
+        carries = ("vLLM and LMCache releases" if vllm is None and lmcache is None else
+                   f"LMCache release beside its vLLM {_release(vllm)}" if vllm else
+                   f"vLLM release beside its LMCache {_release(lmcache)}")
+        return (f"no public record pins the {carries} (config/images.py image_release), so "
+                "nothing says a failed L2 read reaches vLLM rather than leaving it to compute "
+                "on KV that never loaded")
+    if vllm >= L2_SAFE_VLLM and lmcache >= L2_SAFE_LMCACHE:
+        return None
+    v, lmc = _release(vllm), _release(lmcache)
+    if lmcache < L2_SAFE_LMCACHE and vllm >= L2_SAFE_VLLM and lmcache >= (0, 3, 9):
+        why = (f"LMCache {lmc} either does not report a failed L2 read or (0.3.9.post1 to "
+               f"0.3.15) dies on an assert when vLLM {v} rolls the load back")
+    else:
+        why = " and ".join(
+            ([f"LMCache {lmc} does not report a failed L2 read to vLLM"]
+             if lmcache < L2_SAFE_LMCACHE else []) +
+            ([f"vLLM {v} does not act on a load reported failed"]
+             if vllm < L2_SAFE_VLLM else []))
+        why += ", so a request reads KV that never loaded (wrong text, HTTP 200)"
+    return (f"it carries vLLM {v} + LMCache {lmc}: {why}; an L2 takes LMCache "
+            f"{_release(L2_SAFE_LMCACHE)} and vLLM {_release(L2_SAFE_VLLM)} or later")
+
+
+def kv_transfer_config(vllm: tuple[int, int, int] | None, l2: bool) -> dict[str, str]:
+    """The `--kv-transfer-config` we add where the file has none: LMCache's connector, and with
+    an L2 the load-failure policy where the image's vLLM has the key (above)."""
+    config = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    if l2 and vllm is not None and vllm >= KV_LOAD_FAILURE_POLICY_SINCE:
+        config["kv_load_failure_policy"] = KV_LOAD_FAILURE_POLICY
+    return config
+
+
 def layerwise(p: WorkerProps) -> bool:
     """Does this worker's LMCache store layer by layer (TIER_POLICY, with its guard)?"""
     return (tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
@@ -397,9 +468,8 @@ def vllm_args(p: WorkerProps) -> list[str]:
     args = [] if p.command or named_model(p.extra_args) else [p.model_mount_path]
     args += list(p.extra_args)
     own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
-           "--kv-transfer-config": json.dumps(
-               {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
-               separators=(",", ":"))}
+           "--kv-transfer-config": json.dumps(kv_transfer_config(p.vllm, p.l2 is not None),
+                                              separators=(",", ":"))}
     for flag, value in own.items():
         if flag not in given:
             args += [flag, value]

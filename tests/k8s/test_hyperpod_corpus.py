@@ -342,13 +342,20 @@ def test_a_certificate_of_the_environment_is_used_as_written(tmp_path):
 def test_the_endpoints_own_l2_url_overrides_the_environments_cache(corpus, tmp_path):
     path = CORPUS / "hpcli-sample-llama31-8b-kv-cache-redis.yaml"
     served = corpus["dev"].spec(path)
-    # as published: LMCache's redis:// client (one asyncio loop, ~0.6 GB/s) reads under twice
-    # what its A10Gs recompute at 8K, so no L2 (k8s/l2.py), and the file is told why
-    assert served.l2_url is None
-    assert any("enableL2Cache: true, but no L2" in w and "redis://" in w
+    # as published, on lmcache/vllm-openai:v0.3.7, whose LMCache does not report a failed L2
+    # read to vLLM: no L2 (k8s/workers.py l2_refusal), and the file is told why
+    assert served.l2_url is None and not served.l2_enabled
+    assert any("enableL2Cache: true, but no L2" in w and "vLLM 0.10.2 + LMCache 0.3.7" in w
                for w in served.warnings)
     cfg = resolve_environment(_corpus_env(tmp_path, "dev", [path]))
     raw = yaml.safe_load(filled(path)[0])
+    raw["spec"]["worker"]["image"] = "lmcache/vllm-openai:v0.5.4"
+    (tmp_path / path.name).write_text(yaml.safe_dump(raw))
+    (s,) = load_endpoints(cfg, tmp_path)
+    # on v0.5.4: LMCache's redis:// client (one asyncio loop, ~0.6 GB/s) reads under twice
+    # what its A10Gs recompute at 8K, so no L2 (k8s/l2.py) unless forced
+    assert s.l2_url is None
+    assert any("enableL2Cache: true, but no L2" in w and "redis://" in w for w in s.warnings)
     raw["spec"]["kvCacheSpec"]["forceL2Cache"] = True
     (tmp_path / path.name).write_text(yaml.safe_dump(raw))
     (s,) = load_endpoints(cfg, tmp_path)

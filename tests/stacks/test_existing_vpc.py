@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from config import ConfigError, resolve_environment
+from config.images import IMAGES
 from config.network import vpc_lookup_key
 from k8s.serving import load_endpoints
 from tests.conftest import ROOT, context_for, dumps, resources
@@ -60,8 +61,11 @@ def synth(tmp_path_factory):
     cfg = resolve_environment(ctx)
     app = cdk.App(context=ctx, outdir=str(tmp_path_factory.mktemp("existing-vpc")))
     # an endpoint that forces the managed L2, so that the Cache stack exists and shows where
-    # it puts the cache (the sample's endpoint asks for L1 only)
-    specs = tuple(dataclasses.replace(s, l2_enabled=True, l2_backend="redis", l2_forced=True)
+    # it puts the cache (the sample's endpoint asks for L1 only), on an image that may have an
+    # L2 (k8s/workers.py l2_refusal: the sample's v0.3.7 may not)
+    shipped = IMAGES["vllm-lmcache"]
+    specs = tuple(dataclasses.replace(s, l2_enabled=True, l2_backend="redis", l2_forced=True,
+                                      image=shipped, worker_image=shipped.source_ref)
                   for s in load_endpoints(cfg, ROOT))
     stacks = build(app, cfg, specs)
     assembly = app.synth()

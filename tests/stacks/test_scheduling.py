@@ -73,6 +73,11 @@ def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
             # its L2 would not pay on its GPU (k8s/l2.py l2_verdict): forced, so the
             # Valkey it brings is scheduled too
             raw["spec"]["kvCacheSpec"]["forceL2Cache"] = True
+            # on an image that may have an L2 (k8s/workers.py l2_refusal: not the v0.3.7 the
+            # corpus fills its placeholder with)
+            image = raw["spec"]["worker"]["image"]
+            raw["spec"]["worker"]["image"] = image.replace(":v0.3.7", ":v0.5.4")
+            assert raw["spec"]["worker"]["image"] != image
             (tmp / TIERED.name).write_text(yaml.safe_dump(raw))
         ctx["environments"]["dev"]["cache"] = {"kind": "self-hosted"}
         cfg = resolve_environment(ctx)

@@ -1210,7 +1210,13 @@ def render_llmd(d: dict, sensitivity: bool = False) -> list[str]:
              "stage, as inference-perf's load generator does, waiting for all its requests "
              "to finish before the next begins. Arms: round robin, vllm-router's random "
              "policy (their cache-blind picker was random) and prefixaware (sglang-router's "
-             "cache_aware), all through the real routers on the virtual clock. No L1/L2.", "",
+             "cache_aware), all through the real routers on the virtual clock. No L1/L2. "
+             "One difference stays: inference-perf (kubernetes-sigs/inference-perf at "
+             "d5d8ad4, the release of their run; loadgen/load_generator.py) keeps at most "
+             "100 requests in flight per worker process, one process per CPU the host "
+             "reports, and starts a request's TTFT when it is sent, so a request waiting for "
+             "a slot does not count that wait; their load generator's CPU count is not "
+             "stated, and ours sends every request when it arrives.", "",
              "| QPS | ours rr mean / P90 s | ours random mean / P90 s | theirs random mean / "
              "P90 s | ours prefix-aware mean / P90 s | theirs precise mean / P90 s | their "
              "guide RR / llm-d P50 s |", "|---|---|---|---|---|---|---|"]

@@ -261,3 +261,24 @@ def test_a_connectors_password_goes_to_the_key_its_adapter_reads(name):
         "redis_adapter.py" if name == "resp" else "valkey_adapter.py")
     assert got.password_key == c.password_key
     assert f'extra_config.get("{c.password_key}"' in adapter.read_text()
+
+
+@pytest.mark.parametrize("name", ["resp", "valkey"])
+def test_a_connectors_password_reaches_the_extra_config_its_lmcache_reads(
+        tmp_path, monkeypatch, name):
+    """The token the init container writes (the real script, a stub `aws`) lands in the
+    rendered extra_config under the connector's own key, and LMCache 0.5.4's parser reads it
+    there, for either connector reaching a secret-bearing L2 (resp:// reaches none today:
+    k8s/l2.py connector_for; forced onto the managed L2 here)."""
+    import k8s.serving
+    from k8s.l2 import CONNECTORS
+
+    c = CONNECTORS[name]
+    monkeypatch.setattr(k8s.serving, "connector_for", lambda *_: c)
+    cfg = _env("dev")
+    docs = render(cfg, _spec(cfg, backend="redis", image="lmcache/vllm-openai:v0.5.4"))
+    (got,) = parse("0.5.4", [str(_config_file(docs, tmp_path))])
+    assert got["unknown"] == []
+    assert got["values"]["remote_url"].startswith(c.scheme)
+    assert got["values"]["extra_config"][c.password_key] == "s3cretT0ken"
+    assert "s3cretT0ken" not in yaml.safe_dump_all(docs)

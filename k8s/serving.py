@@ -280,6 +280,13 @@ def l2_refusal_for(s: EndpointSpec) -> str | None:
     return l2_refusal(release.vllm if release else None, release.lmcache if release else None)
 
 
+def reads_managed_l2(cfg: EnvironmentConfig, s: EndpointSpec) -> bool:
+    """Does the endpoint's worker read the environment's ElastiCache (and so its AUTH token)?
+    Not where its L2 is the in-cluster Valkey, its own URL, refused or absent."""
+    plan = l2_plan(cfg, s)
+    return plan is not None and plan.target == ELASTICACHE
+
+
 def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     """The L2 an endpoint asking for one would get, and whether it pays (k8s/l2.py), for its
     largest fleet: autoscaling's maximum, every replica reading at once. None where it asks
@@ -402,12 +409,12 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
     for s in specs:
         l2 = None
         plan = l2_plan(cfg, s)
-        if plan and s.l2_url:
+        if plan and plan.target == OWN:
             l2 = L2Connection(url=s.l2_url)
+        elif plan and plan.target == ELASTICACHE:
+            l2 = connection(plan, facts.managed_l2) if facts.managed_l2 else None
         elif plan:
-            kind = _shared_kind(cfg, s)
-            base = facts.managed_l2 if kind is None else L2Connection(url=shared[kind].url)
-            l2 = connection(plan, base) if base else None
+            l2 = connection(plan, L2Connection(url=shared[_shared_kind(cfg, s)].url))
         kvaware = s.routing_strategy == "kvaware"
         budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
         wp = WorkerProps(

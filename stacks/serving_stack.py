@@ -12,7 +12,7 @@ from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from k8s.router import router_name
-from k8s.serving import ServingFacts, build_charts, worker_service_account
+from k8s.serving import ServingFacts, build_charts, reads_managed_l2, worker_service_account
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
@@ -71,7 +71,7 @@ class ServingStack(Stack):
                     service_account=router_name(spec.name)))
             router_role = identities[router_name(spec.name)].role
             api_key.grant_read(router_role)
-            if l2_secret_arn and spec.l2_enabled:
+            if l2_secret_arn and reads_managed_l2(cfg, spec):
                 role.add_to_policy(iam.PolicyStatement(
                     actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))
                 if l2_key:

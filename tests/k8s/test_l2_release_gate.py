@@ -151,7 +151,9 @@ def test_forcing_an_l2_on_an_image_that_cannot_report_a_failed_read_is_refused(i
     assert _fit(cfg, SHIPPED, forced=True).l2_enabled
 
 
-def test_forced_l2_on_v037_stops_the_synth_before_anything_is_written(tmp_path):
+def test_forced_l2_on_v037_is_refused_when_the_files_are_read(tmp_path):
+    """load_endpoints is what app.py runs before CDK builds anything (a refusal there writes
+    nothing: tests/config/test_bad_inputs.py test_the_app_exits_2_before_writing_anything)."""
     from k8s.serving import load_endpoints
 
     raw = copy.deepcopy(SEED)
@@ -161,7 +163,6 @@ def test_forced_l2_on_v037_stops_the_synth_before_anything_is_written(tmp_path):
     ctx["environments"]["dev"]["endpoints"] = ["e.yaml"]
     with pytest.raises(ConfigError, match=r"kvCacheSpec\.forceL2Cache = True is not valid"):
         load_endpoints(resolve_environment(ctx), tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == ["e.yaml"]
 
 
 def test_the_l2_worker_fails_a_request_whose_l2_read_failed():
@@ -195,3 +196,28 @@ def test_the_gate_allows_exactly_the_known_pairs_past_both_floors():
             assert why is None or "\n" not in why
     assert "dies on an assert" in l2_refusal((0, 27, 1), (0, 3, 15))
     assert "wrong text" in l2_refusal((0, 10, 2), (0, 3, 7))
+
+
+def test_the_elasticache_token_goes_only_to_workers_that_read_it(monkeypatch):
+    """The Serving stack grants the ElastiCache AUTH secret to a worker's role by
+    k8s.serving.reads_managed_l2 (stacks/serving_stack.py): exactly where the rendered worker
+    fetches it, not where its L2 is the in-cluster Valkey, its own URL, or refused."""
+    import config.images
+    from config.endpoint_spec import parse_endpoint
+    from k8s.serving import reads_managed_l2
+
+    monkeypatch.setattr(config.images, "GLIDE_IMAGES", frozenset({"vllm-lmcache"}))
+    cfg = _env({"kind": "elasticache", "engine": "valkey", "engineVersion": "9.0",
+                "nodeType": "cache.r7g.4xlarge", "maxShards": 32, "replicas": 1,
+                "multiAz": True})
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["image"] = SHIPPED
+    raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheLocalUrl"] = "redis://l2.team.internal:6379"
+    own = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/own.yaml", raw))
+    cases = {"managed": _fit(cfg, SHIPPED, backend="redis"),
+             "in-cluster": _fit(cfg, SHIPPED, backend="valkey"),
+             "own": own, "refused": _fit(cfg, OLD, backend="redis")}
+    reads = {name: reads_managed_l2(cfg, s) for name, s in cases.items()}
+    assert reads == {"managed": True, "in-cluster": False, "own": False, "refused": False}
+    for name, s in cases.items():
+        assert ("L2_SECRET_ARN" in json.dumps(_docs(cfg, s))) == reads[name], name

@@ -8,11 +8,13 @@ narrows the gates to those environments.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import kubernetes_validate.utils
 import pytest
 
 from config import EnvironmentConfig, resolve_environment
@@ -24,6 +26,13 @@ DECLARED = declared_environments(ROOT)         # name -> the context that select
 # list is narrowed in place before any test module is imported).
 ENVIRONMENTS: list[str] = sorted(DECLARED)
 _HASH = re.compile(r"[0-9a-f]{64}")
+
+# kubernetes-validate reads and parses the kind's schema and the 1.5 MB _definitions.json on
+# every call (most of its ~15 ms; the suite validates about a thousand objects). Both are files
+# of the installed package, parsed the same every time: read each once per session. The
+# validation itself still runs on every object.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
+    kubernetes_validate.utils.schema_contents)
 
 
 def pytest_addoption(parser):

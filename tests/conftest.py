@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import kubernetes_validate.utils
@@ -62,9 +62,20 @@ class Synth:
     stacks: object            # stacks.app_builder.EnvironmentStacks
     outdir: Path
     templates: dict[str, dict]  # stack name -> template
+    _lint: object = field(default=None, repr=False)
 
     def template(self, suffix: str) -> dict:
         return self.templates[f"{self.cfg.stack_prefix}-{suffix}"]
+
+    def cfn_lint(self):
+        """cfn-lint over this environment's templates in its region (tests.lint.CfnLint),
+        started on first call (at synth when the session runs the cfn-lint gate)."""
+        from tests.lint import CfnLint
+
+        if self._lint is None:
+            self._lint = CfnLint(self.cfg.region,
+                                 sorted(str(p) for p in self.outdir.glob("*.template.json")))
+        return self._lint
 
 
 def context_for(**overrides: str) -> dict:
@@ -93,6 +104,17 @@ def _synth(name: str, tmp: Path) -> Synth:
     return Synth(cfg, stacks, Path(assembly.directory), templates)
 
 
+# Whether a selected test asks for cfn-lint over the environments' templates (the `cfn_lint`
+# fixture): then each environment's lint starts in the background as soon as it is synthesized.
+_LINT_AT_SYNTH = False
+
+
+def pytest_collection_finish(session):
+    global _LINT_AT_SYNTH
+    _LINT_AT_SYNTH = any("cfn_lint" in getattr(item, "fixturenames", ())
+                         for item in session.items)
+
+
 class Synths(dict):
     """name -> Synth, each environment synthesized the first time a test asks for it (a run
     narrowed by -k or --environment synthesizes only what it uses)."""
@@ -105,6 +127,8 @@ class Synths(dict):
         if name not in DECLARED:
             raise KeyError(name)
         self[name] = synth = _synth(name, self._tmp)
+        if _LINT_AT_SYNTH:
+            synth.cfn_lint()
         return synth
 
     def all(self) -> dict[str, Synth]:
@@ -127,6 +151,14 @@ class Lazy(dict):
 @pytest.fixture(scope="session")
 def synths(tmp_path_factory) -> Synths:
     return Synths(tmp_path_factory.mktemp("cdk"))
+
+
+@pytest.fixture(scope="session")
+def cfn_lint(synths):
+    """``cfn_lint(name)`` -> tests.lint.CfnLint over that environment's templates in its
+    region. A session whose tests ask for this fixture starts each environment's lint as soon
+    as it is synthesized."""
+    return lambda name: synths[name].cfn_lint()
 
 
 @pytest.fixture(scope="session")

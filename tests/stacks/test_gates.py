@@ -51,8 +51,8 @@ def test_validation_is_configured_as_errors():
 def test_cfn_lint_has_no_errors_or_warnings(synths, cfn_lint, name):
     lint = cfn_lint(name)
     assert len(lint.templates) == len(synths[name].templates)
-    code, output = lint.result()
-    assert code == 0, output
+    proc = lint.result()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def foreign_build_steps(outdir: Path, registry: str) -> list[str]:

@@ -161,6 +161,36 @@ def cfn_lint(synths):
     return lambda name: synths[name].cfn_lint()
 
 
+_EARLY: dict = {}   # start function -> tests.background.Early
+
+
+def _start_early(start, tmp_path_factory):
+    from tests.background import Early
+
+    if start not in _EARLY:
+        tmp = tmp_path_factory.mktemp(start.__name__.strip("_"))
+        _EARLY[start] = Early(tmp, start(tmp))
+    return _EARLY[start]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _starts_early(request, tmp_path_factory):
+    """Start the runs of the selected `starts_early` tests (tests/background.py) at once."""
+    for item in request.session.items:
+        if marker := item.get_closest_marker("starts_early"):
+            _start_early(marker.kwargs["start"], tmp_path_factory)
+    yield
+    for early in _EARLY.values():
+        early.run.stop()
+
+
+@pytest.fixture
+def early(request, tmp_path_factory):
+    """The Early (scratch directory, running subprocess) of this `starts_early` test."""
+    return _start_early(request.node.get_closest_marker("starts_early").kwargs["start"],
+                        tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
 def dev(synths) -> Synth:
     """The shipped global sample (environments/dev.json): tests of its own properties."""

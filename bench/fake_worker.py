@@ -747,6 +747,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"load": load, "worker_id": w.worker_id})
         elif path == "/version":
             self._send_json(200, {"version": "fake-vllm", "worker_id": w.worker_id})
+        elif path == "/kv_subscribers":   # the harness's (not vLLM's): who listens to KV events
+            self._send_json(200, {"subscribers": w.kv_subscribers(), "worker_id": w.worker_id})
         else:
             self._send_error_json(404, f"no route GET {path}")
 

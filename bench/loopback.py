@@ -34,7 +34,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from config.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
 from bench.fake_worker import FakeWorker
@@ -166,14 +166,20 @@ class FakeWorkerPool:
     def wait_kv_subscribers(self, n: int = 1, timeout: float = 5.0) -> None:
         """Wait until every live worker's KV event stream has ``n`` subscribers (one per
         kv_aware router): events published before a router subscribes never reach it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            counts = {w.worker_id: w.kv_subscribers() for w in self.workers if w.alive}
-            if all(c >= n for c in counts.values()):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"KV event subscribers after {timeout}s: {counts}, want {n}")
-            time.sleep(0.02)
+        wait_kv_subscribers(lambda: {w.worker_id: w.kv_subscribers() for w in self.workers
+                                     if w.alive}, n, timeout)
+
+
+def wait_kv_subscribers(counts: Callable[[], dict[str, int]], n: int, timeout: float) -> None:
+    """Poll ``counts()`` (worker -> KV event subscribers) until every one is at least ``n``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = counts()
+        if all(c >= n for c in got.values()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"KV event subscribers after {timeout}s: {got}, want {n}")
+        time.sleep(0.02)
 
 
 # --------------------------------------------------------------------------- router args

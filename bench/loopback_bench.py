@@ -144,6 +144,13 @@ class WorkerProcesses:
             raise
         return self
 
+    def wait_kv_subscribers(self, n: int = 1, timeout: float = 5.0) -> None:
+        """As FakeWorkerPool.wait_kv_subscribers, asked over each worker's HTTP port."""
+        from bench.loopback import http_json, wait_kv_subscribers
+
+        wait_kv_subscribers(lambda: {u: http_json("GET", u + "/kv_subscribers", timeout=2)[1][
+            "subscribers"] for u in self.urls}, n, timeout)
+
     def reset(self) -> None:
         """Empty every worker's prefix cache (between repeats: each starts cold)."""
         from bench.loopback import http_json
@@ -207,10 +214,8 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
         log = log_for(0)
         binary, args = router_launch(implementation(strategy), args)
         def subscribed() -> None:
-            if kv and not processes:
+            if kv:
                 pool.wait_kv_subscribers()
-            elif kv:
-                time.sleep(1.0)  # the router's SUB sockets connect
 
         with RouterProcess(args, log_path=log, binary=binary) as router:
             subscribed()

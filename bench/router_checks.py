@@ -239,7 +239,8 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def control(a: argparse.Namespace) -> None:
     key = KEY
     evil_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=evil_server.serve_forever, daemon=True).start()
+    threading.Thread(target=evil_server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     evil = f"http://127.0.0.1:{evil_server.server_address[1]}"
     q = urllib.parse.quote
     for strategy, router in CASES:

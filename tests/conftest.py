@@ -8,11 +8,13 @@ narrows the gates to those environments.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import kubernetes_validate.utils
 import pytest
 
 from config import EnvironmentConfig, resolve_environment
@@ -24,6 +26,13 @@ DECLARED = declared_environments(ROOT)         # name -> the context that select
 # list is narrowed in place before any test module is imported).
 ENVIRONMENTS: list[str] = sorted(DECLARED)
 _HASH = re.compile(r"[0-9a-f]{64}")
+
+# kubernetes-validate reads and parses the kind's schema and the 1.5 MB _definitions.json on
+# every call (most of its ~15 ms; the suite validates about a thousand objects). Both are files
+# of the installed package, parsed the same every time: read each once per session. The
+# validation itself still runs on every object.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
+    kubernetes_validate.utils.schema_contents)
 
 
 def pytest_addoption(parser):
@@ -53,9 +62,20 @@ class Synth:
     stacks: object            # stacks.app_builder.EnvironmentStacks
     outdir: Path
     templates: dict[str, dict]  # stack name -> template
+    _lint: object = field(default=None, repr=False)
 
     def template(self, suffix: str) -> dict:
         return self.templates[f"{self.cfg.stack_prefix}-{suffix}"]
+
+    def cfn_lint(self):
+        """cfn-lint over this environment's templates in its region (tests.lint.CfnLint),
+        started on first call (at synth when the session runs the cfn-lint gate)."""
+        from tests.lint import CfnLint
+
+        if self._lint is None:
+            self._lint = CfnLint(self.cfg.region,
+                                 sorted(str(p) for p in self.outdir.glob("*.template.json")))
+        return self._lint
 
 
 def context_for(**overrides: str) -> dict:
@@ -84,6 +104,17 @@ def _synth(name: str, tmp: Path) -> Synth:
     return Synth(cfg, stacks, Path(assembly.directory), templates)
 
 
+# Whether a selected test asks for cfn-lint over the environments' templates (the `cfn_lint`
+# fixture): then each environment's lint starts in the background as soon as it is synthesized.
+_LINT_AT_SYNTH = False
+
+
+def pytest_collection_finish(session):
+    global _LINT_AT_SYNTH
+    _LINT_AT_SYNTH = any("cfn_lint" in getattr(item, "fixturenames", ())
+                         for item in session.items)
+
+
 class Synths(dict):
     """name -> Synth, each environment synthesized the first time a test asks for it (a run
     narrowed by -k or --environment synthesizes only what it uses)."""
@@ -96,6 +127,8 @@ class Synths(dict):
         if name not in DECLARED:
             raise KeyError(name)
         self[name] = synth = _synth(name, self._tmp)
+        if _LINT_AT_SYNTH:
+            synth.cfn_lint()
         return synth
 
     def all(self) -> dict[str, Synth]:
@@ -118,6 +151,44 @@ class Lazy(dict):
 @pytest.fixture(scope="session")
 def synths(tmp_path_factory) -> Synths:
     return Synths(tmp_path_factory.mktemp("cdk"))
+
+
+@pytest.fixture(scope="session")
+def cfn_lint(synths):
+    """``cfn_lint(name)`` -> tests.lint.CfnLint over that environment's templates in its
+    region. A session whose tests ask for this fixture starts each environment's lint as soon
+    as it is synthesized."""
+    return lambda name: synths[name].cfn_lint()
+
+
+_EARLY: dict = {}   # start function -> tests.background.Early
+
+
+def _start_early(start, tmp_path_factory):
+    from tests.background import Early
+
+    if start not in _EARLY:
+        tmp = tmp_path_factory.mktemp(start.__name__.strip("_"))
+        _EARLY[start] = Early(tmp, start(tmp))
+    return _EARLY[start]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _starts_early(request, tmp_path_factory):
+    """Start the runs of the selected `starts_early` tests (tests/background.py) at once."""
+    for item in request.session.items:
+        if marker := item.get_closest_marker("starts_early"):
+            _start_early(marker.kwargs["start"], tmp_path_factory)
+    yield
+    for early in _EARLY.values():
+        early.run.stop()
+
+
+@pytest.fixture
+def early(request, tmp_path_factory):
+    """The Early (scratch directory, running subprocess) of this `starts_early` test."""
+    return _start_early(request.node.get_closest_marker("starts_early").kwargs["start"],
+                        tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

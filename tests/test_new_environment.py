@@ -4,7 +4,7 @@ In a scratch copy of the repository, a new environment is added as README.md say
 file, account, region and VPC range), and the suite runs there narrowed to it (`-k prod-cn
 --environment prod-cn`: the gates' parameters come from the copy's declarations). Each gate must
 have run on it and passed; its snapshots are recorded (`--snapshot-update`, as a team records
-them once with its environment).
+them once with its environment). That run starts with the session, beside the rest of it.
 """
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
+import pytest
+
+from tests.background import Background
 from tests.conftest import ROOT
 
 NAME = "prod-cn"
@@ -77,17 +81,24 @@ def _scratch_copy(dest):
         (dest / name).symlink_to((ROOT / name).resolve())
 
 
-def test_a_new_environment_runs_every_gate_without_touching_tests(tmp_path):
-    repo = tmp_path / "repo"
+def _gates_run(tmp: Path) -> Background:
+    """The suite in a scratch copy with the new environment, narrowed to it (a subprocess
+    that starts with the session: tests/background.py)."""
+    repo = tmp / "repo"
     _scratch_copy(repo)
     (repo / "environments" / f"{NAME}.json").write_text(json.dumps(ENVIRONMENT, indent=2))
-    report = tmp_path / "junit.xml"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CDK_"))}
     env["PATH"] = f"{repo / '.venv' / 'bin'}:{repo / 'node_modules' / '.bin'}:{env['PATH']}"
-    proc = subprocess.run(
+    return Background(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--environment", NAME,
-         "-k", NAME, "--snapshot-update", f"--junitxml={report}", *sorted(GATES)],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+         "-k", NAME, "--snapshot-update", f"--junitxml={tmp / 'junit.xml'}", *sorted(GATES)],
+        cwd=repo, env=env, timeout=900)
+
+
+@pytest.mark.starts_early(start=_gates_run)
+def test_a_new_environment_runs_every_gate_without_touching_tests(early):
+    repo, report = early.tmp / "repo", early.tmp / "junit.xml"
+    proc = early.run.result()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     ran: dict[tuple[str, str], list[str]] = {}
     for case in ET.parse(report).getroot().iter("testcase"):

@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
@@ -35,8 +36,19 @@ SEED_FILE = "tests/fixtures/endpoint-seed.yaml"   # our HyperPod-shaped seed (L2
 WORKER_OPTS = {"prefill_ms_per_token": 0.05, "decode_ms_per_token": 4.0, "overhead_ms": 1.0}
 
 
+# jsii serves one call at a time: tests that start routers from several threads render here
+# (the first time a strategy is asked for) one thread at a time, or two threads' calls cross
+# and one waits forever for its answer.
+_JSII = threading.Lock()
+
+
 @functools.lru_cache(maxsize=None)
 def _rendered_docs_json(strategy: str, replicas: int | None, router: str | None = None) -> str:
+    with _JSII:
+        return _render_docs_json(strategy, replicas, router)
+
+
+def _render_docs_json(strategy: str, replicas: int | None, router: str | None) -> str:
     import copy
 
     import cdk8s

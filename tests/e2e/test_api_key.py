@@ -72,7 +72,8 @@ class _VllmLike(http.server.BaseHTTPRequestHandler):
 def worker():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _VllmLike)
     _VllmLike.seen = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

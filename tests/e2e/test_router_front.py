@@ -111,7 +111,8 @@ def _start_once(strategy: str, router: str):
 def fronted():
     """Every case's router and front, started side by side; an attacker's worker."""
     evil = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Evil)
-    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    threading.Thread(target=evil.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     for strategy, router in CASES:   # render first: jsii serves one thread at a time
         _start_renders(strategy, router)
     with contextlib.ExitStack() as stack:

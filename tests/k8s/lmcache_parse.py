@@ -22,7 +22,8 @@ PARSERS = ROOT / ".lmcache-parsers"
 NEWEST = "venv"   # the release in .venv-lmcache itself
 
 # One process per release serves every parse of the session: importing LMCache (and the torch
-# it imports) costs seconds, parsing a file milliseconds. Requests are JSON lists of paths on
+# it imports) costs seconds, parsing a file milliseconds; the first parse starts them all, so
+# that they import side by side. Requests are JSON lists of paths on
 # stdin; each answer is one PARSED line on stdout (LMCache's own log lines go to a file).
 _SERVE = """
 import json, logging, sys
@@ -70,6 +71,14 @@ def parse(version: str, paths: list[str]) -> list[dict]:
 def _server(version: str) -> tuple[subprocess.Popen, Path]:
     if version in _SERVERS and _SERVERS[version][0].poll() is None:
         return _SERVERS[version]
+    if not _SERVERS:   # the first parse of the session: every release imports side by side
+        for other in [*parser_versions(), NEWEST]:
+            if other != version:
+                _start(other)
+    return _start(version)
+
+
+def _start(version: str) -> tuple[subprocess.Popen, Path]:
     assert LMCACHE_PY.exists(), "run `make test` (it creates .venv-lmcache)"
     extra = {}
     if version != NEWEST:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from config.notices import ack_id
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.conftest import ROOT, context_for
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
+from tests.lint import CfnLint
 
 CORPUS = ROOT / "tests" / "fixtures" / "hyperpod"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -161,7 +160,10 @@ def corpus(tmp_path_factory):
             docs += group_docs
             synths.append((stacks, Path(assembly.directory)))
             by_file.update({f.name: group_docs for f in files})
-        out[variant] = Corpus(cfg, specs, synths, docs, by_file)
+        # linted in the background from here on (the next variant synthesizes meanwhile)
+        lint = CfnLint(cfg.region, sorted(str(p) for _, outdir in synths
+                                          for p in outdir.glob("*.template.json")))
+        out[variant] = Corpus(cfg, specs, synths, docs, by_file, lint)
     return out
 
 
@@ -172,6 +174,7 @@ class Corpus:
     synths: list            # (EnvironmentStacks, cdk.out directory) per group
     docs: list              # every rendered Kubernetes object
     docs_by_file: dict      # file name -> the objects of its group's synth
+    cfn_lint: CfnLint       # cfn-lint over every group's templates, in the variant's region
 
     def spec(self, path: Path):
         return next(s for s in self.specs if s.source_file == path.name)
@@ -195,16 +198,6 @@ def test_every_file_synthesizes_with_nag_and_cdk_validation_clean(corpus, varian
             findings = [v for v in rep["violations"]
                         if not v["ruleName"].startswith("Annotation::kvcache:")]
             assert findings == [], rep["pluginName"]
-
-
-@pytest.mark.parametrize("variant", ["dev", "china"])
-def test_cfn_lint_is_clean(corpus, variant):
-    c = corpus[variant]
-    templates = sorted(str(p) for _, outdir in c.synths for p in outdir.glob("*.template.json"))
-    proc = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--regions",
-                           c.cfg.region, "--", *templates], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("variant", ["dev", "china"])
@@ -464,3 +457,12 @@ def test_every_pod_fits_a_node_group(corpus, variant):
         f"{s.name}-workers" for s in c.specs}
     problems = unschedulable(pods, config_node_groups(c.cfg))
     assert problems == []
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_cfn_lint_is_clean(corpus, variant):
+    """Last in the module: each variant's lint has run in the background since its synth."""
+    c = corpus[variant]
+    assert len(c.cfn_lint.templates) == sum(len(stacks.all()) for stacks, _ in c.synths)
+    proc = c.cfn_lint.result()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -20,6 +20,7 @@ import yaml
 from config.images import image_for, lmcache_version
 from k8s.workers import tier_settings
 from k8s.serving import load_endpoints
+from tests.background import Background
 from tests.conftest import ENVIRONMENTS, ROOT
 from tests.k8s.lmcache_parse import LMCACHE_PY, NEWEST, PARSERS, parse, parser_versions
 from tests.k8s.test_charts import SEED, _env, _spec, render
@@ -208,12 +209,15 @@ print("AUTH-IN-POOL" if pool.get("password") == sys.argv[1] else "NO-AUTH", flus
 """
 
 
-def _run_lmcache_remote(tmp_path, env: dict) -> str:
+def _start_lmcache_remote(env: dict) -> Background:
     """The seed image's own LMCache (lmcache/vllm-openai v0.5.4 carries 0.5.4)."""
     own = PARSERS / ".".join(map(str, lmcache_version(image_for(SEED["spec"]["worker"]["image"]))))
-    proc = subprocess.run([str(LMCACHE_PY), "-c", _CONNECT, TOKEN], capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, **env, "PYTHONPATH": str(own)})
+    return Background([str(LMCACHE_PY), "-c", _CONNECT, TOKEN], timeout=120,
+                      env={**os.environ, **env, "PYTHONPATH": str(own)})
+
+
+def _logged(run: Background) -> str:
+    proc = run.result()
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "AUTH-IN-POOL" in proc.stdout  # the token did reach the redis client
     return proc.stdout + proc.stderr
@@ -233,12 +237,14 @@ def test_the_l2_token_appears_in_no_lmcache_log_line(tmp_path):
     env = {e["name"]: e["value"] for e in worker["env"]
            if e["name"].startswith(("LMCACHE_", "PYTHONHASHSEED"))}
     env["LMCACHE_CONFIG_FILE"] = str(runtime)
-    logged = _run_lmcache_remote(tmp_path, env)
+    # both runs side by side (each is mostly torch's import)
+    ours = _start_lmcache_remote(env)
+    # The same code at LMCache's default level prints the token: the test can see a leak.
+    default_level = _start_lmcache_remote({**env, "LMCACHE_LOG_LEVEL": "INFO"})
+    logged = _logged(ours)
     assert TOKEN not in logged
     assert "LMCache WARNING" in logged  # its warnings still reach the log (the failed lookup)
-    # The same code at LMCache's default level prints the token: the test can see a leak.
-    loud = _run_lmcache_remote(tmp_path, {**env, "LMCACHE_LOG_LEVEL": "INFO"})
-    assert loud.count(TOKEN) >= 4
+    assert _logged(default_level).count(TOKEN) >= 4
 
 
 @pytest.mark.parametrize("name", ["resp", "valkey"])

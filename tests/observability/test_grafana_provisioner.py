@@ -57,7 +57,8 @@ class FakeGrafana(BaseHTTPRequestHandler):
 def grafana():
     FakeGrafana.calls, FakeGrafana.existing, FakeGrafana.fail_dashboards = [], set(), False
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeGrafana)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()

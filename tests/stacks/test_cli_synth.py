@@ -3,18 +3,28 @@ deprecated API (JSII_DEPRECATED=fail turns any deprecated call into an error).""
 from __future__ import annotations
 
 import os
-import subprocess
+from pathlib import Path
+
+import pytest
 
 from stacks.app_builder import SUMMARY_FILE
+from tests.background import Background
 from tests.conftest import ROOT
 
 
-def test_cli_synth_has_no_flag_notice_and_no_deprecated_api(tmp_path):
+def _cli_synth(tmp: Path) -> Background:
+    """`cdk synth` as the README runs it (a subprocess that starts with the session)."""
     env = {**os.environ, "JSII_DEPRECATED": "fail",
            "PATH": os.pathsep.join([str(ROOT / ".venv" / "bin"),
                                     str(ROOT / "node_modules" / ".bin"), os.environ["PATH"]])}
-    proc = subprocess.run(["cdk", "synth", "-q", "-c", "env=dev", "-o", str(tmp_path / "out")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return Background(["cdk", "synth", "-q", "-c", "env=dev", "-o", str(tmp / "out")],
+                      cwd=ROOT, env=env, timeout=300)
+
+
+@pytest.mark.starts_early(start=_cli_synth)
+def test_cli_synth_has_no_flag_notice_and_no_deprecated_api(early):
+    tmp_path = early.tmp
+    proc = early.run.result()
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "feature flags are not configured" not in output

@@ -131,7 +131,8 @@ def world(tmp_path_factory):
         handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(files))
         handler.log_message = lambda *a: None
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
         stack.callback(server.server_close)
         stack.callback(server.shutdown)
         url = f"http://127.0.0.1:{server.server_address[1]}"

@@ -46,7 +46,8 @@ seen: list = []
 @pytest.fixture
 def router():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Router)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     server.server_close()

@@ -157,6 +157,16 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           f"false (L1 only), or a worker.image whose LMCache reports a failed "
                           f"L2 read to vLLM, {L2_IMAGES}: {s.worker_image} cannot have an L2: "
                           f"{refusal}")
+    # LMCache lets its LMCACHE_* variables override the rendered config file (0.3.7 and 0.5.4:
+    # update_config_from_env after from_file), so a file's own LMCACHE_REMOTE_URL is an L2 too
+    own = next((i for i, e in enumerate(s.worker_env) if e["name"] == "LMCACHE_REMOTE_URL"), None)
+    release = image_release(s.image)
+    if own is not None and (why := l2_refusal(release.vllm, release.lmcache)):
+        raise ConfigError(cfg.name, f"{where}.worker.environmentVariables[{own}].name",
+                          "LMCACHE_REMOTE_URL", f"no LMCACHE_REMOTE_URL on {s.worker_image} "
+                          f"(L1 only), or a worker.image whose LMCache reports a failed L2 read "
+                          f"to vLLM, {L2_IMAGES}: the variable gives LMCache an L2 past the "
+                          f"rendered config, and {why}")
     certificate = s.tls_certificate_arn
     if certificate:
         _, partition, _, region, account, _ = certificate.split(":", 5)

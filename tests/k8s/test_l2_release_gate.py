@@ -221,3 +221,30 @@ def test_the_elasticache_token_goes_only_to_workers_that_read_it(monkeypatch):
     assert reads == {"managed": True, "in-cluster": False, "own": False, "refused": False}
     for name, s in cases.items():
         assert ("L2_SECRET_ARN" in json.dumps(_docs(cfg, s))) == reads[name], name
+
+
+def test_a_files_own_lmcache_remote_url_is_held_to_the_same_gate():
+    """LMCache's LMCACHE_* variables override the rendered config file (update_config_from_env
+    after from_file, 0.3.7 and 0.5.4), so a file's LMCACHE_REMOTE_URL is an L2 the gate must see:
+    refused on v0.3.7 and on an image whose LMCache is unknown, naming the variable and never
+    its value; kept as written on v0.5.4."""
+    cfg = _env({"kind": "self-hosted"})
+
+    def fit(image: str):
+        raw = copy.deepcopy(SEED)
+        raw["spec"]["worker"]["image"] = image
+        raw["spec"]["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": False}
+        raw["spec"]["worker"]["environmentVariables"] = [
+            {"name": "HF_TOKEN_PATH", "value": "/tmp/none"},
+            {"name": "LMCACHE_REMOTE_URL", "value": "redis://:hunter2@l2.team.internal:6379"}]
+        return fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/seed.yaml", raw))
+
+    for image in (OLD, UNKNOWN_LMCACHE[0]):
+        with pytest.raises(ConfigError) as err:
+            fit(image)
+        line = str(err.value)
+        assert "environmentVariables[1].name" in line and "LMCACHE_REMOTE_URL" in line, line
+        assert "hunter2" not in line and image in line, line
+    kept = fit(SHIPPED)
+    assert {"name": "LMCACHE_REMOTE_URL",
+            "value": "redis://:hunter2@l2.team.internal:6379"} in kept.worker_env

@@ -160,8 +160,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     # LMCache lets its LMCACHE_* variables override the rendered config file (0.3.7 and 0.5.4:
     # update_config_from_env after from_file), so a file's own LMCACHE_REMOTE_URL is an L2 too
     own = next((i for i, e in enumerate(s.worker_env) if e["name"] == "LMCACHE_REMOTE_URL"), None)
-    release = image_release(s.image)
-    if own is not None and (why := l2_refusal(release.vllm, release.lmcache)):
+    if own is not None and (why := image_l2_refusal(s)):
         raise ConfigError(cfg.name, f"{where}.worker.environmentVariables[{own}].name",
                           "LMCACHE_REMOTE_URL", f"no LMCACHE_REMOTE_URL on {s.worker_image} "
                           f"(L1 only), or a worker.image whose LMCache reports a failed L2 read "
@@ -281,13 +280,16 @@ class L2Plan:
         return self.verdict.connector
 
 
+def image_l2_refusal(s: EndpointSpec) -> str | None:
+    """Why the endpoint's worker image may not have an L2 at all; None where it may."""
+    release = image_release(s.image) if s.image else None
+    return l2_refusal(release.vllm if release else None, release.lmcache if release else None)
+
+
 def l2_refusal_for(s: EndpointSpec) -> str | None:
     """Why the endpoint's worker image may not have the L2 it asks for; None where it may
     (or asks for none)."""
-    if not s.l2_enabled:
-        return None
-    release = image_release(s.image) if s.image else None
-    return l2_refusal(release.vllm if release else None, release.lmcache if release else None)
+    return image_l2_refusal(s) if s.l2_enabled else None
 
 
 def reads_managed_l2(cfg: EnvironmentConfig, s: EndpointSpec) -> bool:

@@ -68,9 +68,9 @@ def test_the_verdict_holds_a_run_to_their_figures_and_can_fail():
 
 
 def test_the_sensitivity_run_takes_the_output_length_their_figures_imply():
-    """Configured to 1,000 output tokens, their 3 QPS stage (no saturation) shows 424-477
-    tokens per request under every scheduler (output tokens/s over requests/s); the
-    sensitivity run uses their mean. Past saturation the ratio is not a length: it falls."""
+    """Configured to 1,000 output tokens, their 3 QPS stage (no saturation) gives 424-477
+    output tokens/s over requests/s under every scheduler; the sensitivity run uses their
+    mean. Past saturation the ratio falls, so it is not a length there."""
     from bench.tiered import llmd_implied_output_len, llmd_output_ratios
 
     ratios = llmd_output_ratios()

@@ -73,7 +73,7 @@ class Synth:
         from tests.lint import CfnLint
 
         if self._lint is None:
-            self._lint = CfnLint(self.cfg.region,
+            self._lint = CfnLint((self.cfg.region,),
                                  sorted(str(p) for p in self.outdir.glob("*.template.json")))
         return self._lint
 

@@ -13,9 +13,9 @@ CFN_LINT = Path(sys.executable).parent / "cfn-lint"
 
 
 class CfnLint(Background):
-    """One cfn-lint run over `templates` for `region`, running from construction on."""
+    """One cfn-lint run over `templates` for `regions`, running from construction on."""
 
-    def __init__(self, region: str, templates: list[str]):
+    def __init__(self, regions: tuple[str, ...], templates: list[str]):
         self.templates = list(templates)
-        super().__init__([str(CFN_LINT), "--regions", region, "--", *self.templates],
+        super().__init__([str(CFN_LINT), "--regions", *regions, "--", *self.templates],
                          timeout=300, cwd=ROOT)

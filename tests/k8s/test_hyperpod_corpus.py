@@ -161,8 +161,8 @@ def corpus(tmp_path_factory):
             synths.append((stacks, Path(assembly.directory)))
             by_file.update({f.name: group_docs for f in files})
         # linted in the background from here on (the next variant synthesizes meanwhile)
-        lint = CfnLint(cfg.region, sorted(str(p) for _, outdir in synths
-                                          for p in outdir.glob("*.template.json")))
+        lint = CfnLint((cfg.region,), sorted(str(p) for _, outdir in synths
+                                             for p in outdir.glob("*.template.json")))
         out[variant] = Corpus(cfg, specs, synths, docs, by_file, lint)
     return out
 

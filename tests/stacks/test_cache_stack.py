@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from config import resolve_environment
 from config.contracts import CACHE_NODE_GROUP, CACHE_TAINT_KEY, NODE_ROLE_CACHE, NODE_ROLE_LABEL
 from config.endpoint_spec import parse_endpoint
 from k8s.serving import fit_endpoint
+from tests.lint import CfnLint
 from tests.conftest import ROOT, context_for, resources
 
 SEED = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
@@ -96,9 +95,7 @@ def test_cfn_lint_and_cdk_nag_are_clean(cache_app):
     for rep in report["pluginReports"]:
         assert rep["conclusion"] == "success", (rep["pluginName"], rep["violations"])
     template = str(outdir / "Cache.template.json")
-    proc = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--regions",
-                           cfg.region, "cn-northwest-1", "cn-north-1", "--", template],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = CfnLint((cfg.region, "cn-northwest-1", "cn-north-1"), [template]).result()
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from config import ConfigError, resolve_environment
 from config.images import IMAGES
 from config.network import vpc_lookup_key
 from k8s.serving import load_endpoints
+from tests.lint import CfnLint
 from tests.conftest import ROOT, context_for, dumps, resources
 
 VPC = "vpc-0a1b2c3d4e5f60718"
@@ -108,9 +107,7 @@ def test_gates_pass_on_the_existing_vpc(synth):
         assert rep["conclusion"] == "success", (rep["pluginName"], rep["violations"][:3])
     paths = sorted(str(p) for p in outdir.glob("*.template.json"))
     assert len(paths) == len(templates)
-    proc = subprocess.run([str(Path(sys.executable).parent / "cfn-lint"), "--regions",
-                           "us-west-2", "--", *paths], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = CfnLint(("us-west-2",), paths).result()
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

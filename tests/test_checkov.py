@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import subprocess
 from pathlib import Path
 
 import cdk8s
@@ -18,23 +17,23 @@ import yaml
 from k8s.device_plugin import DevicePluginChart
 from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
+from tests.background import Background
 from tests.conftest import ENVIRONMENTS, ROOT, narrowed
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 SKIPS = yaml.safe_load((ROOT / "security" / "checkov-skips.yaml").read_text())
 
 
-def _start_checkov(directory: Path, framework: str) -> subprocess.Popen:
+def _start_checkov(directory: Path, framework: str) -> Background:
     # --skip-download: no call to Bridgecrew's API for guideline links (the same checks run)
-    return subprocess.Popen([str(CHECKOV), "-d", str(directory), "--framework", framework,
-                             "-o", "json", "--compact", "--skip-download"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Background([str(CHECKOV), "-d", str(directory), "--framework", framework,
+                       "-o", "json", "--compact", "--skip-download"], timeout=600)
 
 
-def _report(proc: subprocess.Popen) -> dict:
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode in (0, 1), stderr[-2000:]   # 1: some check failed
-    report = json.loads(stdout)
+def _report(run: Background) -> dict:
+    proc = run.result()
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]   # 1: some check failed
+    report = json.loads(proc.stdout)
     (report,) = report if isinstance(report, list) else [report]
     assert report["summary"]["parsing_errors"] == 0
     return report
@@ -46,7 +45,7 @@ def scans(synths, tmp_path_factory) -> dict[str, dict]:
     written, so that it runs while the manifests are rendered and beside the Kubernetes one."""
     assert CHECKOV.exists(), "run `make test` (it creates .venv-checkov)"
     cfn, k8s = tmp_path_factory.mktemp("cfn"), tmp_path_factory.mktemp("k8s")
-    running: dict[str, subprocess.Popen] = {}
+    running: dict[str, Background] = {}
     try:
         for name, synth in synths.all().items():
             for stack, template in synth.templates.items():
@@ -64,10 +63,8 @@ def scans(synths, tmp_path_factory) -> dict[str, dict]:
         running["kubernetes"] = _start_checkov(k8s, "kubernetes")
         return {framework: _report(proc) for framework, proc in running.items()}
     finally:
-        for proc in running.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        for run in running.values():
+            run.stop()
 
 
 def _reasoned(framework: str, check: dict) -> bool:

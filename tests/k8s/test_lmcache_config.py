@@ -248,28 +248,6 @@ def test_the_l2_token_appears_in_no_lmcache_log_line(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["resp", "valkey"])
-def test_a_connectors_password_goes_to_the_key_its_adapter_reads(name):
-    """A secret-bearing L2 writes the AUTH token into extra_config under the connector's own
-    key: LMCache 0.5.4's RESP adapter reads `password`, its GLIDE adapter `valkey_password`
-    (connector/redis_adapter.py, connector/valkey_adapter.py); the other's key is ignored, and
-    the client would then connect without AUTH."""
-    from types import SimpleNamespace
-
-    from k8s.l2 import CONNECTORS
-    from k8s.serving import connection
-    from k8s.workers import L2Connection
-
-    c = CONNECTORS[name]
-    plan = SimpleNamespace(connector=c, verdict=SimpleNamespace(blocking_timeout_s=7))
-    got = connection(plan, L2Connection("rediss://l2.example.internal:6379",
-                                        secret_arn="arn:aws:secretsmanager:us-east-1:1:secret:x"))
-    adapter = PARSERS / "0.5.4" / "lmcache" / "v1" / "storage_backend" / "connector" / (
-        "redis_adapter.py" if name == "resp" else "valkey_adapter.py")
-    assert got.password_key == c.password_key
-    assert f'extra_config.get("{c.password_key}"' in adapter.read_text()
-
-
-@pytest.mark.parametrize("name", ["resp", "valkey"])
 def test_a_connectors_password_reaches_the_extra_config_its_lmcache_reads(
         tmp_path, monkeypatch, name):
     """The token the init container writes (the real script, a stub `aws`) lands in the
@@ -288,3 +266,7 @@ def test_a_connectors_password_reaches_the_extra_config_its_lmcache_reads(
     assert got["values"]["remote_url"].startswith(c.scheme)
     assert got["values"]["extra_config"][c.password_key] == "s3cretT0ken"
     assert "s3cretT0ken" not in yaml.safe_dump_all(docs)
+    # and that key is the one the connector's adapter reads its password from
+    adapter = PARSERS / "0.5.4" / "lmcache" / "v1" / "storage_backend" / "connector" / (
+        "redis_adapter.py" if name == "resp" else "valkey_adapter.py")
+    assert f'extra_config.get("{c.password_key}"' in adapter.read_text()

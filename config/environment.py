@@ -9,7 +9,7 @@ import ipaddress
 import math
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .contracts import ROUTER_STRATEGIES, default_router
@@ -20,7 +20,8 @@ from .instances import GPU_SHAPES, accelerator_label, gpu_shape
 from .notices import ACK_PATTERN
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
-    RegionFacts, cache_node_types_in, families, instance_types_in, known_regions, region_facts,
+    CACHE_ENGINE_FAMILIES, RegionFacts, cache_engine_versions_in, cache_node_types_in, families,
+    instance_types_in, known_regions, region_facts,
 )
 
 GPU_AMI_TYPES = ("AL2023_X86_64_NVIDIA", "BOTTLEROCKET_X86_64_NVIDIA")
@@ -28,14 +29,6 @@ SYSTEM_AMI_TYPES = ("AL2023_X86_64_STANDARD", "AL2023_ARM_64_STANDARD", "BOTTLER
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT")
 CACHE_KINDS = ("elasticache", "self-hosted", "none")
 CACHE_ENGINES = ("valkey", "redis")
-# ElastiCache engine versions -> their parameter group family (the cache's own group sets
-# allkeys-lru, so the family must match the version exactly: `aws elasticache
-# describe-cache-engine-versions`).
-CACHE_ENGINE_FAMILIES = {
-    "valkey": {"7.2": "valkey7", "8.0": "valkey8", "8.1": "valkey8", "8.2": "valkey8",
-               "9.0": "valkey9", "9.1": "valkey9"},
-    "redis": {"6.0": "redis6.x", "6.2": "redis6.x", "7.0": "redis7", "7.1": "redis7"},
-}
 OBSERVABILITY_KINDS = ("managed", "self-hosted")
 GRAFANA_KINDS = ("managed", "none")   # with managed observability: AMG needs IAM Identity Center
 BUCKET_ENCRYPTION = ("kms", "s3-managed")
@@ -73,13 +66,16 @@ class CacheConfig:
 
     kind: str
     engine: str = "valkey"
-    engine_version: str = "9.0"
+    engine_version: str = "9.0"      # what is rendered: offered in the region (config/regions.py)
     node_type: str = "cache.r7g.4xlarge"
     replicas: int = 1                # per shard
     multi_az: bool = True
     snapshot_retention_days: int = 1
     max_shards: int = 16
     in_cluster_node_type: str | None = None
+    # the file's engineVersion where the region does not offer it (engine_version is then the
+    # newest it offers, said at synth); None where it is served as asked
+    requested_engine_version: str | None = None
 
     @property
     def parameter_group_family(self) -> str:
@@ -144,6 +140,9 @@ class EnvironmentConfig:
     managed_grafana: bool = True      # `grafana: managed|none`; only with managed observability
     # synth warnings the team has read and accepts (config/notices.py ids)
     acknowledged_warnings: tuple[str, ...] = ()
+    # the EKS-optimized AL2023 AMI release every node group runs; None: the latest of
+    # kubernetes_version (when a group is created or its version moves)
+    ami_release_version: str | None = None
 
     @property
     def images(self) -> ImageResolver:
@@ -382,8 +381,36 @@ def _cache(r: _Reader, facts: RegionFacts) -> CacheConfig:
     if cfg.engine_version not in versions:
         raise r.fail("engineVersion", cfg.engine_version,
                      f"{', '.join(versions)} (ElastiCache {cfg.engine})")
+    offered = cache_engine_versions_in(facts.region, cfg.engine)
+    if cfg.engine_version not in offered:   # the newest the region has, said at synth
+        cfg = replace(cfg, engine_version=offered[-1],
+                      requested_engine_version=cfg.engine_version)
     r.done()
     return cfg
+
+
+def _ami_release_version(r: _Reader, kubernetes_version: str,
+                         groups: tuple[NodeGroupConfig, ...]) -> str | None:
+    """`amiReleaseVersion`: an EKS-optimized AL2023 AMI release of the cluster's minor
+    (`1.35.2-20260115`: kubelet version, then the release date), so a node group's AMI moves
+    only when the file says so; a bump of kubernetesVersion must bring a release of the new
+    minor. Bottlerocket numbers its releases differently: not with this field."""
+    release = r.get("amiReleaseVersion", str, None, allowed="an EKS AMI release version")
+    if release is None:
+        return None
+    if not re.fullmatch(re.escape(kubernetes_version) + r"\.[0-9]{1,3}-20[0-9]{6}", release):
+        raise r.fail("amiReleaseVersion", release, f"an EKS-optimized AL2023 AMI release of "
+                     f"Kubernetes {kubernetes_version}, {kubernetes_version}.<patch>-<YYYYMMDD> "
+                     f"(aws ssm get-parameter --name /aws/service/eks/optimized-ami/"
+                     f"{kubernetes_version}/amazon-linux-2023/x86_64/standard/recommended/"
+                     "release_version), or no value for the latest")
+    for i, group in enumerate(groups):
+        if not group.ami_type.startswith("AL2023"):
+            where = "nodeGroups.system" if i == 0 else f"nodeGroups.gpu[{i - 1}]"
+            raise ConfigError(r.env, f"{where}.amiType", group.ami_type,
+                              "an AL2023 AMI type with amiReleaseVersion (it names an AL2023 "
+                              "release; Bottlerocket numbers its own), or no amiReleaseVersion")
+    return release
 
 
 _EMAIL = re.compile(r"[!-?A-~]+@[!-?A-~]+\.[!-?A-~]+")           # printable ASCII, no '@'
@@ -520,10 +547,12 @@ def parse_environment(name: str, raw: Mapping[str, Any],
                               "an instance type of the environment's GPU node groups: "
                               + ", ".join(served))
 
+    kubernetes_version = r.choice("kubernetesVersion", KUBERNETES_VERSIONS)
+    ami_release = _ami_release_version(r, kubernetes_version, (system, *gpu_groups))
     cfg = EnvironmentConfig(
         name=name, account=account, region=region, facts=facts, availability_zones=azs,
-        network=network,
-        kubernetes_version=r.choice("kubernetesVersion", KUBERNETES_VERSIONS),
+        network=network, kubernetes_version=kubernetes_version,
+        ami_release_version=ami_release,
         nat_gateways=nat, cluster_endpoint=EndpointAccessConfig(public, cidrs),
         admin_role_names=r.strings("adminRoleNames", (), pattern=r"[\w+=,.@-]{1,64}",
                                    allowed="IAM role names (not ARNs) in the account"),

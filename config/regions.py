@@ -101,6 +101,36 @@ def families(types: frozenset[str], prefix: str = "") -> str:
     return ", ".join(f"{prefix}{f}.*" for f in fams)
 
 
+# ElastiCache engine versions -> their parameter group family (the L2's own group sets
+# allkeys-lru, so the family must match the version exactly: `aws elasticache
+# describe-cache-engine-versions`). Oldest first.
+CACHE_ENGINE_FAMILIES = {
+    "valkey": {"7.2": "valkey7", "8.0": "valkey8", "8.1": "valkey8", "8.2": "valkey8",
+               "9.0": "valkey9", "9.1": "valkey9"},
+    "redis": {"6.0": "redis6.x", "6.2": "redis6.x", "7.0": "redis7", "7.1": "redis7"},
+}
+# What a region offers, where it is less than every version above. Read 2026-11-27 in the
+# ElastiCache developer guides: the global one (docs.aws.amazon.com/AmazonElastiCache/latest/dg/
+# engine-versions.html, ParameterGroups.Engine.html) describes Valkey 7.2 to 9.1 and a valkey9
+# family; the China one (docs.amazonaws.cn/en_us/AmazonElastiCache/latest/dg/
+# ParameterGroups.Engine.html) lists Valkey parameter groups only to 8.2, though its
+# engine-versions page describes 9.0 (and not 9.1). The L2 needs a parameter group of its own,
+# so a version counts as offered only with its family: the China regions stop at 8.2 until
+# `DescribeCacheEngineVersions` there lists valkey9 (`python -m tools preflight` asks, and
+# says when this table is behind). Global regions are assumed to offer every version above
+# (preflight asks those too). Redis OSS: 6.0 to 7.1 everywhere (both guides).
+_CACHE_ENGINE_VERSIONS_IN = {
+    region: {"valkey": ("7.2", "8.0", "8.1", "8.2")} for region in CHINA_REGIONS
+}
+
+
+def cache_engine_versions_in(region: str, engine: str) -> tuple[str, ...]:
+    """The `engine` versions ElastiCache offers in `region` with their parameter group
+    family, oldest first."""
+    return _CACHE_ENGINE_VERSIONS_IN.get(region, {}).get(
+        engine, tuple(CACHE_ENGINE_FAMILIES[engine]))
+
+
 # Interface endpoints private GPU nodes need (names of CDK's InterfaceVpcEndpointAwsService
 # constants, which carry the China `cn.com.amazonaws` service-name prefix where it applies).
 _ENDPOINTS_EVERYWHERE = ("ECR", "ECR_DOCKER", "STS", "CLOUDWATCH_LOGS", "EC2",

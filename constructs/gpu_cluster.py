@@ -53,6 +53,34 @@ class GpuClusterProps:
     alb_chart_repository: str       # CDK's default (eks-charts) or the account's OCI mirror
     device_plugin_image: str
     removal_policy: RemovalPolicy
+    ami_release_version: str | None = None   # None: the latest of kubernetes_version
+
+
+@dataclass(frozen=True)
+class NodeVersions:
+    """What every managed node group runs: the cluster's Kubernetes version and, where the
+    environment pins one, the AMI release.
+
+    aws-cdk-lib 2.275's aws_eks_v2 Nodegroup has no `version` prop (managed-nodegroup.ts
+    renders ReleaseVersion, never Version), and a group without Version keeps the version it
+    was created with when the cluster's changes: only the control plane would move, and EKS
+    refuses the next minor while managed nodes lag. With Version on every group a bump of
+    kubernetesVersion is an UpdateNodegroupVersion: EKS rolls the nodes (surge, drain honouring
+    PodDisruptionBudgets for up to 15 minutes a node, docs/operations.md). Our launch templates
+    name no AMI, so Version and ReleaseVersion are allowed (EKS refuses both with a custom
+    AMI)."""
+
+    kubernetes: str
+    ami_release: str | None = None
+
+    def apply(self, group: eks.Nodegroup) -> None:
+        resource = group.node.default_child
+        resource.version = self.kubernetes
+        resource.release_version = self.ami_release
+        # CDK's default, said here because an upgrade depends on it: a node whose pods cannot
+        # leave in 15 minutes (a replacement with no GPU to start on) has them deleted rather
+        # than failing the update half-way (PodEvictionFailure) into a stack rollback.
+        resource.force_update_enabled = True
 
 
 def kubectl_layer(scope: Construct, version: str) -> Construct:
@@ -118,15 +146,18 @@ class GpuCluster(Construct):
             "ServiceAccount": CNI_SERVICE_ACCOUNT, "RoleArn": self.cni_role.role_arn}])
         cni.node.add_dependency(addons["eks-pod-identity-agent"])
         node_prereqs = (cni, addons["eks-pod-identity-agent"], addons["kube-proxy"])
+        self.node_versions = NodeVersions(props.kubernetes_version, props.ami_release_version)
         self.system_nodegroup = node_group(
-            self, self.cluster, self.cluster, props.system_nodes, subnets=private, node_role=self.node_role,
+            self, self.cluster, self.cluster, props.system_nodes, subnets=private,
+            node_role=self.node_role, versions=self.node_versions,
             labels={NODE_ROLE_LABEL: NODE_ROLE_SYSTEM})
         self.system_nodegroup.node.add_dependency(*node_prereqs)
         addons["coredns"].node.add_dependency(self.system_nodegroup)  # Deployment: needs nodes
         self.gpu_nodegroups: dict[str, eks.Nodegroup] = {}
         for group in props.gpu_node_groups:
             self.gpu_nodegroups[group.name] = node_group(
-                self, self.cluster, self.cluster, group, subnets=private, node_role=self.node_role,
+                self, self.cluster, self.cluster, group, subnets=private,
+                node_role=self.node_role, versions=self.node_versions,
                 labels={NODE_ROLE_LABEL: NODE_ROLE_GPU})
             self.gpu_nodegroups[group.name].node.add_dependency(*node_prereqs)
         ebs_identity = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
@@ -189,10 +220,10 @@ def node_launch_template(scope: Construct, id: str, *, device: str,
 
 def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
                group: NodeGroupConfig, *, subnets: ec2.SubnetSelection, node_role: iam.IRole,
-               labels: dict[str, str]) -> eks.Nodegroup:
+               versions: NodeVersions, labels: dict[str, str]) -> eks.Nodegroup:
     """A managed node group under `owner` (the cluster, where add_nodegroup_capacity puts it)
     with its launch template under `scope` (IMDSv2 at hop limit 1, an encrypted gp3
-    root or data volume). GPU groups are tainted and labelled for the device plugin and for
+    root or data volume), at the cluster's version (`versions`). GPU groups are tainted and labelled for the device plugin and for
     Cluster Autoscaler (ACCELERATOR_LABEL, also as the node-template tag CA documents; EKS
     keeps node group tags off the Auto Scaling group, so CA 1.35 takes the label from
     eks:DescribeNodegroup, which constructs/cluster_scaling.py grants it)."""
@@ -227,6 +258,7 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
         ng.node.default_child.add_property_override(
             "AmiType", group.ami_type.replace("X86_64", "x86_64"))
         ng.node.default_child.add_property_override("InstanceTypes", list(group.instance_types))
+    versions.apply(ng)
     return ng
 
 

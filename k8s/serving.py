@@ -483,6 +483,13 @@ def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...])
             "environment: cache.kind: self-hosted, but no endpoint uses an L2 (none sets "
             "kvCacheSpec.enableL2Cache with a redis or valkey backend, or the L2 would not pay "
             "on its GPU): no in-cluster Valkey is deployed", "environment", "cache.kind"))
+    c = cfg.cache
+    if c.kind == "elasticache" and c.requested_engine_version and managed_l2_plans(cfg, specs):
+        out.append(changed(
+            f"environment: cache.engineVersion: {c.engine} {c.requested_engine_version} is not "
+            f"offered in {cfg.region} (config/regions.py); the ElastiCache L2 runs {c.engine} "
+            f"{c.engine_version} (parameter group family {c.parameter_group_family}), the "
+            "newest offered there", "environment", "cache.engineVersion"))
     if cfg.cache.kind == "elasticache" and not managed_l2_plans(cfg, specs):
         out.append(changed(
             "environment: cache.kind: elasticache, but no ElastiCache is provisioned: no "

@@ -9,7 +9,7 @@ from config import EnvironmentConfig
 from config.contracts import (
     CACHE_NODE_GROUP, CACHE_TAINT_KEY, NODE_GROUP_LABEL, NODE_ROLE_CACHE, NODE_ROLE_LABEL,
 )
-from constructs.gpu_cluster import node_launch_template
+from constructs.gpu_cluster import NodeVersions, node_launch_template
 from constructs.kv_cache import KvCache, KvCacheProps
 
 CACHE_NODE_DISK_GIB = 50   # the node's root volume: Valkey keeps nothing on disk
@@ -57,7 +57,7 @@ class CacheStack(Stack):
             template = node_launch_template(self, "L2NodeTemplate", device="/dev/xvda",
                                             disk_size_gib=CACHE_NODE_DISK_GIB)
             # One node: resp:// reaches one Valkey (no cluster), which has the node to itself.
-            eks.Nodegroup(
+            nodes = eks.Nodegroup(
                 self, "L2Nodes", cluster=cluster, node_role=node_role,
                 instance_types=[ec2.InstanceType(needs.in_cluster_node_type)],
                 ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
@@ -68,3 +68,6 @@ class CacheStack(Stack):
                 subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
                 launch_template_spec=eks.LaunchTemplateSpec(
                     id=template.launch_template_id, version=template.latest_version_number))
+            # at the cluster's version, like the Cluster stack's groups (it rolls when the
+            # Cache stack deploys after the Cluster stack's upgrade)
+            NodeVersions(cfg.kubernetes_version, cfg.ami_release_version).apply(nodes)

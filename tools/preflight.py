@@ -6,7 +6,8 @@ Checks, with the caller's credentials (read-only calls): the credentials are the
 account; the services the variant needs exist in the region; the zones exist; every node
 group's instance types are offered in every chosen zone; the EC2 vCPU quotas cover the node
 groups (desired sizes must fit, max sizes should); the Kubernetes version is offered by EKS;
-the mirrored images and charts are in ECR (images with their pinned digests), one row each;
+where the environment has ElastiCache, the engine version and parameter group family the Cache
+stack renders are offered in the region; the mirrored images and charts are in ECR (images with their pinned digests), one row each;
 Amazon Managed Grafana's IAM Identity Center is there where the environment asks for it; each
 endpoint's model is in the bucket. One table, and exit 1 when any row is a blocker (FAIL).
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from config import EnvironmentConfig
+from config.regions import CACHE_ENGINE_FAMILIES
 from config.instances import gpu_shape
 from config.arguments import ToolError, add_command, load_environment, out_console
 from tools.cli import Aws, describe_aws_error, error_code, load_endpoints
@@ -87,7 +89,8 @@ class Preflight:
             return [Row("credentials", FAIL, f"{describe_aws_error(err)} (every other check "
                         "needs them: nothing else was checked)")]
         for check in (self.services, self.identity_center, self.zones,
-                      self.offerings, self.quotas, self.kubernetes, self.images_in_ecr,
+                      self.offerings, self.quotas, self.kubernetes, self.cache_engine,
+                      self.images_in_ecr,
                       self.charts_in_ecr, self.models):
             try:
                 rows += check()
@@ -223,6 +226,38 @@ class Preflight:
         detail = status + (f", standard support until {until:%Y-%m-%d}" if until else "")
         return [Row(f"EKS {version}", PASS if ok else FAIL, detail)]
 
+    def cache_engine(self) -> list[Row]:
+        """The engine version and parameter group family the Cache stack renders
+        (config/regions.py, constructs/kv_cache.py), as the region offers them: either one
+        missing would surface only as a Cache-stack rollback."""
+        c = self.cfg.cache
+        if c.kind != "elasticache":
+            return []
+        offered: dict[str, str] = {}     # engine version -> its parameter group family
+        pages = self.aws.client("elasticache").get_paginator(
+            "describe_cache_engine_versions").paginate(Engine=c.engine)
+        for page in pages:
+            for v in page["CacheEngineVersions"]:
+                offered[v["EngineVersion"]] = v["CacheParameterGroupFamily"]
+        region, check = self.cfg.region, f"ElastiCache {c.engine} {c.engine_version}"
+        family = _family(offered, c.engine_version)
+        if family is None:
+            return [Row(check, FAIL, f"not offered in {region} (it offers {c.engine} "
+                        f"{', '.join(offered) or 'in no version'}): set cache.engineVersion to "
+                        "one of them, and correct config/regions.py")]
+        if family != c.parameter_group_family:
+            return [Row(check, FAIL, f"{region} gives {c.engine} {c.engine_version} the "
+                        f"parameter group family {family}; the Cache stack renders "
+                        f"{c.parameter_group_family} (config/regions.py CACHE_ENGINE_FAMILIES), "
+                        "which CloudFormation would refuse")]
+        asked = c.requested_engine_version
+        if asked and _family(offered, asked) == CACHE_ENGINE_FAMILIES[c.engine][asked]:
+            return [Row(check, WARN, f"{region} offers {c.engine} {asked}, which the file asks "
+                        f"for, but config/regions.py says it does not, so {c.engine_version} is "
+                        f"rendered: add {asked} to {region} there")]
+        return [Row(check, PASS, f"offered in {region}, parameter group family {family}"
+                    + (f" (the file's {asked} is not: config/regions.py)" if asked else ""))]
+
     def images_in_ecr(self) -> list[Row]:
         """The images pods pull from the account's ECR: all of them where the environment uses
         its mirror, else only those we build (the router image exists nowhere else)."""
@@ -311,6 +346,13 @@ class Preflight:
 
 
 # --------------------------------------------------------------------------- command
+
+
+def _family(offered: dict[str, str], version: str) -> str | None:
+    """The parameter group family of `version` (major.minor) among the region's versions,
+    which may carry a patch (`7.2.6`)."""
+    return next((f for v, f in offered.items() if v == version or
+                 v.startswith(version + ".")), None)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

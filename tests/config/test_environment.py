@@ -85,6 +85,32 @@ def test_the_caches_parameter_group_family_follows_engine_and_version():
         "redis6.x", "valkey9")
 
 
+def test_a_china_region_falls_back_to_the_newest_valkey_it_offers():
+    """The China guide documents Valkey parameter groups only to 8.2 (config/regions.py): an
+    environment there asking for 9.0 or 9.1 renders 8.2 with family valkey8 and keeps what it
+    asked (said at synth: tests/stacks/test_cache_stack.py); what the region offers is served
+    as asked, in China and elsewhere."""
+    from config.regions import CHINA_REGIONS, cache_engine_versions_in
+
+    for region in CHINA_REGIONS:
+        assert cache_engine_versions_in(region, "valkey")[-1] == "8.2"
+    for asked in ("9.0", "9.1"):
+        cache = resolve_environment(_ctx("china", cache__engineVersion=asked)).cache
+        assert (cache.engine_version, cache.parameter_group_family,
+                cache.requested_engine_version) == ("8.2", "valkey8", asked)
+    for env, asked in (("china", "8.1"), ("dev", "9.1")):
+        cache = resolve_environment(_ctx(env, cache__engineVersion=asked)).cache
+        assert (cache.engine_version, cache.requested_engine_version) == (asked, None)
+    variant = resolve_environment(context_for(env="dev", china="true")).cache
+    assert (variant.engine_version, variant.requested_engine_version) == ("8.2", "9.0")
+
+
+def test_an_ami_release_of_the_clusters_minor_is_taken():
+    cfg = resolve_environment(_ctx("dev", amiReleaseVersion="1.35.12-20260115"))
+    assert cfg.ami_release_version == "1.35.12-20260115"
+    assert resolve_environment(context_for()).ami_release_version is None
+
+
 def test_china_flag_switches_dev_to_its_china_variant():
     cfg = resolve_environment(context_for(env="dev", china="true"))
     assert cfg.name == "dev-cn" and cfg.region == "cn-northwest-1"
@@ -94,6 +120,15 @@ def test_china_flag_switches_dev_to_its_china_variant():
 @pytest.mark.parametrize("case, ctx, field, value, allowed", [
     ("engine version without a parameter group family", _ctx(cache__engineVersion="6.2"),
      "cache.engineVersion", "6.2", "7.2, 8.0, 8.1, 8.2, 9.0, 9.1 (ElastiCache valkey)"),
+    ("AMI release of another minor", _ctx("dev", amiReleaseVersion="1.34.2-20260115"),
+     "amiReleaseVersion", "1.34.2-20260115", "AL2023 AMI release of Kubernetes 1.35, "
+     "1.35.<patch>-<YYYYMMDD>"),
+    ("AMI release not a release", _ctx("dev", amiReleaseVersion="v20260115"),
+     "amiReleaseVersion", "v20260115", "1.35.<patch>-<YYYYMMDD>"),
+    ("AMI release beside a Bottlerocket group", _ctx(
+        "dev", amiReleaseVersion="1.35.2-20260115",
+        nodeGroups__gpu__0__amiType="BOTTLEROCKET_X86_64_NVIDIA"),
+     "nodeGroups.gpu[0].amiType", "BOTTLEROCKET_X86_64_NVIDIA", "an AL2023 AMI type"),
     ("unknown environment", {**context_for(), "env": "prod"}, "env", "prod", "china, dev"),
     ("china flag on a China region set false", context_for(env="china", china="false"),
      "china", False, "true (region cn-northwest-1"),

@@ -22,7 +22,7 @@ from config.contracts import (
 )
 from config.instances import GPU_FAMILIES, GPU_SHAPES, accelerator_label
 from config.regions import CHINA_REGIONS, instance_types_in, region_facts
-from constructs.gpu_cluster import node_group
+from constructs.gpu_cluster import NodeVersions, node_group
 from tests.catalogue import refused
 from tests.conftest import context_for, resources
 
@@ -86,6 +86,7 @@ def node_groups() -> dict[str, dict]:
         for group in cfg.gpu_node_groups:
             node_group(stack, stack, cluster, group, node_role=role,
                        subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+                       versions=NodeVersions(cfg.kubernetes_version),
                        labels={NODE_ROLE_LABEL: NODE_ROLE_GPU})
         stacks[stack.stack_name] = (partition, stack)
     assembly = app.synth()

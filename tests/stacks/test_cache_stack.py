@@ -57,7 +57,7 @@ def test_elasticache_is_valkey_9_in_cluster_mode_on_non_burstable_nodes(cache_ap
     cfg, t, _ = cache_app
     (rg,) = resources(t, "AWS::ElastiCache::ReplicationGroup").values()
     p = rg["Properties"]
-    assert p["Engine"] == "valkey" and p["EngineVersion"].startswith("9.")
+    assert p["Engine"] == "valkey" and p["EngineVersion"] == cfg.cache.engine_version == "9.0"
     assert p["ClusterMode"] == "enabled" and p["NumNodeGroups"] == 3
     assert p["ReplicasPerNodeGroup"] == cfg.cache.replicas and "NumCacheClusters" not in p
     assert not p["CacheNodeType"].startswith("cache.t")
@@ -87,6 +87,7 @@ def test_the_in_cluster_valkey_gets_a_node_of_its_own(cache_app):
     assert p["Labels"]["kvcache.io/node-group"] == CACHE_NODE_GROUP
     assert p["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": CACHE_TAINT_KEY,
                             "Value": "present"}]
+    assert p["Version"] == cache_app[0].kubernetes_version   # it follows the cluster too
 
 
 def test_cfn_lint_and_cdk_nag_are_clean(cache_app):
@@ -136,3 +137,42 @@ def test_the_shards_follow_the_verdict_and_glide_decides_cluster_mode(monkeypatc
     assert not plain.l2_enabled and l2_needs(cfg, (plain,)).elasticache_shards is None
     (said,) = [w for w in plain.warnings if "enableL2Cache" in w]
     assert "rediss://" in said and "cache.r7g.large" in said
+
+
+def test_a_china_region_renders_the_newest_valkey_it_offers_and_says_so():
+    """cn-northwest-1 has no Valkey 9 parameter group family (config/regions.py): the China
+    sample asks for 9.0, its ElastiCache renders 8.2 with a valkey8 group, and synth says so
+    once, under an id the team can acknowledge."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_ec2 as ec2
+
+    from config.notices import CHANGED
+    from stacks.app_builder import notices
+    from stacks.cache_stack import CacheStack, L2Needs
+
+    cfg = resolve_environment(context_for(env="china"))
+    assert cfg.cache.requested_engine_version == "9.0"
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/seed.yaml", SEED))
+    said = [w for w in notices(cfg, (spec,)) if "cache.engineVersion" in w]
+    assert said == [
+        "environment: cache.engineVersion: valkey 9.0 is not offered in cn-northwest-1 "
+        "(config/regions.py); the ElastiCache L2 runs valkey 8.2 (parameter group family "
+        "valkey8), the newest offered there"]
+    assert (said[0].kind, said[0].ack) == (CHANGED, "kvcache:changed:environment:cache.engineVersion")
+    assert not [w for w in notices(cfg, ()) if "cache.engineVersion" in w]  # no L2: not said
+
+    app = cdk.App(context=context_for(env="china"), builtin_cloud_formation_validation=False)
+    env = cdk.Environment(account=cfg.account, region=cfg.region)
+    base = cdk.Stack(app, "Base", env=env)
+    vpc = ec2.Vpc.from_vpc_attributes(base, "Vpc", vpc_id="vpc-0123456789abcdef0",
+                                      availability_zones=list(cfg.availability_zones[:2]),
+                                      private_subnet_ids=["subnet-0123456789abcdef0",
+                                                          "subnet-0123456789abcdef1"])
+    clients = ec2.SecurityGroup.from_security_group_id(base, "Clients", "sg-0123456789abcdef0")
+    stack = CacheStack(app, "CacheCn", cfg=cfg, vpc=vpc, client_security_group=clients,
+                       needs=L2Needs(elasticache_shards=1), env=env)
+    t = app.synth().get_stack_by_name(stack.stack_name).template
+    (rg,) = resources(t, "AWS::ElastiCache::ReplicationGroup").values()
+    (pg,) = resources(t, "AWS::ElastiCache::ParameterGroup").values()
+    assert (rg["Properties"]["EngineVersion"],
+            pg["Properties"]["CacheParameterGroupFamily"]) == ("8.2", "valkey8")

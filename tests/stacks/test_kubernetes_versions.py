@@ -17,10 +17,17 @@ from stacks.cluster_stack import ClusterStack
 from tests.conftest import ROOT, context_for, resources
 
 
-def _env(version: str) -> dict:
+def _env(version: str, ami_release: str | None = None) -> dict:
     ctx = copy.deepcopy(context_for(env="dev"))
     ctx["environments"]["dev"]["kubernetesVersion"] = version
+    if ami_release:
+        ctx["environments"]["dev"]["amiReleaseVersion"] = ami_release
     return ctx
+
+
+def _release(version: str) -> str:
+    """An AMI release of `version`'s form (the fixture pins one on every version)."""
+    return f"{version}.3-20260115"
 
 
 def _values(values) -> dict:
@@ -37,7 +44,7 @@ def clusters() -> dict[str, dict]:
     app = cdk.App(context=context_for(), builtin_cloud_formation_validation=False)
     names = {}
     for version in KUBERNETES_VERSIONS:
-        cfg = resolve_environment(_env(version))
+        cfg = resolve_environment(_env(version, _release(version)))
         env = cdk.Environment(account=cfg.account, region=cfg.region)
         net = cdk.Stack(app, f"Net{version.replace('.', '')}", env=env)
         vpc = ec2.Vpc(net, "Vpc", max_azs=2)
@@ -70,6 +77,10 @@ def test_each_version_gets_its_own_kubectl_layer_and_autoscaler(clusters, versio
     assert values["image"]["tag"] == image.pin
     assert image.tag == AUTOSCALER[version][0]
     assert image.tag.startswith(f"v{version}.")   # Cluster Autoscaler's minor = Kubernetes'
+    # the node groups move with it, to the pinned AMI release of that minor
+    groups = [g["Properties"] for g in resources(t, "AWS::EKS::Nodegroup").values()]
+    assert groups and all((g["Version"], g["ReleaseVersion"]) == (version, _release(version))
+                          for g in groups)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

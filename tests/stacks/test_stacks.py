@@ -165,6 +165,26 @@ def test_node_groups(synth):
     assert "public" not in subnets.lower()  # imports of private subnets only
 
 
+def test_every_node_group_runs_the_clusters_kubernetes_version(synth):
+    """Version on every managed node group, in every stack, is the cluster's: a bump of
+    kubernetesVersion rolls the nodes instead of leaving them behind the control plane (issue
+    29, finding 3); ReleaseVersion is the environment's pinned AMI release, or none (the
+    latest of that version)."""
+    (cluster,) = resources(synth.template("Cluster"), "AWS::EKS::Cluster").values()
+    version = cluster["Properties"]["Version"]
+    assert version == synth.cfg.kubernetes_version
+    groups = [g["Properties"] for t in synth.templates.values()
+              for g in resources(t, "AWS::EKS::Nodegroup").values()]
+    assert len(groups) >= 1 + len(synth.cfg.gpu_node_groups)
+    for props in groups:
+        assert props["Version"] == version, props["Labels"]
+        assert props.get("ReleaseVersion") == synth.cfg.ami_release_version
+    # the launch templates name no AMI: EKS refuses Version with a custom one
+    for t in synth.templates.values():
+        for template in resources(t, "AWS::EC2::LaunchTemplate").values():
+            assert "ImageId" not in template["Properties"]["LaunchTemplateData"]
+
+
 def test_addons_and_pod_identity(synth):
     t = synth.template("Cluster")
     names = {a["Properties"]["AddonName"] for a in resources(t, "AWS::EKS::Addon").values()}

@@ -21,6 +21,17 @@ BUCKET = "kvcache-china-storage-models-1"
 K8S = CHINA.kubernetes_version
 
 
+# What DescribeCacheEngineVersions answers in cn-northwest-1 as the China guide documents it
+# (config/regions.py): Valkey parameter groups up to 8.2.
+VALKEY_IN_CHINA = {"7.2": "valkey7", "8.0": "valkey8", "8.1": "valkey8", "8.2": "valkey8"}
+
+
+def engine_versions(versions: dict[str, str], engine: str = "valkey") -> dict:
+    return {"CacheEngineVersions": [
+        {"Engine": engine, "EngineVersion": v, "CacheParameterGroupFamily": f}
+        for v, f in versions.items()]}
+
+
 def stubbed(calls: dict[str, list[tuple]]) -> tuple[Aws, list[Stubber]]:
     """An Aws whose clients answer `calls[service]` = [(method, response | error code,
     expected params | None)] in order."""
@@ -75,6 +86,8 @@ def happy(**override) -> dict[str, list[tuple]]:
             "clusterVersion": K8S, "versionStatus": "STANDARD_SUPPORT",
             "endOfStandardSupportDate": datetime.datetime(2027, 12, 2)}]},
             {"clusterVersions": [K8S], "includeAll": True})],
+        "elasticache": [("describe_cache_engine_versions", engine_versions(VALKEY_IN_CHINA),
+                         {"Engine": "valkey"})],
         "ecr": [("describe_images", {"imageDetails": [{"imageDigest": i.digest or "sha256:" +
                                                        "0" * 64}]},
                  {"repositoryName": i.mirror_repository, "imageIds": [{"imageTag": i.tag}]})
@@ -279,3 +292,58 @@ def test_the_router_image_missing_from_ecr_is_a_blocker_in_every_environment(env
     if not cfg.use_ecr_images:   # the others come from upstream: only the router is checked
         assert [k for k in rows if k.startswith("image: ")] == ["image: router"]
     stub.assert_no_pending_responses()
+
+
+def _engine_row(cfg, answer: dict):
+    """The cache-engine row of `cfg` when the region answers `answer`, asked once by engine."""
+    client = boto3.client("elasticache", region_name=cfg.region, aws_access_key_id="x",
+                          aws_secret_access_key="y")
+    stub = Stubber(client)
+    stub.add_response("describe_cache_engine_versions", answer, {"Engine": cfg.cache.engine})
+    stub.activate()
+    rows = Preflight(Aws(cfg, factory=lambda service: {"elasticache": client}[service]),
+                     ()).cache_engine()
+    stub.assert_no_pending_responses()
+    (row,) = rows
+    assert "\n" not in row.detail
+    return row
+
+
+def test_the_rendered_cache_engine_offered_in_the_region_passes():
+    """China renders the newest Valkey its guide documents a family for (8.2, valkey8), and
+    says the file's 9.0 is not offered; dev renders the file's 9.0 (valkey9)."""
+    row = _engine_row(CHINA, engine_versions(VALKEY_IN_CHINA))
+    assert (row.check, row.status) == ("ElastiCache valkey 8.2", PASS)
+    assert row.detail == ("offered in cn-northwest-1, parameter group family valkey8 (the "
+                          "file's 9.0 is not: config/regions.py)")
+    dev = load_environment(argparse.Namespace(env="dev", china=False))
+    row = _engine_row(dev, engine_versions({**VALKEY_IN_CHINA, "9.0.1": "valkey9"}))
+    assert (row.check, row.status) == ("ElastiCache valkey 9.0", PASS)
+
+
+def test_a_rendered_cache_engine_the_region_does_not_offer_is_a_blocker():
+    row = _engine_row(CHINA, engine_versions({"7.2": "valkey7", "8.0": "valkey8"}))
+    assert (row.check, row.status) == ("ElastiCache valkey 8.2", FAIL)
+    assert row.detail == ("not offered in cn-northwest-1 (it offers valkey 7.2, 8.0): set "
+                          "cache.engineVersion to one of them, and correct config/regions.py")
+
+
+def test_a_parameter_group_family_other_than_the_rendered_one_is_a_blocker():
+    row = _engine_row(CHINA, engine_versions({**VALKEY_IN_CHINA, "8.2": "valkey8.2"}))
+    assert row.status == FAIL
+    assert row.detail.startswith("cn-northwest-1 gives valkey 8.2 the parameter group family "
+                                 "valkey8.2; the Cache stack renders valkey8 ")
+
+
+def test_a_region_offering_the_asked_version_the_table_lacks_is_a_warning():
+    """The region table is behind the region: the file's 9.0 would deploy there."""
+    row = _engine_row(CHINA, engine_versions({**VALKEY_IN_CHINA, "9.0": "valkey9"}))
+    assert (row.status, row.detail) == (WARN, (
+        "cn-northwest-1 offers valkey 9.0, which the file asks for, but config/regions.py "
+        "says it does not, so 8.2 is rendered: add 9.0 to cn-northwest-1 there"))
+
+
+def test_no_elasticache_no_engine_row():
+    import dataclasses
+    cfg = dataclasses.replace(CHINA, cache=dataclasses.replace(CHINA.cache, kind="none"))
+    assert Preflight(Aws(cfg, factory=lambda service: None), ()).cache_engine() == []

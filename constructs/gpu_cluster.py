@@ -223,10 +223,11 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
                versions: NodeVersions, labels: dict[str, str]) -> eks.Nodegroup:
     """A managed node group under `owner` (the cluster, where add_nodegroup_capacity puts it)
     with its launch template under `scope` (IMDSv2 at hop limit 1, an encrypted gp3
-    root or data volume), at the cluster's version (`versions`). GPU groups are tainted and labelled for the device plugin and for
-    Cluster Autoscaler (ACCELERATOR_LABEL, also as the node-template tag CA documents; EKS
-    keeps node group tags off the Auto Scaling group, so CA 1.35 takes the label from
-    eks:DescribeNodegroup, which constructs/cluster_scaling.py grants it)."""
+    root or data volume), at the cluster's version (`versions`). GPU groups are tainted and
+    labelled for the device plugin and for Cluster Autoscaler (ACCELERATOR_LABEL, also as the
+    node-template tag CA documents; EKS keeps node group tags off the Auto Scaling group, so
+    CA 1.35 takes the label from eks:DescribeNodegroup, which constructs/cluster_scaling.py
+    grants it)."""
     template = node_launch_template(
         scope, f"{logical_id(group.name)}Template",
         device=_DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda"),

@@ -7,9 +7,9 @@ account; the services the variant needs exist in the region; the zones exist; ev
 group's instance types are offered in every chosen zone; the EC2 vCPU quotas cover the node
 groups (desired sizes must fit, max sizes should); the Kubernetes version is offered by EKS;
 where the environment has ElastiCache, the engine version and parameter group family the Cache
-stack renders are offered in the region; the mirrored images and charts are in ECR (images with their pinned digests), one row each;
-Amazon Managed Grafana's IAM Identity Center is there where the environment asks for it; each
-endpoint's model is in the bucket. One table, and exit 1 when any row is a blocker (FAIL).
+stack renders are offered in the region; the mirrored images and charts are in ECR (images
+with their pinned digests), one row each; Amazon Managed Grafana's IAM Identity Center is there
+where the environment asks for it; each endpoint's model is in the bucket. One table, and exit 1 when any row is a blocker (FAIL).
 """
 from __future__ import annotations
 
@@ -36,6 +36,13 @@ QUOTAS = {
     ("Standard", "SPOT"): ("L-34B43A08", "All Standard Spot Instance Requests"),
 }
 _STANDARD = set("acdhimrtz")
+
+
+def _family(offered: dict[str, str], version: str) -> str | None:
+    """The parameter group family of `version` (major.minor) among the region's versions,
+    which may carry a patch (`7.2.6`)."""
+    return next((f for v, f in offered.items() if v == version or
+                 v.startswith(version + ".")), None)
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,7 @@ class Preflight:
                         "needs them: nothing else was checked)")]
         for check in (self.services, self.identity_center, self.zones,
                       self.offerings, self.quotas, self.kubernetes, self.cache_engine,
-                      self.images_in_ecr,
-                      self.charts_in_ecr, self.models):
+                      self.images_in_ecr, self.charts_in_ecr, self.models):
             try:
                 rows += check()
             except ToolError:
@@ -256,7 +262,8 @@ class Preflight:
                         f"for, but config/regions.py says it does not, so {c.engine_version} is "
                         f"rendered: add {asked} to {region} there")]
         return [Row(check, PASS, f"offered in {region}, parameter group family {family}"
-                    + (f" (the file's {asked} is not: config/regions.py)" if asked else ""))]
+                    + (f" (the file asks {asked}, not offered there: config/regions.py)"
+                       if asked else ""))]
 
     def images_in_ecr(self) -> list[Row]:
         """The images pods pull from the account's ECR: all of them where the environment uses
@@ -346,13 +353,6 @@ class Preflight:
 
 
 # --------------------------------------------------------------------------- command
-
-
-def _family(offered: dict[str, str], version: str) -> str | None:
-    """The parameter group family of `version` (major.minor) among the region's versions,
-    which may carry a patch (`7.2.6`)."""
-    return next((f for v, f in offered.items() if v == version or
-                 v.startswith(version + ".")), None)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

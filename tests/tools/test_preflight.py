@@ -315,7 +315,7 @@ def test_the_rendered_cache_engine_offered_in_the_region_passes():
     row = _engine_row(CHINA, engine_versions(VALKEY_IN_CHINA))
     assert (row.check, row.status) == ("ElastiCache valkey 8.2", PASS)
     assert row.detail == ("offered in cn-northwest-1, parameter group family valkey8 (the "
-                          "file's 9.0 is not: config/regions.py)")
+                          "file asks 9.0, not offered there: config/regions.py)")
     dev = load_environment(argparse.Namespace(env="dev", china=False))
     row = _engine_row(dev, engine_versions({**VALKEY_IN_CHINA, "9.0.1": "valkey9"}))
     assert (row.check, row.status) == ("ElastiCache valkey 9.0", PASS)

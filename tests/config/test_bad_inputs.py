@@ -50,6 +50,8 @@ ENVIRONMENTS = [
     ("version as a number", _env(kubernetesVersion=1.35), "kubernetesVersion"),
     ("engine version as a number", _env(cache={"kind": "elasticache", "engineVersion": 8.0}),
      "cache.engineVersion"),
+    ("AMI release of the old minor after a bump",
+     _env(kubernetesVersion="1.36", amiReleaseVersion="1.35.2-20260115"), "amiReleaseVersion"),
     ("netmask spelling of the whole internet", _public("0.0.0.0/0.0.0.0"),
      "listener.sourceRanges[0]"),
     ("two /1 halves are the whole internet", _public("0.0.0.0/1", "128.0.0.0/1"),

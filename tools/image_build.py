@@ -11,9 +11,16 @@ level; zlib-ng, which some distributions ship in its place, compresses different
 digest the catalogue pins is checked after every build. The build never runs anything inside
 the image, so it builds every platform on any machine.
 
+Debian packages are unpacked as dpkg unpacks them on the base: a path whose directory is a
+symlink in the base lands where the symlink points, so on a merged-/usr base (bookworm's:
+/bin, /sbin, /lib, /lib64 -> usr/...) a package's `lib/...` goes to `usr/lib/...`. Files a
+container never uses (DEB_EXCLUDE: init scripts and units, docs, man pages) are left out.
+
 Checked before anything is pushed: each Debian package's dependencies are installed in the base
 (its dpkg status) or are in the layer, with their versions; the wheels' platform tags fit the
-platform.
+platform; the layer holds no directory or file where the base holds a symlink (a runtime
+applying the layer would replace the symlink: a directory `lib` over `lib -> usr/lib` leaves
+the ELF interpreter `/lib64/ld-linux-x86-64.so.2` pointing at nothing, and nothing runs).
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import stat
 import tarfile
@@ -48,6 +56,16 @@ _TO_OCI = {
 # Files the layer writes are dated here (SOURCE_DATE_EPOCH of reproducible-builds.org).
 EPOCH = 0
 GZIP_LEVEL = 6
+# What the layer leaves out of a Debian package (paths after the base's symlinks are followed,
+# and as the package names them): what only an init system, logrotate, syslog or a person at a
+# terminal reads. A container runs one program as its entrypoint: no init, no cron, no man.
+# As debian:*-slim's own /etc/dpkg/dpkg.cfg.d/docker leaves out docs, man pages and locales.
+DEB_EXCLUDE = (
+    "etc/init.d/", "etc/default/", "etc/logrotate.d/", "etc/rsyslog.d/", "etc/cron.d/",
+    "lib/systemd/", "usr/lib/systemd/", "usr/lib/tmpfiles.d/", "usr/lib/sysusers.d/",
+    "usr/share/doc/", "usr/share/man/", "usr/share/info/", "usr/share/lintian/",
+    "usr/share/bug/", "usr/share/locale/",
+)
 
 
 class BuildError(Exception):
@@ -215,24 +233,60 @@ def _clean(path: str) -> str:
     return "/".join(parts)
 
 
-def add_deb(tree: Tree, deb: Path) -> dict[str, str]:
-    """Unpack a Debian package's data into the tree; returns its control fields."""
+def follow(path: str, symlinks: Mapping[str, str], *, last: bool = False) -> str:
+    """`path` with each directory on it that is a symlink in `symlinks` (the base's: path ->
+    target) replaced by where it points, as the kernel resolves it when dpkg writes there; the
+    last component too where `last` (a directory the package ships, which dpkg never puts in
+    place of a symlink to a directory)."""
+    parts = _clean(path).split("/") if _clean(path) else []
+    done: list[str] = []
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        here = "/".join([*done, name])
+        if here in symlinks and (parts or last):
+            hops += 1
+            if hops > 40:   # the kernel's limit (ELOOP)
+                raise BuildError(f"too many symlinks resolving {path!r} in the base")
+            target = symlinks[here]
+            base = [] if target.startswith("/") else done
+            resolved = posixpath.normpath("/" + "/".join([*base, target])).lstrip("/")
+            done, parts = [], [*(resolved.split("/") if resolved else []), *parts]
+            continue
+        done.append(name)
+    return "/".join(done)
+
+
+def _excluded(*paths: str) -> bool:
+    return any((p + "/").startswith(DEB_EXCLUDE) for p in paths)
+
+
+def add_deb(tree: Tree, deb: Path, symlinks: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Unpack a Debian package's data into the tree as dpkg would onto a base whose symlinks
+    are `symlinks` (path -> target), leaving out DEB_EXCLUDE; returns its control fields."""
     from debian.debfile import DebFile
 
+    symlinks = symlinks or {}
     package = DebFile(str(deb))
     control = dict(package.debcontrol())
     with package.data.tgz() as data:
         for m in data.getmembers():
+            name = follow(m.name, symlinks, last=m.isdir())
+            if not name or _excluded(_clean(m.name), name):
+                continue
             if m.isdir():
-                tree.add_dir(m.name, stat.S_IMODE(m.mode))
+                tree.add_dir(name, stat.S_IMODE(m.mode))
             elif m.issym():
-                tree.add(m.name, Entry("symlink", 0o777, target=m.linkname))
+                tree.add(name, Entry("symlink", 0o777, target=m.linkname))
             elif m.islnk():
-                tree.add(m.name, Entry("hardlink", stat.S_IMODE(m.mode),
-                                       target=_clean(m.linkname)))
+                target = follow(m.linkname, symlinks)
+                if tree.entries.get(target, Entry("dir", 0)).kind == "dir":
+                    raise BuildError(f"{deb.name}: hard link {m.name} to {m.linkname}, which "
+                                     "the layer does not hold")
+                tree.add(name, Entry("hardlink", stat.S_IMODE(m.mode), target=target))
             elif m.isfile():
-                tree.add(m.name, Entry("file", stat.S_IMODE(m.mode),
-                                       data=data.extractfile(m).read()))
+                tree.add(name, Entry("file", stat.S_IMODE(m.mode),
+                                     data=data.extractfile(m).read()))
     # What was installed, where image scanners look for it without a dpkg database to edit
     # (one file per package, as distroless images keep them).
     tree.add(f"var/lib/dpkg/status.d/{control['Package']}", Entry(
@@ -298,22 +352,50 @@ def base_files(layers: Sequence[Path], paths: Iterable[str],
                prefixes: Iterable[str] = ()) -> dict[str, bytes]:
     """The base's files at `paths` or under `prefixes`, as its layers leave them (a later
     layer wins; whiteouts remove)."""
+    return read_base_paths(layers, paths, prefixes)[0]
+
+
+def read_base_paths(layers: Sequence[Path], paths: Iterable[str], prefixes: Iterable[str] = (),
+                    ) -> tuple[dict[str, bytes], dict[str, str]]:
+    """(the files of base_files, every symlink of the base: path -> target), as its layers
+    leave them, in one read of the layers."""
     paths, prefixes = set(paths), tuple(prefixes)
     found: dict[str, bytes] = {}
+    links: dict[str, str] = {}
+
+    def drop(gone: str, opaque: bool = False) -> None:   # a whiteout
+        for d in (found, links):
+            for k in [k for k in d if k.startswith(gone + "/") or (not opaque and k == gone)]:
+                del d[k]
+
     for layer in layers:
         with tarfile.open(layer, mode="r:*") as tar:
             for m in tar:
                 name = _clean(m.name)
                 head, _, leaf = name.rpartition("/")
                 if leaf == ".wh..wh..opq":
-                    found = {k: v for k, v in found.items() if not k.startswith(head + "/")}
-                elif leaf.startswith(".wh."):
-                    gone = f"{head}/{leaf[4:]}".lstrip("/")
-                    found = {k: v for k, v in found.items()
-                             if k != gone and not k.startswith(gone + "/")}
+                    drop(head, opaque=True)
+                    continue
+                if leaf.startswith(".wh."):
+                    drop(f"{head}/{leaf[4:]}".lstrip("/"))
+                    continue
+                links.pop(name, None)   # what a later layer puts at a path replaces it
+                found.pop(name, None)
+                if m.issym():
+                    links[name] = m.linkname
                 elif m.isfile() and (name in paths or name.startswith(prefixes)):
                     found[name] = tar.extractfile(m).read()
-    return found
+    return found, links
+
+
+def check_symlinks(tree: Tree, symlinks: Mapping[str, str], platform: str) -> None:
+    """The layer holds no directory or file where the base holds a symlink: applied, it would
+    replace the symlink (containerd merges a directory only over a directory)."""
+    for path, entry in sorted(tree.entries.items()):
+        if entry.kind != "symlink" and path in symlinks:
+            raise BuildError(f"{platform}: the layer holds a {entry.kind} at /{path}, where the "
+                             f"base has a symlink to {symlinks[path]}: applied, it would "
+                             "replace the symlink")
 
 
 def installed_packages(files: Mapping[str, bytes]) -> dict[str, str]:
@@ -430,10 +512,10 @@ def _platform_entry(index: dict, os_: str, arch: str) -> dict | None:
 
 def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, layout: Path,
                        manifest: dict, config: dict, layers: list[Path]) -> bytes:
-    files = base_files(layers, ("var/lib/dpkg/status", "etc/passwd", "etc/group"),
-                       ("var/lib/dpkg/status.d/",))
+    files, symlinks = read_base_paths(layers, ("var/lib/dpkg/status", "etc/passwd",
+                                               "etc/group"), ("var/lib/dpkg/status.d/",))
     tree = Tree()
-    controls = [add_deb(tree, fetcher.fetch(d)) for d in spec.debs]
+    controls = [add_deb(tree, fetcher.fetch(d), symlinks) for d in spec.debs]
     check_depends(controls, installed_packages(files), recipe.script_only_depends,
                   spec.platform)
     wheels = [fetcher.fetch(w) for w in spec.wheels]
@@ -447,6 +529,7 @@ def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, la
         if base and not base.endswith(b"\n"):
             base += b"\n"
         tree.add(path, Entry("file", 0o644, data=base + line.encode()))
+    check_symlinks(tree, symlinks, spec.platform)
     layer = tree.tar()
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
     layer_desc = _write_blob(layout, gzip.compress(layer, compresslevel=GZIP_LEVEL, mtime=0),

@@ -7,9 +7,12 @@ is fetched by URL and checked against its sha256; the layer is a tar with sorted
 root and a fixed time, gzip-compressed without a name or time in its header; the config and the
 manifests are written from the base's with sorted keys. One input is the machine's: the deflate
 stream comes from its zlib (zlib's output has not changed across 1.2.x and 1.3.x at a given
-level; zlib-ng, which some distributions ship in its place, compresses differently), so a
-digest the catalogue pins is checked after every build. The build never runs anything inside
-the image, so it builds every platform on any machine.
+level; zlib-ng, which some distributions ship in its place, and macOS's compress
+differently), so a digest the catalogue pins is checked after every build, and a build that
+differs is compared by what does not depend on zlib: each layer's uncompressed digest (its
+diff_id), pinned beside the digest (config/images.py BuiltLayers). The error then says whether
+an input changed or only the compressor, and which zlib gives the pinned bytes. The build
+never runs anything inside the image, so it builds every platform on any machine.
 
 Debian packages are unpacked as dpkg unpacks them on the base: a path whose directory is a
 symlink in the base lands where the symlink points, so on a merged-/usr base (bookworm's:
@@ -35,6 +38,7 @@ import stat
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Mapping, Sequence
@@ -464,6 +468,33 @@ class Built:
     tag: str
     digest: str                      # of the index: what the catalogue pins
     platforms: dict[str, str]        # platform -> manifest digest
+    diff_ids: dict[str, str] = field(default_factory=dict)  # platform -> our layer, uncompressed
+    zlib: str = zlib.ZLIB_RUNTIME_VERSION   # whose deflate the digest covers
+
+
+def pin_mismatch(built: Built, digest: str, diff_ids: Mapping[str, str] | None,
+                 pinned_zlib: str | None) -> str:
+    """Why `built` is not the pinned `digest`, from the layers' uncompressed digests pinned
+    beside it: an input changed (a platform's layer holds other bytes), or only the gzip
+    compressor differs (the same bytes, another zlib), and how to build the pinned bytes."""
+    head = f"built {built.digest}, the catalogue pins {digest}"
+    if not diff_ids:
+        return (f"{head}; no layer digests are pinned beside it (BuiltLayers), so whether an "
+                f"input changed or only this machine's zlib ({built.zlib}) compresses "
+                "differently is not known: pin both from `python -m tools mirror --resolve`")
+    changed = [f"{p}: layer {built.diff_ids.get(p, 'absent')}, pinned {d}"
+               for p, d in sorted(diff_ids.items()) if built.diff_ids.get(p) != d]
+    changed += [f"{p}: a layer the pin does not have" for p in sorted(built.diff_ids)
+                if p not in diff_ids]
+    if changed:
+        return (f"{head}: the layers' content differs ({'; '.join(changed)}): an input "
+                "changed (the lock, the base, or the build code)")
+    return (f"{head}: the same layers uncompressed (every diff_id as pinned); only the gzip "
+            f"bytes differ: this machine's zlib is {built.zlib}, the pin was compressed by zlib "
+            f"{pinned_zlib}. Build where Python's zlib is {pinned_zlib} (python3 -c 'import "
+            "zlib; print(zlib.ZLIB_RUNTIME_VERSION)'; Debian bookworm's zlib1g gives 1.2.13), "
+            "or pin this build's digest and layers (`python -m tools mirror --resolve --only "
+            "router`)")
 
 
 def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
@@ -482,7 +513,7 @@ def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
         raise BuildError(f"the base {recipe.base} is not a multi-platform index")
     layout.mkdir(parents=True, exist_ok=True)
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    manifests, platforms = [], {}
+    manifests, platforms, diff_ids = [], {}, {}
     for spec in recipe.layers:
         os_, arch = spec.platform.split("/", 1)
         entry = _platform_entry(base_index, os_, arch)
@@ -490,14 +521,15 @@ def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
             raise BuildError(f"the base {recipe.base} has no {spec.platform}")
         pull(f"{repository}@{entry['digest']}", layout, f"base-{arch}")
         manifest, config, layers = read_base(layout, _tagged(layout, f"base-{arch}"))
-        body = _platform_manifest(recipe, spec, fetcher, layout, manifest, config, layers)
+        body, diff_ids[spec.platform] = _platform_manifest(recipe, spec, fetcher, layout,
+                                                           manifest, config, layers)
         desc = _write_blob(layout, body, OCI_MANIFEST)
         platforms[spec.platform] = desc["digest"]
         manifests.append({**desc, "platform": dict(entry["platform"])})
     index = _json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
     desc = _write_blob(layout, index, OCI_INDEX)
     _tag(layout, tag, desc)
-    return Built(layout, tag, desc["digest"], platforms)
+    return Built(layout, tag, desc["digest"], platforms, diff_ids)
 
 
 def _platform_entry(index: dict, os_: str, arch: str) -> dict | None:
@@ -511,7 +543,8 @@ def _platform_entry(index: dict, os_: str, arch: str) -> dict | None:
 
 
 def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, layout: Path,
-                       manifest: dict, config: dict, layers: list[Path]) -> bytes:
+                       manifest: dict, config: dict, layers: list[Path]) -> tuple[bytes, str]:
+    """The platform's manifest, and its layer's diff_id."""
     files, symlinks = read_base_paths(layers, ("var/lib/dpkg/status", "etc/passwd",
                                                "etc/group"), ("var/lib/dpkg/status.d/",))
     tree = Tree()
@@ -550,7 +583,7 @@ def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, la
     base_layers = [{"mediaType": _TO_OCI.get(d["mediaType"], d["mediaType"]),
                     "digest": d["digest"], "size": d["size"]} for d in manifest["layers"]]
     return _json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config_desc,
-                  "layers": [*base_layers, layer_desc]})
+                  "layers": [*base_layers, layer_desc]}), diff_id
 
 
 _WHEEL_PLATFORM = {"amd64": ("x86_64",), "arm64": ("aarch64",)}

@@ -21,13 +21,14 @@ import subprocess
 import tarfile
 import threading
 import zipfile
+import zlib
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from config.images import IMAGES, Image, router_tag
+from config.images import IMAGES, BuiltLayers, Image, router_tag
 from tests.tools.test_mirror import INDEX, registry, write_blob, write_oci_layout
 from tools.image_build import (
     OCI_LAYER_GZIP, OCI_MANIFEST, BuildError, Fetcher, Pinned, PlatformLayer, Recipe, build,
@@ -264,6 +265,43 @@ def test_mirror_builds_pushes_by_digest_and_a_second_run_builds_nothing(world):
     (refused,) = mirror.run([other], progress=False).rows
     assert refused.action == "failed" and "the catalogue pins" in refused.note
     assert skopeo.digest(f"{dst}/kvcache/router:t2", dest=True) is None
+
+
+def test_a_build_that_is_not_the_pin_says_whether_its_content_or_only_gzip_differs(
+        world, tmp_path, monkeypatch):
+    """The pin's layers by uncompressed digest decide: another compressor (here another gzip
+    level, as zlib-ng's or macOS's deflate would give) is told apart from another input."""
+    from tools import image_build
+
+    pinned = _build(world, world["recipe"], tmp_path / "pinned")
+    image = Image("router", "kvcache-eks/router", "t1", pinned.digest, "test",
+                  built_from="python", built_layers=BuiltLayers(
+                      "1.2.13-pinning", tuple(sorted(pinned.diff_ids.items()))))
+    (resolved,) = Mirror(world["skopeo"], None, builders={
+        "router": lambda layout: _build(world, world["recipe"], layout)}).run(
+            [replace(image, digest=None)], progress=False).rows
+    assert resolved.action == "resolved" and resolved.digest == pinned.digest
+    assert resolved.built_layers == f"built_layers=BuiltLayers(zlib={zlib.ZLIB_RUNTIME_VERSION!r}" \
+        f", diff_ids={tuple(sorted(pinned.diff_ids.items()))!r})"
+
+    monkeypatch.setattr(image_build, "GZIP_LEVEL", 1)   # the same tar, other gzip bytes
+    mirror = Mirror(world["skopeo"], None, builders={
+        "router": lambda layout: _build(world, world["recipe"], layout)})
+    (row,) = mirror.run([image], progress=False).rows
+    assert row.action == "failed"
+    assert "the same layers uncompressed" in row.note and "by zlib 1.2.13-pinning" in row.note \
+        and f"this machine's zlib is {zlib.ZLIB_RUNTIME_VERSION}" in row.note, row.note
+
+    other = dict(pinned.diff_ids, **{"linux/arm64": "sha256:" + "1" * 64})
+    changed = replace(image, built_layers=BuiltLayers("1.2.13", tuple(other.items())))
+    (row,) = mirror.run([changed], progress=False).rows
+    assert row.action == "failed" and "the layers' content differs (linux/arm64: layer " \
+        f"{pinned.diff_ids['linux/arm64']}, pinned sha256:{'1' * 64}): an input changed" \
+        in row.note, row.note
+    (row,) = mirror.run([replace(image, built_layers=None)], progress=False).rows
+    assert "no layer digests are pinned beside it" in row.note, row.note
+    with pytest.raises(ValueError, match="BuiltLayers linux/amd64: 'sha256:12' is not"):
+        BuiltLayers("1.2.13", (("linux/amd64", "sha256:12"),))
 
 
 def _broken(world, platform: str, **changes) -> Recipe:

@@ -1,8 +1,10 @@
 """The router image runs: built from the real lock by the project's own build() on a base shaped
 like python:3.12-slim-bookworm (merged-/usr, made from this machine's Debian packages and a real
 CPython 3.12), unpacked by umoci and run under chroot as the image's user
-(tests/tools/image_run.py). A layer that put a directory over the base's `lib -> usr/lib` (the
-fault of issue 29) leaves every program without its ELF interpreter: these fail with 127.
+(tests/tools/image_run.py); linux/arm64 too where the kernel runs aarch64 programs (qemu-user
+through binfmt_misc), without its routers (no arm64 CPython 3.12 here). A layer that put a
+directory over the base's `lib -> usr/lib` (the fault of issue 29) leaves every program
+without its ELF interpreter: these fail with 127.
 
 The build and unpack run from the session's start on the other core (tests/background.py);
 the lock's files are fetched once into .build/router-image/.
@@ -21,7 +23,7 @@ from tests.background import Background
 from tests.conftest import ROOT
 from tools.router_image import load_lock
 
-PLATFORM = "linux/amd64"
+PLATFORMS = ("linux/amd64", "linux/arm64")
 
 
 def _needs() -> str | None:
@@ -62,9 +64,16 @@ def _ok(result: dict) -> str:
     return result["out"]
 
 
+def _ran(report: dict, platform: str) -> dict:
+    if "skipped" in report[platform]:
+        pytest.skip(f"{platform} not run: {report[platform]['skipped']}")
+    return report[platform]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.starts_early(start=_image_run)
-def test_the_built_image_runs_haproxy_a_shell_and_the_front_prestop_hook(report):
-    ran = report[PLATFORM]
+def test_the_built_image_runs_haproxy_a_shell_and_the_front_prestop_hook(report, platform):
+    ran = _ran(report, platform)
     series = load_lock()["debian"]["haproxy_series"]
     assert _ok(ran["haproxy -v"]).startswith(f"HAProxy version {series}.")
     _ok(ran["sh -c true"])
@@ -73,11 +82,12 @@ def test_the_built_image_runs_haproxy_a_shell_and_the_front_prestop_hook(report)
     assert ran["entrypoint"] == ["vllm-router"]
 
 
+@pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.starts_early(start=_image_run)
-def test_both_routers_commands_run_with_the_bases_python(report):
-    if report["python"] is None:
-        pytest.skip("no CPython 3.12 on this machine to be the base's Python: the routers' "
-                    "launchers are not run")
+def test_both_routers_commands_run_with_the_bases_python(report, platform):
+    ran = _ran(report, platform)
     for name in ("vllm-router", "sglang-router"):
-        out = _ok(report[PLATFORM][name])
+        if "skipped" in ran[name]:
+            pytest.skip(f"{platform} {name} not run: {ran[name]['skipped']}")
+        out = _ok(ran[name])
         assert out.startswith(f"usage: {name}") or f"\nusage: {name}" in out, out

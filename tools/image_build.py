@@ -284,7 +284,8 @@ def add_deb(tree: Tree, deb: Path, symlinks: Mapping[str, str] | None = None) ->
                 tree.add(name, Entry("symlink", 0o777, target=m.linkname))
             elif m.islnk():
                 target = follow(m.linkname, symlinks)
-                if tree.entries.get(target, Entry("dir", 0)).kind == "dir":
+                held = tree.entries.get(target)
+                if held is None or held.kind == "dir":   # left out (DEB_EXCLUDE), say
                     raise BuildError(f"{deb.name}: hard link {m.name} to {m.linkname}, which "
                                      "the layer does not hold")
                 tree.add(name, Entry("hardlink", stat.S_IMODE(m.mode), target=target))

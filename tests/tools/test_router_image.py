@@ -277,16 +277,16 @@ def test_a_build_that_is_not_the_pin_says_whether_its_content_or_only_gzip_diffe
     image = Image("router", "kvcache-eks/router", "t1", pinned.digest, "test",
                   built_from="python", built_layers=BuiltLayers(
                       "1.2.13-pinning", tuple(sorted(pinned.diff_ids.items()))))
-    (resolved,) = Mirror(world["skopeo"], None, builders={
-        "router": lambda layout: _build(world, world["recipe"], layout)}).run(
-            [replace(image, digest=None)], progress=False).rows
+    (resolved,) = Mirror(world["skopeo"], None, builders={"router": lambda layout: pinned}).run(
+        [replace(image, digest=None)], progress=False).rows
     assert resolved.action == "resolved" and resolved.digest == pinned.digest
     assert resolved.built_layers == f"built_layers=BuiltLayers(zlib={zlib.ZLIB_RUNTIME_VERSION!r}" \
         f", diff_ids={tuple(sorted(pinned.diff_ids.items()))!r})"
 
     monkeypatch.setattr(image_build, "GZIP_LEVEL", 1)   # the same tar, other gzip bytes
-    mirror = Mirror(world["skopeo"], None, builders={
-        "router": lambda layout: _build(world, world["recipe"], layout)})
+    other_gzip = _build(world, world["recipe"], tmp_path / "other")
+    assert other_gzip.digest != pinned.digest and other_gzip.diff_ids == pinned.diff_ids
+    mirror = Mirror(world["skopeo"], None, builders={"router": lambda layout: other_gzip})
     (row,) = mirror.run([image], progress=False).rows
     assert row.action == "failed"
     assert "the same layers uncompressed" in row.note and "by zlib 1.2.13-pinning" in row.note \

@@ -55,6 +55,22 @@ def kubernetes(version: str) -> str:
 
 
 @dataclass(frozen=True)
+class BuiltLayers:
+    """What an image we build held when its digest was pinned, whatever compressed it: each
+    platform's own layer by its uncompressed digest (its config's last diff_id), and the zlib
+    whose gzip bytes the pinned digest covers. A build whose digest differs says from these
+    whether an input changed or only the compressor (tools/image_build.py pin_mismatch)."""
+
+    zlib: str                                  # zlib.ZLIB_RUNTIME_VERSION of the pinning build
+    diff_ids: tuple[tuple[str, str], ...]      # (platform, sha256:<64 hex>)
+
+    def __post_init__(self) -> None:
+        for platform, diff_id in self.diff_ids:
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", diff_id):
+                raise ValueError(f"BuiltLayers {platform}: {diff_id!r} is not sha256:<64 hex>")
+
+
+@dataclass(frozen=True)
 class Image:
     key: str
     source: str     # registry/repository, e.g. docker.io/lmcache/vllm-openai
@@ -64,6 +80,7 @@ class Image:
     written: str | None = None  # an endpoint file's image, as the file writes it
     deployed: str = ALWAYS      # when an environment deploys it (above)
     built_from: str | None = None   # catalogue key of its base: built by `tools mirror`
+    built_layers: BuiltLayers | None = None   # with `digest`, for an image we build
 
     @property
     def mirror_repository(self) -> str:
@@ -82,7 +99,8 @@ class Image:
 # The router image: built, not pulled (tools/router_image.py, by `python -m tools mirror`),
 # from images/router/lock.json. Its tag names the router releases and the lock's hash, so a
 # changed input is a new tag (ECR tags are immutable); its digest is the same wherever it is
-# built (tools/image_build.py), printed by `python -m tools mirror --resolve --only router`.
+# built with the same zlib (tools/image_build.py), printed by `python -m tools mirror --resolve
+# --only router` with its BuiltLayers (its layers' uncompressed digests), to pin beside it.
 ROUTER_LOCK = ROOT / "images" / "router" / "lock.json"
 
 

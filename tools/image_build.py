@@ -7,13 +7,23 @@ is fetched by URL and checked against its sha256; the layer is a tar with sorted
 root and a fixed time, gzip-compressed without a name or time in its header; the config and the
 manifests are written from the base's with sorted keys. One input is the machine's: the deflate
 stream comes from its zlib (zlib's output has not changed across 1.2.x and 1.3.x at a given
-level; zlib-ng, which some distributions ship in its place, compresses differently), so a
-digest the catalogue pins is checked after every build. The build never runs anything inside
-the image, so it builds every platform on any machine.
+level; zlib-ng, which some distributions ship in its place, and macOS's compress
+differently), so a digest the catalogue pins is checked after every build, and a build that
+differs is compared by what does not depend on zlib: each layer's uncompressed digest (its
+diff_id), pinned beside the digest (config/images.py BuiltLayers). The error then says whether
+an input changed or only the compressor, and which zlib gives the pinned bytes. The build
+never runs anything inside the image, so it builds every platform on any machine.
+
+Debian packages are unpacked as dpkg unpacks them on the base: a path whose directory is a
+symlink in the base lands where the symlink points, so on a merged-/usr base (bookworm's:
+/bin, /sbin, /lib, /lib64 -> usr/...) a package's `lib/...` goes to `usr/lib/...`. Files a
+container never uses (DEB_EXCLUDE: init scripts and units, docs, man pages) are left out.
 
 Checked before anything is pushed: each Debian package's dependencies are installed in the base
 (its dpkg status) or are in the layer, with their versions; the wheels' platform tags fit the
-platform.
+platform; the layer holds no directory or file where the base holds a symlink (a runtime
+applying the layer would replace the symlink: a directory `lib` over `lib -> usr/lib` leaves
+the ELF interpreter `/lib64/ld-linux-x86-64.so.2` pointing at nothing, and nothing runs).
 """
 from __future__ import annotations
 
@@ -22,11 +32,13 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import stat
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Mapping, Sequence
@@ -48,6 +60,16 @@ _TO_OCI = {
 # Files the layer writes are dated here (SOURCE_DATE_EPOCH of reproducible-builds.org).
 EPOCH = 0
 GZIP_LEVEL = 6
+# What the layer leaves out of a Debian package (paths after the base's symlinks are followed,
+# and as the package names them): what only an init system, logrotate, syslog or a person at a
+# terminal reads. A container runs one program as its entrypoint: no init, no cron, no man.
+# As debian:*-slim's own /etc/dpkg/dpkg.cfg.d/docker leaves out docs, man pages and locales.
+DEB_EXCLUDE = (
+    "etc/init.d/", "etc/default/", "etc/logrotate.d/", "etc/rsyslog.d/", "etc/cron.d/",
+    "lib/systemd/", "usr/lib/systemd/", "usr/lib/tmpfiles.d/", "usr/lib/sysusers.d/",
+    "usr/share/doc/", "usr/share/man/", "usr/share/info/", "usr/share/lintian/",
+    "usr/share/bug/", "usr/share/locale/",
+)
 
 
 class BuildError(Exception):
@@ -215,24 +237,61 @@ def _clean(path: str) -> str:
     return "/".join(parts)
 
 
-def add_deb(tree: Tree, deb: Path) -> dict[str, str]:
-    """Unpack a Debian package's data into the tree; returns its control fields."""
+def follow(path: str, symlinks: Mapping[str, str], *, last: bool = False) -> str:
+    """`path` with each directory on it that is a symlink in `symlinks` (the base's: path ->
+    target) replaced by where it points, as the kernel resolves it when dpkg writes there; the
+    last component too where `last` (a directory the package ships, which dpkg never puts in
+    place of a symlink to a directory)."""
+    parts = _clean(path).split("/") if _clean(path) else []
+    done: list[str] = []
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        here = "/".join([*done, name])
+        if here in symlinks and (parts or last):
+            hops += 1
+            if hops > 40:   # the kernel's limit (ELOOP)
+                raise BuildError(f"too many symlinks resolving {path!r} in the base")
+            target = symlinks[here]
+            base = [] if target.startswith("/") else done
+            resolved = posixpath.normpath("/" + "/".join([*base, target])).lstrip("/")
+            done, parts = [], [*(resolved.split("/") if resolved else []), *parts]
+            continue
+        done.append(name)
+    return "/".join(done)
+
+
+def _excluded(*paths: str) -> bool:
+    return any((p + "/").startswith(DEB_EXCLUDE) for p in paths)
+
+
+def add_deb(tree: Tree, deb: Path, symlinks: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Unpack a Debian package's data into the tree as dpkg would onto a base whose symlinks
+    are `symlinks` (path -> target), leaving out DEB_EXCLUDE; returns its control fields."""
     from debian.debfile import DebFile
 
+    symlinks = symlinks or {}
     package = DebFile(str(deb))
     control = dict(package.debcontrol())
     with package.data.tgz() as data:
         for m in data.getmembers():
+            name = follow(m.name, symlinks, last=m.isdir())
+            if not name or _excluded(_clean(m.name), name):
+                continue
             if m.isdir():
-                tree.add_dir(m.name, stat.S_IMODE(m.mode))
+                tree.add_dir(name, stat.S_IMODE(m.mode))
             elif m.issym():
-                tree.add(m.name, Entry("symlink", 0o777, target=m.linkname))
+                tree.add(name, Entry("symlink", 0o777, target=m.linkname))
             elif m.islnk():
-                tree.add(m.name, Entry("hardlink", stat.S_IMODE(m.mode),
-                                       target=_clean(m.linkname)))
+                target = follow(m.linkname, symlinks)
+                held = tree.entries.get(target)
+                if held is None or held.kind == "dir":   # left out (DEB_EXCLUDE), say
+                    raise BuildError(f"{deb.name}: hard link {m.name} to {m.linkname}, which "
+                                     "the layer does not hold")
+                tree.add(name, Entry("hardlink", stat.S_IMODE(m.mode), target=target))
             elif m.isfile():
-                tree.add(m.name, Entry("file", stat.S_IMODE(m.mode),
-                                       data=data.extractfile(m).read()))
+                tree.add(name, Entry("file", stat.S_IMODE(m.mode),
+                                     data=data.extractfile(m).read()))
     # What was installed, where image scanners look for it without a dpkg database to edit
     # (one file per package, as distroless images keep them).
     tree.add(f"var/lib/dpkg/status.d/{control['Package']}", Entry(
@@ -298,22 +357,50 @@ def base_files(layers: Sequence[Path], paths: Iterable[str],
                prefixes: Iterable[str] = ()) -> dict[str, bytes]:
     """The base's files at `paths` or under `prefixes`, as its layers leave them (a later
     layer wins; whiteouts remove)."""
+    return read_base_paths(layers, paths, prefixes)[0]
+
+
+def read_base_paths(layers: Sequence[Path], paths: Iterable[str], prefixes: Iterable[str] = (),
+                    ) -> tuple[dict[str, bytes], dict[str, str]]:
+    """(the files of base_files, every symlink of the base: path -> target), as its layers
+    leave them, in one read of the layers."""
     paths, prefixes = set(paths), tuple(prefixes)
     found: dict[str, bytes] = {}
+    links: dict[str, str] = {}
+
+    def drop(gone: str, opaque: bool = False) -> None:   # a whiteout
+        for d in (found, links):
+            for k in [k for k in d if k.startswith(gone + "/") or (not opaque and k == gone)]:
+                del d[k]
+
     for layer in layers:
         with tarfile.open(layer, mode="r:*") as tar:
             for m in tar:
                 name = _clean(m.name)
                 head, _, leaf = name.rpartition("/")
                 if leaf == ".wh..wh..opq":
-                    found = {k: v for k, v in found.items() if not k.startswith(head + "/")}
-                elif leaf.startswith(".wh."):
-                    gone = f"{head}/{leaf[4:]}".lstrip("/")
-                    found = {k: v for k, v in found.items()
-                             if k != gone and not k.startswith(gone + "/")}
+                    drop(head, opaque=True)
+                    continue
+                if leaf.startswith(".wh."):
+                    drop(f"{head}/{leaf[4:]}".lstrip("/"))
+                    continue
+                links.pop(name, None)   # what a later layer puts at a path replaces it
+                found.pop(name, None)
+                if m.issym():
+                    links[name] = m.linkname
                 elif m.isfile() and (name in paths or name.startswith(prefixes)):
                     found[name] = tar.extractfile(m).read()
-    return found
+    return found, links
+
+
+def check_symlinks(tree: Tree, symlinks: Mapping[str, str], platform: str) -> None:
+    """The layer holds no directory or file where the base holds a symlink: applied, it would
+    replace the symlink (containerd merges a directory only over a directory)."""
+    for path, entry in sorted(tree.entries.items()):
+        if entry.kind != "symlink" and path in symlinks:
+            raise BuildError(f"{platform}: the layer holds a {entry.kind} at /{path}, where the "
+                             f"base has a symlink to {symlinks[path]}: applied, it would "
+                             "replace the symlink")
 
 
 def installed_packages(files: Mapping[str, bytes]) -> dict[str, str]:
@@ -382,6 +469,33 @@ class Built:
     tag: str
     digest: str                      # of the index: what the catalogue pins
     platforms: dict[str, str]        # platform -> manifest digest
+    diff_ids: dict[str, str] = field(default_factory=dict)  # platform -> our layer, uncompressed
+    zlib: str = zlib.ZLIB_RUNTIME_VERSION   # whose deflate the digest covers
+
+
+def pin_mismatch(built: Built, digest: str, diff_ids: Mapping[str, str] | None,
+                 pinned_zlib: str | None) -> str:
+    """Why `built` is not the pinned `digest`, from the layers' uncompressed digests pinned
+    beside it: an input changed (a platform's layer holds other bytes), or only the gzip
+    compressor differs (the same bytes, another zlib), and how to build the pinned bytes."""
+    head = f"built {built.digest}, the catalogue pins {digest}"
+    if not diff_ids:
+        return (f"{head}; no layer digests are pinned beside it (BuiltLayers), so whether an "
+                f"input changed or only this machine's zlib ({built.zlib}) compresses "
+                "differently is not known: pin both from `python -m tools mirror --resolve`")
+    changed = [f"{p}: layer {built.diff_ids.get(p, 'absent')}, pinned {d}"
+               for p, d in sorted(diff_ids.items()) if built.diff_ids.get(p) != d]
+    changed += [f"{p}: a layer the pin does not have" for p in sorted(built.diff_ids)
+                if p not in diff_ids]
+    if changed:
+        return (f"{head}: the layers' content differs ({'; '.join(changed)}): an input "
+                "changed (the lock, the base, or the build code)")
+    return (f"{head}: the same layers uncompressed (every diff_id as pinned); only the gzip "
+            f"bytes differ: this machine's zlib is {built.zlib}, the pin was compressed by zlib "
+            f"{pinned_zlib}. Build where Python's zlib is {pinned_zlib} (python3 -c 'import "
+            "zlib; print(zlib.ZLIB_RUNTIME_VERSION)'; Debian bookworm's zlib1g gives 1.2.13), "
+            "or pin this build's digest and layers (`python -m tools mirror --resolve --only "
+            "router`)")
 
 
 def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
@@ -400,7 +514,7 @@ def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
         raise BuildError(f"the base {recipe.base} is not a multi-platform index")
     layout.mkdir(parents=True, exist_ok=True)
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    manifests, platforms = [], {}
+    manifests, platforms, diff_ids = [], {}, {}
     for spec in recipe.layers:
         os_, arch = spec.platform.split("/", 1)
         entry = _platform_entry(base_index, os_, arch)
@@ -408,14 +522,15 @@ def build(recipe: Recipe, fetcher: Fetcher, layout: Path, tag: str,
             raise BuildError(f"the base {recipe.base} has no {spec.platform}")
         pull(f"{repository}@{entry['digest']}", layout, f"base-{arch}")
         manifest, config, layers = read_base(layout, _tagged(layout, f"base-{arch}"))
-        body = _platform_manifest(recipe, spec, fetcher, layout, manifest, config, layers)
+        body, diff_ids[spec.platform] = _platform_manifest(recipe, spec, fetcher, layout,
+                                                           manifest, config, layers)
         desc = _write_blob(layout, body, OCI_MANIFEST)
         platforms[spec.platform] = desc["digest"]
         manifests.append({**desc, "platform": dict(entry["platform"])})
     index = _json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
     desc = _write_blob(layout, index, OCI_INDEX)
     _tag(layout, tag, desc)
-    return Built(layout, tag, desc["digest"], platforms)
+    return Built(layout, tag, desc["digest"], platforms, diff_ids)
 
 
 def _platform_entry(index: dict, os_: str, arch: str) -> dict | None:
@@ -429,11 +544,12 @@ def _platform_entry(index: dict, os_: str, arch: str) -> dict | None:
 
 
 def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, layout: Path,
-                       manifest: dict, config: dict, layers: list[Path]) -> bytes:
-    files = base_files(layers, ("var/lib/dpkg/status", "etc/passwd", "etc/group"),
-                       ("var/lib/dpkg/status.d/",))
+                       manifest: dict, config: dict, layers: list[Path]) -> tuple[bytes, str]:
+    """The platform's manifest, and its layer's diff_id."""
+    files, symlinks = read_base_paths(layers, ("var/lib/dpkg/status", "etc/passwd",
+                                               "etc/group"), ("var/lib/dpkg/status.d/",))
     tree = Tree()
-    controls = [add_deb(tree, fetcher.fetch(d)) for d in spec.debs]
+    controls = [add_deb(tree, fetcher.fetch(d), symlinks) for d in spec.debs]
     check_depends(controls, installed_packages(files), recipe.script_only_depends,
                   spec.platform)
     wheels = [fetcher.fetch(w) for w in spec.wheels]
@@ -447,6 +563,7 @@ def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, la
         if base and not base.endswith(b"\n"):
             base += b"\n"
         tree.add(path, Entry("file", 0o644, data=base + line.encode()))
+    check_symlinks(tree, symlinks, spec.platform)
     layer = tree.tar()
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
     layer_desc = _write_blob(layout, gzip.compress(layer, compresslevel=GZIP_LEVEL, mtime=0),
@@ -467,7 +584,7 @@ def _platform_manifest(recipe: Recipe, spec: PlatformLayer, fetcher: Fetcher, la
     base_layers = [{"mediaType": _TO_OCI.get(d["mediaType"], d["mediaType"]),
                     "digest": d["digest"], "size": d["size"]} for d in manifest["layers"]]
     return _json({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config_desc,
-                  "layers": [*base_layers, layer_desc]})
+                  "layers": [*base_layers, layer_desc]}), diff_id
 
 
 _WHEEL_PLATFORM = {"amd64": ("x86_64",), "arm64": ("aarch64",)}

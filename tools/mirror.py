@@ -32,7 +32,6 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,6 +249,7 @@ class Row:
     action: str = ""  # present | copied | built | would copy | would build | resolved | failed
     note: str = ""
     unpinned: bool = False
+    built_layers: str = ""   # an image we build: what to pin beside its digest
 
 
 @dataclass
@@ -322,7 +322,7 @@ class Mirror:
     def _built(self, image: Any) -> Row:
         """An image we build (tools/image_build.py): built where the destination lacks its
         tag, checked against the pinned digest, pushed by digest."""
-        from tools.image_build import BuildError
+        from tools.image_build import BuildError, pin_mismatch
 
         dest = f"{self.registry}/{image.mirror_repository}:{image.tag}" if self.registry else ""
         row = Row("image", image.key, f"built from {image.built_from}", dest, image.digest)
@@ -342,12 +342,14 @@ class Mirror:
                 raise SkopeoError(f"no build for {image.key}")
             with tempfile.TemporaryDirectory(prefix=f"build-{image.key}-") as tmp:
                 built = self.builders[image.key](Path(tmp) / "layout")
+                pinned = getattr(image, "built_layers", None)
                 if image.digest and built.digest != image.digest:
-                    raise SkopeoError(
-                        f"built {built.digest}, the catalogue pins {image.digest}: an input "
-                        f"changed, or this machine's zlib ({zlib.ZLIB_RUNTIME_VERSION}) "
-                        "compresses differently")
+                    raise SkopeoError(pin_mismatch(
+                        built, image.digest, pinned and dict(pinned.diff_ids),
+                        pinned and pinned.zlib))
                 row.digest, row.unpinned = built.digest, not image.digest
+                row.built_layers = (f"built_layers=BuiltLayers(zlib={built.zlib!r}, diff_ids="
+                                    f"{tuple(sorted(built.diff_ids.items()))!r})")
                 if not self.registry:
                     row.action = "resolved"
                     return row
@@ -550,6 +552,8 @@ def print_report(report: MirrorReport) -> int:
         if r.unpinned and r.digest:
             out_console.print(f"pin {r.key}: digest=\"{r.digest}\"  ({r.source}; paste into "
                               "config/images.py)")
+            if r.built_layers:
+                out_console.print(f"pin {r.key}: {r.built_layers}", soft_wrap=True)
     if report.failed:
         first = report.failed[0]
         raise ToolError(f"{len(report.failed)} of {len(report.rows)} not mirrored "

@@ -14,7 +14,8 @@ from tests.conftest import ROOT
 SCRIPT = ROOT / "scripts" / "debian-tools"
 TOOLS = {"promtool": "prometheus", "amtool": "prometheus-alertmanager", "skopeo": "skopeo",
          "docker-registry": "docker-registry", "redis-server": "redis-server",
-         "prometheus-redis-exporter": "prometheus-redis-exporter", "haproxy": "haproxy"}
+         "prometheus-redis-exporter": "prometheus-redis-exporter", "haproxy": "haproxy",
+         "umoci": "umoci"}
 
 
 def _run(tmp_path: Path, present: set[str], uid: str) -> subprocess.CompletedProcess:

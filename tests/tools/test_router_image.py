@@ -2,7 +2,9 @@
 `python -m tools mirror`, against real registries on 127.0.0.1 (Debian's docker-registry) with
 skopeo: a two-platform base like python:*-slim (a dpkg status, /etc/passwd, a python), a wheel
 with a console script and a Debian package made here with dpkg-deb, fetched over HTTP by URL
-and sha256 as the real lock's files are.
+and sha256 as the real lock's files are. The base is merged-/usr as bookworm's is (`/lib ->
+usr/lib`, ...) and the package ships `lib/`, `bin/`, a unit, an init script and docs, as
+haproxy's does: what runs is shown by tests/tools/test_router_image_runs.py.
 
 The real lock (images/router/lock.json) is checked against the pins it must agree with; its
 files are not fetched here (PyPI and Debian are not the test's to reach).
@@ -19,16 +21,18 @@ import subprocess
 import tarfile
 import threading
 import zipfile
+import zlib
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from config.images import IMAGES, Image, router_tag
+from config.images import IMAGES, BuiltLayers, Image, router_tag
 from tests.tools.test_mirror import INDEX, registry, write_blob, write_oci_layout
 from tools.image_build import (
     OCI_LAYER_GZIP, OCI_MANIFEST, BuildError, Fetcher, Pinned, PlatformLayer, Recipe, build,
+    follow,
 )
 from tools.mirror import Mirror, Skopeo
 from tools.router_image import LOCK, load_lock, recipe
@@ -38,13 +42,20 @@ BASE_STATUS = ("Package: libc6\nStatus: install ok installed\nVersion: 2.36-9+de
                "Package: dash\nStatus: install ok installed\nVersion: 0.5.12-2\n")
 BASE_PASSWD = b"root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:" \
               b"/usr/sbin/nologin\n"
+# bookworm's merged /usr: what a package's lib/, bin/ ... must land under
+MERGED_USR = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
+def _tar(files: dict[str, bytes | str]) -> bytes:
+    """A layer: bytes are a file, a str a symlink's target."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, data, 0o777
+                tar.addfile(info)
+                continue
             info.size, info.mode = len(data), 0o755 if "bin/" in name else 0o644
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
@@ -55,9 +66,11 @@ def _base_layout(root: Path) -> bytes:
     manifests = []
     for platform in PLATFORMS:
         arch = platform.split("/")[1]
-        layer = _tar({"etc/passwd": BASE_PASSWD, "etc/group": b"root:x:0:\n",
+        layer = _tar({**MERGED_USR, "etc/passwd": BASE_PASSWD, "etc/group": b"root:x:0:\n",
                       "var/lib/dpkg/status": BASE_STATUS.encode(),
-                      "usr/local/bin/python3.12": f"#!/bin/sh\n# {arch}\n".encode()})
+                      "usr/lib64/ld-linux-x86-64.so.2": "/lib/x86_64-linux-gnu/ld-2.36.so",
+                      "usr/local/bin/python3.12": f"#!/bin/sh\n# {arch}\n".encode(),
+                      "usr/local/bin/python3": "python3.12"})
         config = write_blob(root, json.dumps({
             "architecture": arch, "os": "linux", "created": "2026-10-01T00:00:00Z",
             "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"],
@@ -79,8 +92,17 @@ def _base_layout(root: Path) -> bytes:
     return index
 
 
-def _deb(root: Path, arch: str, depends: str) -> Path:
-    pkg = root / f"deb-{arch}-{abs(hash(depends))}"
+# What the fake package ships besides usr/sbin/fakeproxy, as haproxy's and its libraries' do:
+# paths under the merged directories, and what a container never reads.
+DEB_FILES = {"lib/x86_64-linux-gnu/libfake.so.1": b"ELF", "bin/fakeproxy-ctl": b"#!/bin/sh\n",
+             "lib/systemd/system/fakeproxy.service": b"[Unit]\n",
+             "etc/init.d/fakeproxy": b"#!/bin/sh\n", "etc/default/fakeproxy": b"X=1\n",
+             "usr/share/doc/fakeproxy/copyright": b"(c)\n",
+             "usr/share/man/man8/fakeproxy.8.gz": b"man\n", "etc/fakeproxy/fakeproxy.cfg": b"\n"}
+
+
+def _deb(root: Path, arch: str, depends: str, extra: dict[str, bytes] | None = None) -> Path:
+    pkg = root / f"deb-{arch}-{abs(hash(depends))}-{len(extra or {})}"
     (pkg / "DEBIAN").mkdir(parents=True)
     (pkg / "usr" / "sbin").mkdir(parents=True)
     (pkg / "DEBIAN" / "control").write_text(
@@ -89,7 +111,11 @@ def _deb(root: Path, arch: str, depends: str) -> Path:
     tool = pkg / "usr" / "sbin" / "fakeproxy"
     tool.write_text("#!/bin/sh\necho fakeproxy\n")
     tool.chmod(0o755)
-    out = root / f"fakeproxy_2.6.12_{arch}_{abs(hash(depends))}.deb"
+    for name, data in {**DEB_FILES, **(extra or {})}.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_bytes(data)
+    (pkg / "lib/x86_64-linux-gnu/libfake.so").symlink_to("libfake.so.1")
+    out = root / f"fakeproxy_2.6.12_{arch}_{abs(hash(depends))}_{len(extra or {})}.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(out)],
                    check=True, capture_output=True)
     return out
@@ -198,6 +224,16 @@ def test_the_build_is_the_base_plus_one_layer_per_platform_and_reproducible(worl
             assert "usr/local/lib/python3.12/site-packages/hello_router/__init__.py" in members
             assert read("usr/sbin/fakeproxy").startswith(b"#!/bin/sh")
             assert members["usr/sbin/fakeproxy"].mode == 0o755
+            # dpkg's unpack on merged /usr: lib/, bin/ land in usr/; never a directory or
+            # file where the base has a symlink; what a container never reads is left out
+            assert not set(members) & set(MERGED_USR), sorted(members)
+            assert read("usr/lib/x86_64-linux-gnu/libfake.so.1") == b"ELF"
+            assert members["usr/lib/x86_64-linux-gnu/libfake.so"].linkname == "libfake.so.1"
+            assert members["usr/bin/fakeproxy-ctl"].isfile()
+            assert "etc/fakeproxy/fakeproxy.cfg" in members
+            assert not [n for n in members if n.startswith((
+                "usr/lib/systemd/", "etc/init.d/", "etc/default/", "usr/share/doc/",
+                "usr/share/man/"))], sorted(members)
             status = read("var/lib/dpkg/status.d/fakeproxy").decode()
             assert "Package: fakeproxy" in status and "Status: install ok installed" in status
             assert read("etc/passwd") == BASE_PASSWD + \
@@ -231,6 +267,43 @@ def test_mirror_builds_pushes_by_digest_and_a_second_run_builds_nothing(world):
     assert skopeo.digest(f"{dst}/kvcache/router:t2", dest=True) is None
 
 
+def test_a_build_that_is_not_the_pin_says_whether_its_content_or_only_gzip_differs(
+        world, tmp_path, monkeypatch):
+    """The pin's layers by uncompressed digest decide: another compressor (here another gzip
+    level, as zlib-ng's or macOS's deflate would give) is told apart from another input."""
+    from tools import image_build
+
+    pinned = _build(world, world["recipe"], tmp_path / "pinned")
+    image = Image("router", "kvcache-eks/router", "t1", pinned.digest, "test",
+                  built_from="python", built_layers=BuiltLayers(
+                      "1.2.13-pinning", tuple(sorted(pinned.diff_ids.items()))))
+    (resolved,) = Mirror(world["skopeo"], None, builders={"router": lambda layout: pinned}).run(
+        [replace(image, digest=None)], progress=False).rows
+    assert resolved.action == "resolved" and resolved.digest == pinned.digest
+    assert resolved.built_layers == f"built_layers=BuiltLayers(zlib={zlib.ZLIB_RUNTIME_VERSION!r}" \
+        f", diff_ids={tuple(sorted(pinned.diff_ids.items()))!r})"
+
+    monkeypatch.setattr(image_build, "GZIP_LEVEL", 1)   # the same tar, other gzip bytes
+    other_gzip = _build(world, world["recipe"], tmp_path / "other")
+    assert other_gzip.digest != pinned.digest and other_gzip.diff_ids == pinned.diff_ids
+    mirror = Mirror(world["skopeo"], None, builders={"router": lambda layout: other_gzip})
+    (row,) = mirror.run([image], progress=False).rows
+    assert row.action == "failed"
+    assert "the same layers uncompressed" in row.note and "by zlib 1.2.13-pinning" in row.note \
+        and f"this machine's zlib is {zlib.ZLIB_RUNTIME_VERSION}" in row.note, row.note
+
+    other = dict(pinned.diff_ids, **{"linux/arm64": "sha256:" + "1" * 64})
+    changed = replace(image, built_layers=BuiltLayers("1.2.13", tuple(other.items())))
+    (row,) = mirror.run([changed], progress=False).rows
+    assert row.action == "failed" and "the layers' content differs (linux/arm64: layer " \
+        f"{pinned.diff_ids['linux/arm64']}, pinned sha256:{'1' * 64}): an input changed" \
+        in row.note, row.note
+    (row,) = mirror.run([replace(image, built_layers=None)], progress=False).rows
+    assert "no layer digests are pinned beside it" in row.note, row.note
+    with pytest.raises(ValueError, match="BuiltLayers linux/amd64: 'sha256:12' is not"):
+        BuiltLayers("1.2.13", (("linux/amd64", "sha256:12"),))
+
+
 def _broken(world, platform: str, **changes) -> Recipe:
     r = world["recipe"]
     return replace(r, layers=tuple(replace(layer, **changes) if layer.platform == platform
@@ -246,6 +319,30 @@ def test_a_package_the_base_cannot_satisfy_is_refused_by_name(world, tmp_path):
     recipe_ = _broken(world, "linux/amd64", debs=(_pinned(old_libc, world["url"]),))
     with pytest.raises(BuildError, match=r"needs libc6 \(>= 2\.40\)"):
         _build(world, recipe_, tmp_path / "y")
+
+
+def test_a_file_where_the_base_has_a_symlink_is_refused_by_name(world, tmp_path):
+    """Applied, the layer's file would replace the base's symlink (python3 -> python3.12)."""
+    deb = _deb(world["files"], "amd64", "libc6 (>= 2.34)",
+               {"usr/local/bin/python3": b"#!/bin/sh\n"})
+    recipe_ = _broken(world, "linux/amd64", debs=(_pinned(deb, world["url"]),))
+    with pytest.raises(BuildError, match=r"linux/amd64: the layer holds a file at "
+                                         r"/usr/local/bin/python3, where the base has a "
+                                         r"symlink to python3\.12"):
+        _build(world, recipe_, tmp_path / "x")
+
+
+@pytest.mark.parametrize(("path", "last", "expected"), [
+    ("./lib/systemd/system/x.service", False, "usr/lib/systemd/system/x.service"),
+    ("lib", False, "lib"), ("lib/", True, "usr/lib"),
+    ("lib64/ld-linux-x86-64.so.2", False, "usr/lib64/ld-linux-x86-64.so.2"),
+    ("opt/app/x", False, "srv/x"), ("up/x", False, "usr/lib/x"),
+    ("usr/local/bin/python3", False, "usr/local/bin/python3"),
+])
+def test_paths_follow_the_bases_directory_symlinks_as_dpkg_writes_them(path, last, expected):
+    links = {**MERGED_USR, "opt/app": "/srv", "up": "usr/../lib",
+             "usr/local/bin/python3": "python3.12"}
+    assert follow(path, links, last=last) == expected
 
 
 def test_a_file_that_is_not_what_the_lock_pins_is_refused(world, tmp_path):

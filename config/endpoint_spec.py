@@ -63,7 +63,6 @@ class AutoScaling:
     scale_up_stabilization: int = 0
     scale_down_stabilization: int = 300
     triggers: tuple[PrometheusTrigger, ...] = ()
-    from_file: bool = True
 
 
 # Default trigger when the file has none: waiting requests per worker (vLLM's own queue).

@@ -40,8 +40,8 @@ _ROWS = (
           "CPU and memory defaults follow the served type"),
     Field("spec.instanceTypes", USED, "used only without instanceType: the first type one of "
           "the environment's GPU node groups has"),
-    Field("spec.replicas", USED, "worker replicas (and the autoscaling minimum when "
-          "autoScalingSpec is absent)"),
+    Field("spec.replicas", USED, "worker replicas: without autoScalingSpec exactly that many, "
+          "no autoscaler (as on HyperPod); the L2 and its cost are sized for them"),
     Field("spec.InitialReplicaCount", IGNORED, "replicas (or autoScalingSpec) sets the count"),
     Field("spec.invocationEndpoint", IGNORED, "the router serves vLLM's OpenAI API "
           "(/v1/chat/completions, /v1/completions, ...) on its load balancer"),
@@ -107,7 +107,8 @@ _ROWS = (
           "kvaware -> kv_aware, session -> consistent_hash, roundrobin -> round_robin"),
     Field("spec.intelligentRoutingSpec.autoScalingSpec", USED, "as spec.autoScalingSpec"),
     Field("spec.autoScalingSpec", USED, "a KEDA ScaledObject (min/max replicas, polling, "
-          "cooldowns, stabilization, Prometheus triggers)"),
+          "cooldowns, stabilization, Prometheus triggers; without one, waiting requests per "
+          "worker); the L2 and its cost are sized for maxReplicaCount"),
     Field("spec.autoScalingSpec.prometheusTrigger.serverAddress", IGNORED, "the environment's "
           "AMP workspace or in-cluster Prometheus is queried"),
     Field("spec.autoScalingSpec.prometheusTrigger.namespace", IGNORED, "as serverAddress"),

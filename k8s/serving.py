@@ -119,7 +119,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                 f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
                 f"{need} GB/s per GPU{assumed}, and an L2 must read at least "
                 f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
-                f"once it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
+                f"once ({fleet_replicas(cfg, s)[1]}) it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
                 "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
                 "(docs/serving.md, 'The tier configuration, and why')", s.name,
                 "kvCacheSpec.enableL2Cache"))
@@ -240,7 +240,8 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
     where = f"{s.source_file}: spec.kvCacheSpec.workingSetTokens"
     if plan.target == OWN or v.server is None:
         return (f"{where}: the L2 is the endpoint's own ({s.l2_url}): size it to hold "
-                f"{v.capacity_gib:,.0f} GiB of KV ({v.size_reason()})")
+                f"{v.capacity_gib:,.0f} GiB of KV ({v.size_reason()}, for {v.replicas} "
+                f"replica(s): {fleet_replicas(cfg, s)[1]})")
     if plan.target == IN_CLUSTER:
         node = v.server.node_type
         price = cfg.instance_hourly_usd.get(node)
@@ -259,7 +260,8 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
         what = (f"ElastiCache: {v.shards} shard(s) of {v.server.node_type}, each with "
                 f"{cfg.cache.replicas} replica(s)")
     line = (f"{where}: the L2 is {what}; it keeps {min(v.kv_gib, 1e9):,.0f} GiB of KV and must "
-            f"hold {v.size_reason()}")
+            f"hold {v.size_reason()}, for {v.replicas} replica(s) "
+            f"({fleet_replicas(cfg, s)[1]})")
     if (s.working_set_tokens and v.working_set_gib <= v.fleet_gib
             and s.routing_strategy != "roundrobin"):
         line += (f"; with {s.routing_strategy} routing each prefix stays on one replica, whose "
@@ -301,16 +303,15 @@ def reads_managed_l2(cfg: EnvironmentConfig, s: EndpointSpec) -> bool:
 
 def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     """The L2 an endpoint asking for one would get, and whether it pays (k8s/l2.py), for its
-    largest fleet: autoscaling's maximum, every replica reading at once. None where it asks
-    for none or its image may not have one."""
+    largest fleet (fleet_replicas), every replica reading at once. None where it asks for
+    none or its image may not have one."""
     if not s.l2_enabled or l2_refusal_for(s):
         return None
     target = OWN if s.l2_url else IN_CLUSTER if _shared_kind(cfg, s) else ELASTICACHE
     connector = ((REDISS if s.l2_url.startswith("rediss://") else REDIS) if target == OWN else
                  connector_for(target, lmcache_version(s.image), carries_glide(s.image)))
     ranks = parallel_ranks(s.worker_args)
-    scaling = effective_scaling(cfg, s)
-    replicas = scaling.max_replicas if scaling else s.replicas
+    replicas, _ = fleet_replicas(cfg, s)
     l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
     model = s.model or ASSUMED
     utilization = arg_value(s.worker_args, "--gpu-memory-utilization")
@@ -341,16 +342,24 @@ NOT_VLLM = {"djl-inference": "DJL Serving (LMI)", "tgi-inference": "TGI",
 
 
 def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | None:
-    """The file's autoScalingSpec, or the default: waiting requests per worker, from the
-    file's replicas up to what the node group can hold. kvaware keeps a fixed worker set."""
-    if s.routing_strategy == "kvaware":
+    """The file's autoScalingSpec, its triggers defaulting to waiting requests per worker; None
+    without one: as on HyperPod, `replicas` alone is exactly that many workers, no autoscaler.
+    kvaware keeps a fixed worker set (fit_endpoint refuses an autoScalingSpec with it)."""
+    if s.routing_strategy == "kvaware" or s.autoscaling is None:
         return None
-    capacity = worker_capacity(cfg, s)
-    spec = s.autoscaling or AutoScaling(min_replicas=s.replicas, max_replicas=max(
-        s.replicas, capacity), from_file=False)
+    spec = s.autoscaling
     if not spec.triggers:
         spec = replace(spec, triggers=(default_trigger(s.model_name),))
     return spec
+
+
+def fleet_replicas(cfg: EnvironmentConfig, s: EndpointSpec) -> tuple[int, str]:
+    """The workers the L2 and the cost are computed for, and why that many: the file's
+    `replicas` where they are all that will run, autoScalingSpec's maximum where it scales."""
+    scaling = effective_scaling(cfg, s)
+    if scaling is None:
+        return s.replicas, "spec.replicas, no autoScalingSpec: no autoscaler"
+    return scaling.max_replicas, "autoScalingSpec.maxReplicaCount, the autoscaler's maximum"
 
 
 def worker_capacity(cfg: EnvironmentConfig, s: EndpointSpec) -> int:

@@ -90,8 +90,9 @@ _ROWS = (
           "what one-time prompts write between two uses of them); the L2 is sized to hold "
           "them plus the fleet's GPU KV and L1s (default: twice the fleet's GPU KV and L1s)"),
     Field("spec.kvCacheSpec.modelShape", USED, "this project's extension: the model's shape "
-          "for the L2 verdict, a known model's name or its config.json keys (default: the "
-          "shape modelName names)"),
+          "for the L2 verdict: its config.json keys, the repository path of a copy of its "
+          "config.json, or a known model's name (default: the config.json upload-model "
+          "recorded at models/<modelLocation>/config.json, else the shape modelName names)"),
     Field("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", USED, "redis: the environment's "
           "cache (ElastiCache over TLS, or the in-cluster Valkey); tieredstorage: the "
           "in-cluster Valkey; also valkey and lmcache-server (this project's names; "

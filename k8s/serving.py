@@ -23,7 +23,7 @@ from config.images import (
     IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
     image_release, lmcache_version, vllm_version,
 )
-from config.models import ASSUMED
+from config.models import FAMILIES, RECORDED, ModelShape
 from config.notices import changed
 from config.regions import instance_types_in
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
@@ -97,6 +97,8 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
+    if (fit := weights_fit_notice(s)) is not None:
+        warnings.append(fit)
     refusal = l2_refusal_for(s)
     if refusal and not s.l2_forced:
         warnings.append(changed(
@@ -109,15 +111,12 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     if plan is not None:
         v = plan.verdict
         if not s.l2_forced and not v.deploys:
-            assumed = (f" ({s.model_name} is not a model whose shape we know: "
-                       f"{v.model.name}'s assumed, the dearest to read we know; state it with "
-                       "kvCacheSpec.modelShape)" if v.model_assumed else "")
             need = f"{v.need_gbs:.2f}" if v.need_gbs is not None else "an unknown rate"
             warnings.append(changed(
                 f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
                 f"{s.instance_type} ({v.gpu}) recomputing {v.model.name}'s KV at a "
                 f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
-                f"{need} GB/s per GPU{assumed}, and an L2 must read at least "
+                f"{need} GB/s per GPU ({shape_said(v.model)}), and an L2 must read at least "
                 f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
                 f"once ({fleet_replicas(cfg, s)[1]}) it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
                 "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
@@ -267,7 +266,7 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
         line += (f"; with {s.routing_strategy} routing each prefix stays on one replica, whose "
                  "GPU and L1 hold a working set this small: the L2 serves what routing moves "
                  "(scale-out, restarts, load spilled to another replica)")
-    return line + " (docs/serving.md, 'How big the L2 is')"
+    return line + f"; the model: {shape_said(v.model)} (docs/serving.md, 'How big the L2 is')"
 
 
 @dataclass(frozen=True)
@@ -280,6 +279,48 @@ class L2Plan:
     @property
     def connector(self):
         return self.verdict.connector
+
+
+def model_shape(cfg: EnvironmentConfig, s: EndpointSpec) -> ModelShape:
+    """The endpoint's model shape (config/models.py), or one line naming what to provide."""
+    if s.model is not None:
+        return s.model
+    raise ConfigError(cfg.name, f"{s.source_file}: spec.modelName", s.model_name,
+                      f"a model whose shape we know ({FAMILIES}: config/models.py), or its "
+                      "config.json: `python -m tools upload-model` records it at "
+                      f"{RECORDED.format(location=s.model_location)}, or "
+                      "spec.kvCacheSpec.modelShape names a copy of it in the repository "
+                      "(the L2 verdict needs the model's layers, heads and sizes)")
+
+
+def gpu_memory_utilization(s: EndpointSpec) -> float:
+    """vLLM's share of each GPU: the args' --gpu-memory-utilization, else vLLM's default."""
+    given = arg_value(s.worker_args, "--gpu-memory-utilization")
+    return (float(given) if given and given.replace(".", "", 1).isdigit()
+            else GPU_MEMORY_UTILIZATION)
+
+
+def weights_fit_notice(s: EndpointSpec) -> str | None:
+    """Where the model's weights alone fill vLLM's share of the worker's GPUs, vLLM cannot
+    start: say so at synth (a warning: a checkpoint may be smaller than its shape's dtype)."""
+    shape = gpu_shape(s.instance_type)
+    if s.model is None or shape is None or arg_value(s.worker_args, "--quantization"):
+        return None
+    ranks, utilization = parallel_ranks(s.worker_args), gpu_memory_utilization(s)
+    if gpu_kv_gib(s.instance_type, s.model, ranks, utilization) > 0:
+        return None
+    room = ranks * shape.gpu_memory_gib * utilization
+    return (f"{s.source_file}: spec.worker.resources.limits.nvidia.com/gpu: {s.model.name}'s "
+            f"weights ({s.model.weight_bytes / GIB:,.0f} GiB; {shape_said(s.model)}) fill "
+            f"the {room:,.0f} GiB vLLM may use of {ranks} GPU(s) of {s.instance_type} "
+            f"(--gpu-memory-utilization {utilization:g}): vLLM cannot start; give each worker "
+            "more GPUs (and --tensor-parallel-size), or serve a quantized checkpoint")
+
+
+def shape_said(model: ModelShape) -> str:
+    """The shape a verdict used, and where it comes from, as a synth line says it."""
+    return (f"{model.name}: {model.kv_bytes_per_token / 1024:g} KiB of KV per token, "
+            f"{model.params / 1e9:.1f}B parameters, from {model.source}")
 
 
 def image_l2_refusal(s: EndpointSpec) -> str | None:
@@ -313,12 +354,10 @@ def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     ranks = parallel_ranks(s.worker_args)
     replicas, _ = fleet_replicas(cfg, s)
     l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
-    model = s.model or ASSUMED
-    utilization = arg_value(s.worker_args, "--gpu-memory-utilization")
-    gpu = gpu_kv_gib(s.instance_type, model, ranks, float(utilization) if utilization
-                     and utilization.replace(".", "", 1).isdigit() else GPU_MEMORY_UTILIZATION)
+    model = model_shape(cfg, s)
+    gpu = gpu_kv_gib(s.instance_type, model, ranks, gpu_memory_utilization(s))
     args = dict(instance_type=s.instance_type, model=model,
-                model_assumed=s.model is None, ranks=ranks, replicas=replicas,
+                ranks=ranks, replicas=replicas,
                 fleet_gib=replicas * (gpu + ranks * l1),
                 working_set_gib=(s.working_set_tokens * model.kv_bytes_per_token / GIB
                                  if s.working_set_tokens else None),

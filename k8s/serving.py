@@ -282,8 +282,13 @@ class L2Plan:
 
 
 def model_shape(cfg: EnvironmentConfig, s: EndpointSpec) -> ModelShape:
-    """The endpoint's model shape (config/models.py), or one line naming what to provide."""
+    """The endpoint's model shape (config/models.py), its KV in the dtype the args ask vLLM
+    for (--kv-cache-dtype fp8: a byte), or one line naming what to provide."""
     if s.model is not None:
+        kv_dtype = arg_value(s.worker_args, "--kv-cache-dtype") or "auto"
+        if kv_dtype.startswith("fp8") and s.model.dtype_bytes != 1:
+            return replace(s.model, dtype_bytes=1,
+                           weight_bits=s.model.weight_bits or 8 * s.model.dtype_bytes)
         return s.model
     raise ConfigError(cfg.name, f"{s.source_file}: spec.modelName", s.model_name,
                       f"a model whose shape we know ({FAMILIES}: config/models.py), or its "

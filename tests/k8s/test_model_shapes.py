@@ -135,3 +135,13 @@ def test_weights_that_fill_the_gpus_are_said_for_every_known_model():
         if said:
             assert said.startswith("e.yaml: spec.worker.resources.limits.nvidia.com/gpu: ")
     assert known_model("Qwen2.5-72B").weight_bytes / GIB > room   # the case that matters
+
+
+def test_an_fp8_kv_cache_halves_the_kv_the_verdict_moves_not_the_weights():
+    cfg = _env("dev")
+    raw = _raw("Qwen/Qwen2.5-32B-Instruct")
+    raw["spec"]["worker"]["args"].append("--kv-cache-dtype=fp8_e4m3")
+    v = l2_plan(cfg, parse_endpoint(cfg.name, "e.yaml", raw)).verdict
+    m = KNOWN_MODELS["qwen2.5-32b"]
+    assert v.model.kv_bytes_per_token * 2 == m.kv_bytes_per_token
+    assert v.model.weight_bytes == m.weight_bytes

@@ -124,10 +124,10 @@ def _dense(name: str, repo: str, hidden: int, layers: int, heads: int, kv_heads:
 
 # The families teams serve, each size with the values of its published config.json (the repo
 # named in `source`; a base model and its -Instruct share them). Written without access to the
-# Hub: Qwen 2.5 (0.5B-3B, 32B), Qwen 3 (0.6B-4B, the two MoE) and gpt-oss were checked against
-# copies of their config.json in public code; every entry's parameter count (and the MoE's
-# active count) is held to its model card's in tests/config/test_models.py, which catches a
-# wrong width, depth or vocabulary.
+# Hub: Qwen 2.5 (0.5B-3B, 32B), Qwen 3 (0.6B-4B, the two MoE), Mistral Small 24B and gpt-oss
+# were checked against copies of their config.json in public code; every entry's parameter
+# count (and the MoE's active count) is held to its model card's in tests/config/
+# test_models.py, which catches a wrong width, depth or vocabulary.
 _LLAMA = (   # meta-llama/*: Llama 3, 3.1, 3.2 (text), 3.3
     _dense("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", 4096, 32, 32, 8, 14336, 128256),
     _dense("Llama-3-70B", "meta-llama/Meta-Llama-3-70B", 8192, 80, 64, 8, 28672, 128256),

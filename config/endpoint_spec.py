@@ -478,8 +478,8 @@ def _model_shape(kv: _Doc, model_name: str, location: str, root: Path | None
         raise kv.fail("modelShape", given, "a model we know or its config.json keys (a path "
                       "is read only from a repository)")
     written = given or recorded
-    field = f"{kv.file}: {kv.p('modelShape')}" if given else f"{kv.file}: spec.modelSourceConfig" \
-        ".modelLocation (upload-model's record of it)"
+    field = (f"{kv.file}: {kv.p('modelShape')}" if given else
+             f"{kv.file}: spec.modelSourceConfig.modelLocation (upload-model's record of it)")
     text, rel = read_repository_file(kv.env, field, written, root)
     config = load_json_object(kv.env, rel, text)
     try:

@@ -118,7 +118,8 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                 f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
                 f"{need} GB/s per GPU ({shape_said(v.model)}), and an L2 must read at least "
                 f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
-                f"once ({fleet_replicas(cfg, s)[1]}) it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
+                f"once ({fleet_replicas(cfg, s)[1]}) it gets {v.deliver_gbs:.2f} GB/s per GPU, "
+                f"the least of: {v.explain()}. "
                 "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
                 "(docs/serving.md, 'The tier configuration, and why')", s.name,
                 "kvCacheSpec.enableL2Cache"))

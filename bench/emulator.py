@@ -147,7 +147,8 @@ class ModelShape:
     head_dim: int
     dtype_bytes: int = 2   # BF16
     q_dim: int = 0         # query width (heads x head dim) where it differs from d_model
-    vocab: int = 128256    # input embedding and LM head rows (untied)
+    vocab: int = 128256    # input embedding and LM head rows
+    tied: bool = False     # the LM head is the input embedding (tie_word_embeddings)
 
     @property
     def weight_bytes(self) -> float:
@@ -161,14 +162,15 @@ class ModelShape:
     @property
     def read_bytes(self) -> float:
         """What a step reads of the weights: all but the input embedding, of which it gathers
-        only its tokens' rows."""
-        return (self.params_b * 1e9 - self.table_params) * self.dtype_bytes
+        only its tokens' rows (tied, the LM head reads that table whole)."""
+        return (self.params_b * 1e9 - (0 if self.tied else self.table_params)) \
+            * self.dtype_bytes
 
     @property
     def layer_params(self) -> float:
         """The transformer layers' parameters: what every token of a step multiplies by (the
         LM head only runs for the tokens that are sampled)."""
-        return self.params_b * 1e9 - 2 * self.table_params
+        return self.params_b * 1e9 - (1 if self.tied else 2) * self.table_params
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -181,6 +183,24 @@ LLAMA_31_70B = ModelShape("Llama-3.1-70B", 70.6, 80, 8192, 8, 128)
 # llm-d's benchmark model: 64 layers, hidden 5120, 64 query heads and 8 KV heads of 128.
 QWEN3_32B = ModelShape("Qwen3-32B", 32.8, 64, 5120, 8, 128, q_dim=8192, vocab=151936)
 MODELS = {m.name: m for m in (LLAMA_31_8B, LLAMA_31_70B, QWEN3_32B)}
+
+
+def emulator_model(name: str) -> ModelShape:
+    """The emulator's shape of a model named as MODELS or config.models names it (any size of
+    the families synth knows, from their config.json). The emulator's step time is a dense
+    model's: a mixture of experts is refused with one line."""
+    if name in MODELS:
+        return MODELS[name]
+    from config.models import FAMILIES, known_model
+
+    shape = known_model(name)
+    if shape is None or shape.experts:
+        raise ValueError(f"model {name!r}: a dense model of {FAMILIES} (config/models.py)"
+                         + (": the emulator models dense layers only" if shape else ""))
+    return ModelShape(shape.name, shape.params / 1e9, shape.layers, shape.hidden,
+                      shape.kv_heads, shape.head_dim, dtype_bytes=shape.dtype_bytes,
+                      q_dim=shape.q_dim if shape.q_dim != shape.hidden else 0,
+                      vocab=shape.vocab, tied=shape.tied)
 
 
 @dataclass(frozen=True)
@@ -390,7 +410,7 @@ class GpuProfile:
             raise ValueError(f"profile: unknown field(s) {', '.join(unknown)}")
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
         model = kwargs.get("model")
-        kwargs["model"] = MODELS[model] if isinstance(model, str) else ModelShape(**model)
+        kwargs["model"] = emulator_model(model) if isinstance(model, str) else ModelShape(**model)
         return cls(**kwargs)
 
 

@@ -59,7 +59,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Sequence
 
-from bench.emulator import KvBlocks
+from bench.emulator import PROFILES, KvBlocks
 
 __all__ = [
     "FakeWorker",
@@ -1391,8 +1391,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="publish KV cache events (ZMQ, vLLM's wire format) on "
                         "tcp://127.0.0.1:PORT (0 = any free port); needs pyzmq and msgpack")
     p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
-    p.add_argument("--profile", default=None, help="emulate this GPU profile "
-                   "(bench.emulator.PROFILES): KV capacity, batching, prefill/decode rates")
+    p.add_argument("--profile", default=None, choices=list(PROFILES),
+                   help="emulate this GPU profile (bench.emulator.PROFILES): KV capacity, "
+                        "batching, prefill/decode rates")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="with --profile: wall seconds per emulated second")
     return p

@@ -249,13 +249,16 @@ def run_policy(strategy: str, config: BenchConfig, *, workers: int = 4,
 def main(argv: list[str] | None = None) -> int:
     from bench import report as bench_report
 
-    p = argparse.ArgumentParser(prog="python -m bench.loopback_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from bench.emulator import PROFILES
+    from config.arguments import OneLineParser
+
+    p = OneLineParser(prog="python -m bench.loopback_bench", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--policies", nargs="+", default=["roundrobin", "prefixaware"],
                    choices=strategy_choices())
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--profile", default="g5.24xlarge",
+    p.add_argument("--profile", default="g5.24xlarge", choices=[*PROFILES, "none"],
                    help="GPU profile to emulate (bench.emulator.PROFILES), or 'none' for the "
                         "fake's flat time model")
     p.add_argument("--time-scale", type=float, default=0.25,

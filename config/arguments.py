@@ -45,6 +45,14 @@ class ToolError(Exception):
                    f"{printable(allowed, 1000)}", exit_code=2)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes are one line too, naming the argument and what it allows (`--help`
+    shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {printable(message, 600)} (see --help)\n")
+
+
 def key_from_env(var: str) -> str:
     """The API key a tool was told to read from the environment variable `var`
     (`--api-key-env`); never echoed, only the variable's name."""

@@ -17,10 +17,12 @@ from urllib.parse import parse_qsl, urlsplit
 import promql_parser
 
 from config.errors import ConfigError, allowed_for, excerpt, type_name
-from config.files import load_yaml_document, read_repository_file
+from config.files import load_json_object, load_yaml_document, read_repository_file
 from config.images import Image, image_for
 from config.instances import ec2_type, gpu_shape, pod_share
-from config.models import KNOWN_MODELS, ModelShape, known_model, shape_from_config
+from config.models import (
+    FAMILIES, RECORDED, ModelShape, known_model, shape_from_config, shape_from_config_json,
+)
 from config.hyperpod_fields import FIELDS, ignored
 from config.notices import changed
 
@@ -63,7 +65,6 @@ class AutoScaling:
     scale_up_stabilization: int = 0
     scale_down_stabilization: int = 300
     triggers: tuple[PrometheusTrigger, ...] = ()
-    from_file: bool = True
 
 
 # Default trigger when the file has none: waiting requests per worker (vLLM's own queue).
@@ -192,9 +193,11 @@ _CREDENTIAL_VAR = re.compile(r"(?:.*_)?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|A
 
 def parse_endpoint(env: str, file: str, raw: Any, *,
                    instance_type_map: Mapping[str, str] | None = None,
-                   node_instance_types: tuple[str, ...] = ()) -> EndpointSpec:
+                   node_instance_types: tuple[str, ...] = (),
+                   root: Path | None = None) -> EndpointSpec:
     """One file -> `EndpointSpec`. `instance_type_map` (HyperPod type -> EC2 type) and
-    `node_instance_types` (the environment's GPU node groups) pick the type served."""
+    `node_instance_types` (the environment's GPU node groups) pick the type served; `root`,
+    the repository, holds the model config.json files a shape may be read from."""
     warnings: list[str] = []
     top = _Doc(env, file, raw, "")
     if top.get("apiVersion", str) != API_VERSION:
@@ -252,7 +255,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         raise kv.fail("workingSetTokens", working_set, f"an integer from {MIN_PREFIX_TOKENS} "
                       f"to {MAX_WORKING_SET:,} (the distinct prompt tokens clients come back "
                       "to, which the L2 is sized to keep)")
-    model = _model_shape(kv, model_name)
+    model = _model_shape(kv, model_name, location, root)
     backend = l2_url = None
     if l2:
         l2spec = kv.child("l2CacheSpec", {})
@@ -446,25 +449,45 @@ MIN_PREFIX_TOKENS, MAX_PREFIX_TOKENS = 256, 1 << 20
 MAX_WORKING_SET = 1 << 40
 
 
-def _model_shape(kv: _Doc, model_name: str) -> ModelShape | None:
-    """`kvCacheSpec.modelShape` (our extension): a model we know by name, or config.json's
-    keys; without it, the shape `modelName` names, if we know it."""
+def _model_shape(kv: _Doc, model_name: str, location: str, root: Path | None
+                 ) -> ModelShape | None:
+    """The model's shape (config/models.py): `kvCacheSpec.modelShape` (our extension:
+    config.json's keys, the path of a copy of config.json in the repository, or a model we
+    know), else the config.json upload-model recorded for `location`, else the shape
+    `modelName` names; None where none of them gives one."""
     given = kv.get("modelShape", (str, Mapping), None,
-                   "a known model's name or a mapping of config.json keys")
-    if given is None:
-        return known_model(model_name)
-    if isinstance(given, str):
+                   "a known model's name, the path of its config.json, or its config.json keys")
+    if isinstance(given, Mapping):
+        try:
+            return shape_from_config(model_name, given)
+        except ValueError as exc:
+            key, _, allowed = str(exc).partition(": ")
+            raise kv._err(f"{kv.p('modelShape')}.{key}", given.get(key), allowed) from None
+    if isinstance(given, str) and not given.endswith(".json"):
         shape = known_model(given)
         if shape is None:
-            raise kv.fail("modelShape", given, "a model we know ("
-                          + ", ".join(m.name for m in KNOWN_MODELS.values())
-                          + ") or its config.json keys (hidden_size, num_hidden_layers, ...)")
+            raise kv.fail("modelShape", given, f"a model we know ({FAMILIES}; "
+                          "config/models.py), the repository path of a copy of its "
+                          "config.json, or its config.json keys (hidden_size, "
+                          "num_hidden_layers, ...)")
         return shape
+    recorded = RECORDED.format(location=location)
+    if given is None and (root is None or not (root / recorded).is_file()):
+        return known_model(model_name)
+    if root is None:
+        raise kv.fail("modelShape", given, "a model we know or its config.json keys (a path "
+                      "is read only from a repository)")
+    written = given or recorded
+    field = (f"{kv.file}: {kv.p('modelShape')}" if given else
+             f"{kv.file}: spec.modelSourceConfig.modelLocation (upload-model's record of it)")
+    text, rel = read_repository_file(kv.env, field, written, root)
+    config = load_json_object(kv.env, rel, text)
     try:
-        return shape_from_config(model_name, given)
+        return shape_from_config_json(model_name, config, rel)
     except ValueError as exc:
         key, _, allowed = str(exc).partition(": ")
-        raise kv._err(f"{kv.p('modelShape')}.{key}", given.get(key), allowed) from None
+        raise ConfigError(kv.env, f"{rel}: {key}", config.get(key) if isinstance(
+            config, Mapping) else config, allowed) from None
 
 
 def _strings(doc: _Doc, key: str) -> tuple[str, ...]:
@@ -651,4 +674,4 @@ def load_endpoint(env: str, written: str, root: Path, field: str = "endpoints",
     """Read the file `written` (in cdk.json's `field`) under the repository `root`, strictly
     (`config.files`); `served` as `parse_endpoint`'s instance type arguments."""
     text, rel = read_repository_file(env, field, written, root)
-    return parse_endpoint(env, rel, load_yaml_document(env, rel, text), **served)
+    return parse_endpoint(env, rel, load_yaml_document(env, rel, text), root=root, **served)

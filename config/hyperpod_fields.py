@@ -40,8 +40,8 @@ _ROWS = (
           "CPU and memory defaults follow the served type"),
     Field("spec.instanceTypes", USED, "used only without instanceType: the first type one of "
           "the environment's GPU node groups has"),
-    Field("spec.replicas", USED, "worker replicas (and the autoscaling minimum when "
-          "autoScalingSpec is absent)"),
+    Field("spec.replicas", USED, "worker replicas: without autoScalingSpec exactly that many, "
+          "no autoscaler (as on HyperPod); the L2 and its cost are sized for them"),
     Field("spec.InitialReplicaCount", IGNORED, "replicas (or autoScalingSpec) sets the count"),
     Field("spec.invocationEndpoint", IGNORED, "the router serves vLLM's OpenAI API "
           "(/v1/chat/completions, /v1/completions, ...) on its load balancer"),
@@ -90,8 +90,9 @@ _ROWS = (
           "what one-time prompts write between two uses of them); the L2 is sized to hold "
           "them plus the fleet's GPU KV and L1s (default: twice the fleet's GPU KV and L1s)"),
     Field("spec.kvCacheSpec.modelShape", USED, "this project's extension: the model's shape "
-          "for the L2 verdict, a known model's name or its config.json keys (default: the "
-          "shape modelName names)"),
+          "for the L2 verdict: its config.json keys, the repository path of a copy of its "
+          "config.json, or a known model's name (default: the config.json upload-model "
+          "recorded at models/<modelLocation>/config.json, else the shape modelName names)"),
     Field("spec.kvCacheSpec.l2CacheSpec.l2CacheBackend", USED, "redis: the environment's "
           "cache (ElastiCache over TLS, or the in-cluster Valkey); tieredstorage: the "
           "in-cluster Valkey; also valkey and lmcache-server (this project's names; "
@@ -107,7 +108,8 @@ _ROWS = (
           "kvaware -> kv_aware, session -> consistent_hash, roundrobin -> round_robin"),
     Field("spec.intelligentRoutingSpec.autoScalingSpec", USED, "as spec.autoScalingSpec"),
     Field("spec.autoScalingSpec", USED, "a KEDA ScaledObject (min/max replicas, polling, "
-          "cooldowns, stabilization, Prometheus triggers)"),
+          "cooldowns, stabilization, Prometheus triggers; without one, waiting requests per "
+          "worker); the L2 and its cost are sized for maxReplicaCount"),
     Field("spec.autoScalingSpec.prometheusTrigger.serverAddress", IGNORED, "the environment's "
           "AMP workspace or in-cluster Prometheus is queried"),
     Field("spec.autoScalingSpec.prometheusTrigger.namespace", IGNORED, "as serverAddress"),

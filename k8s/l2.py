@@ -91,7 +91,7 @@ def gpu_kv_gib(instance_type: str, model: ModelShape, ranks: int,
     if shape is None:
         return 0.0
     return max(0.0, ranks * shape.gpu_memory_gib * utilization
-               - model.params * model.dtype_bytes / GIB)
+               - model.weight_bytes / GIB)
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,6 @@ class L2Verdict:
     instance_type: str
     gpu: str | None
     model: ModelShape
-    model_assumed: bool
     prefix_tokens: int
     ranks: int
     replicas: int
@@ -321,7 +320,7 @@ def _server_terms(server: L2Server, shards: int, gpus: int) -> list[Term]:
 def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: int,
                connector: Connector, server: L2Server | None,
                prefix_tokens: int = DEFAULT_PREFIX_TOKENS, cpu_per_rank: float = 4.0,
-               model_assumed: bool = False, fleet_gib: float = 0.0,
+               fleet_gib: float = 0.0,
                working_set_gib: float | None = None, chunk_tokens: int = 256) -> L2Verdict:
     """Whether reading a token's KV from the L2 beats recomputing it with MARGIN to spare, for
     `replicas` replicas of `ranks` GPU processes reading at once, and whether the L2 holds
@@ -356,7 +355,7 @@ def l2_verdict(*, instance_type: str, model: ModelShape, ranks: int, replicas: i
         if server is not None:
             terms += _server_terms(server, shards, gpus)
             total = min(server_gbs(server, shards))
-        verdict = L2Verdict(instance_type, known[0] if known else None, model, model_assumed,
+        verdict = L2Verdict(instance_type, known[0] if known else None, model,
                             prefix_tokens, ranks, replicas, connector, server, need,
                             tuple(terms), fleet_gib, working_set_gib, overhead, shards,
                             client_side, total)

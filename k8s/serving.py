@@ -23,7 +23,7 @@ from config.images import (
     IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
     image_release, lmcache_version, vllm_version,
 )
-from config.models import ASSUMED
+from config.models import FAMILIES, RECORDED, ModelShape
 from config.notices import changed
 from config.regions import instance_types_in
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
@@ -97,6 +97,8 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
                           + " (or map it with the environment's instanceTypeMap)")
+    if (fit := weights_fit_notice(s)) is not None:
+        warnings.append(fit)
     refusal = l2_refusal_for(s)
     if refusal and not s.l2_forced:
         warnings.append(changed(
@@ -109,17 +111,15 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     if plan is not None:
         v = plan.verdict
         if not s.l2_forced and not v.deploys:
-            assumed = (f" ({s.model_name} is not a model whose shape we know: "
-                       f"{v.model.name}'s assumed, the dearest to read we know; state it with "
-                       "kvCacheSpec.modelShape)" if v.model_assumed else "")
             need = f"{v.need_gbs:.2f}" if v.need_gbs is not None else "an unknown rate"
             warnings.append(changed(
                 f"{where}.kvCacheSpec.enableL2Cache: true, but no L2 is deployed: on "
                 f"{s.instance_type} ({v.gpu}) recomputing {v.model.name}'s KV at a "
                 f"{v.prefix_tokens}-token prefix (kvCacheSpec.prefixTokens) moves "
-                f"{need} GB/s per GPU{assumed}, and an L2 must read at least "
+                f"{need} GB/s per GPU ({shape_said(v.model)}), and an L2 must read at least "
                 f"{MARGIN:g}x that; with {v.replicas} replica(s) x {v.ranks} GPU(s) reading at "
-                f"once it gets {v.deliver_gbs:.2f} GB/s per GPU, the least of: {v.explain()}. "
+                f"once ({fleet_replicas(cfg, s)[1]}) it gets {v.deliver_gbs:.2f} GB/s per GPU, "
+                f"the least of: {v.explain()}. "
                 "L1 stays on. kvCacheSpec.forceL2Cache: true deploys it anyway "
                 "(docs/serving.md, 'The tier configuration, and why')", s.name,
                 "kvCacheSpec.enableL2Cache"))
@@ -240,7 +240,8 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
     where = f"{s.source_file}: spec.kvCacheSpec.workingSetTokens"
     if plan.target == OWN or v.server is None:
         return (f"{where}: the L2 is the endpoint's own ({s.l2_url}): size it to hold "
-                f"{v.capacity_gib:,.0f} GiB of KV ({v.size_reason()})")
+                f"{v.capacity_gib:,.0f} GiB of KV ({v.size_reason()}, for {v.replicas} "
+                f"replica(s): {fleet_replicas(cfg, s)[1]})")
     if plan.target == IN_CLUSTER:
         node = v.server.node_type
         price = cfg.instance_hourly_usd.get(node)
@@ -259,13 +260,14 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
         what = (f"ElastiCache: {v.shards} shard(s) of {v.server.node_type}, each with "
                 f"{cfg.cache.replicas} replica(s)")
     line = (f"{where}: the L2 is {what}; it keeps {min(v.kv_gib, 1e9):,.0f} GiB of KV and must "
-            f"hold {v.size_reason()}")
+            f"hold {v.size_reason()}, for {v.replicas} replica(s) "
+            f"({fleet_replicas(cfg, s)[1]})")
     if (s.working_set_tokens and v.working_set_gib <= v.fleet_gib
             and s.routing_strategy != "roundrobin"):
         line += (f"; with {s.routing_strategy} routing each prefix stays on one replica, whose "
                  "GPU and L1 hold a working set this small: the L2 serves what routing moves "
                  "(scale-out, restarts, load spilled to another replica)")
-    return line + " (docs/serving.md, 'How big the L2 is')"
+    return line + f"; the model: {shape_said(v.model)} (docs/serving.md, 'How big the L2 is')"
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,53 @@ class L2Plan:
     @property
     def connector(self):
         return self.verdict.connector
+
+
+def model_shape(cfg: EnvironmentConfig, s: EndpointSpec) -> ModelShape:
+    """The endpoint's model shape (config/models.py), its KV in the dtype the args ask vLLM
+    for (--kv-cache-dtype fp8: a byte), or one line naming what to provide."""
+    if s.model is not None:
+        kv_dtype = arg_value(s.worker_args, "--kv-cache-dtype") or "auto"
+        if kv_dtype.startswith("fp8") and s.model.dtype_bytes != 1:
+            return replace(s.model, dtype_bytes=1,
+                           weight_bits=s.model.weight_bits or 8 * s.model.dtype_bytes)
+        return s.model
+    raise ConfigError(cfg.name, f"{s.source_file}: spec.modelName", s.model_name,
+                      f"a model whose shape we know ({FAMILIES}: config/models.py), or its "
+                      "config.json: `python -m tools upload-model` records it at "
+                      f"{RECORDED.format(location=s.model_location)}, or "
+                      "spec.kvCacheSpec.modelShape names a copy of it in the repository "
+                      "(the L2 verdict needs the model's layers, heads and sizes)")
+
+
+def gpu_memory_utilization(s: EndpointSpec) -> float:
+    """vLLM's share of each GPU: the args' --gpu-memory-utilization, else vLLM's default."""
+    given = arg_value(s.worker_args, "--gpu-memory-utilization")
+    return (float(given) if given and given.replace(".", "", 1).isdigit()
+            else GPU_MEMORY_UTILIZATION)
+
+
+def weights_fit_notice(s: EndpointSpec) -> str | None:
+    """Where the model's weights alone fill vLLM's share of the worker's GPUs, vLLM cannot
+    start: say so at synth (a warning: a checkpoint may be smaller than its shape's dtype)."""
+    shape = gpu_shape(s.instance_type)
+    if s.model is None or shape is None or arg_value(s.worker_args, "--quantization"):
+        return None
+    ranks, utilization = parallel_ranks(s.worker_args), gpu_memory_utilization(s)
+    if gpu_kv_gib(s.instance_type, s.model, ranks, utilization) > 0:
+        return None
+    room = ranks * shape.gpu_memory_gib * utilization
+    return (f"{s.source_file}: spec.worker.resources.limits.nvidia.com/gpu: {s.model.name}'s "
+            f"weights ({s.model.weight_bytes / GIB:,.0f} GiB; {shape_said(s.model)}) fill "
+            f"the {room:,.0f} GiB vLLM may use of {ranks} GPU(s) of {s.instance_type} "
+            f"(--gpu-memory-utilization {utilization:g}): vLLM cannot start; give each worker "
+            "more GPUs (and --tensor-parallel-size), or serve a quantized checkpoint")
+
+
+def shape_said(model: ModelShape) -> str:
+    """The shape a verdict used, and where it comes from, as a synth line says it."""
+    return (f"{model.name}: {model.kv_bytes_per_token / 1024:g} KiB of KV per token, "
+            f"{model.params / 1e9:.1f}B parameters, from {model.source}")
 
 
 def image_l2_refusal(s: EndpointSpec) -> str | None:
@@ -301,23 +350,20 @@ def reads_managed_l2(cfg: EnvironmentConfig, s: EndpointSpec) -> bool:
 
 def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
     """The L2 an endpoint asking for one would get, and whether it pays (k8s/l2.py), for its
-    largest fleet: autoscaling's maximum, every replica reading at once. None where it asks
-    for none or its image may not have one."""
+    largest fleet (fleet_replicas), every replica reading at once. None where it asks for
+    none or its image may not have one."""
     if not s.l2_enabled or l2_refusal_for(s):
         return None
     target = OWN if s.l2_url else IN_CLUSTER if _shared_kind(cfg, s) else ELASTICACHE
     connector = ((REDISS if s.l2_url.startswith("rediss://") else REDIS) if target == OWN else
                  connector_for(target, lmcache_version(s.image), carries_glide(s.image)))
     ranks = parallel_ranks(s.worker_args)
-    scaling = effective_scaling(cfg, s)
-    replicas = scaling.max_replicas if scaling else s.replicas
+    replicas, _ = fleet_replicas(cfg, s)
     l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
-    model = s.model or ASSUMED
-    utilization = arg_value(s.worker_args, "--gpu-memory-utilization")
-    gpu = gpu_kv_gib(s.instance_type, model, ranks, float(utilization) if utilization
-                     and utilization.replace(".", "", 1).isdigit() else GPU_MEMORY_UTILIZATION)
+    model = model_shape(cfg, s)
+    gpu = gpu_kv_gib(s.instance_type, model, ranks, gpu_memory_utilization(s))
     args = dict(instance_type=s.instance_type, model=model,
-                model_assumed=s.model is None, ranks=ranks, replicas=replicas,
+                ranks=ranks, replicas=replicas,
                 fleet_gib=replicas * (gpu + ranks * l1),
                 working_set_gib=(s.working_set_tokens * model.kv_bytes_per_token / GIB
                                  if s.working_set_tokens else None),
@@ -341,16 +387,24 @@ NOT_VLLM = {"djl-inference": "DJL Serving (LMI)", "tgi-inference": "TGI",
 
 
 def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | None:
-    """The file's autoScalingSpec, or the default: waiting requests per worker, from the
-    file's replicas up to what the node group can hold. kvaware keeps a fixed worker set."""
-    if s.routing_strategy == "kvaware":
+    """The file's autoScalingSpec, its triggers defaulting to waiting requests per worker; None
+    without one: as on HyperPod, `replicas` alone is exactly that many workers, no autoscaler.
+    kvaware keeps a fixed worker set (fit_endpoint refuses an autoScalingSpec with it)."""
+    if s.routing_strategy == "kvaware" or s.autoscaling is None:
         return None
-    capacity = worker_capacity(cfg, s)
-    spec = s.autoscaling or AutoScaling(min_replicas=s.replicas, max_replicas=max(
-        s.replicas, capacity), from_file=False)
+    spec = s.autoscaling
     if not spec.triggers:
         spec = replace(spec, triggers=(default_trigger(s.model_name),))
     return spec
+
+
+def fleet_replicas(cfg: EnvironmentConfig, s: EndpointSpec) -> tuple[int, str]:
+    """The workers the L2 and the cost are computed for, and why that many: the file's
+    `replicas` where they are all that will run, autoScalingSpec's maximum where it scales."""
+    scaling = effective_scaling(cfg, s)
+    if scaling is None:
+        return s.replicas, "spec.replicas, no autoScalingSpec: no autoscaler"
+    return scaling.max_replicas, "autoScalingSpec.maxReplicaCount, the autoscaler's maximum"
 
 
 def worker_capacity(cfg: EnvironmentConfig, s: EndpointSpec) -> int:

@@ -17,20 +17,13 @@ import sys
 from typing import Sequence
 
 from bench import benchmark, calibrate
-from config.errors import printable
+from config.arguments import OneLineParser
 from tools import fill, mirror, preflight, router_image, smoke, upload_model
 from tools.cli import run_command
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage mistakes are one line too (`--help` shows the usage)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {self.prog}: {printable(message, 600)} (see --help)\n")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m tools", description=__doc__,
+    p = OneLineParser(prog="python -m tools", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (upload_model, mirror, preflight, router_image, smoke, fill, benchmark,

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from config import ConfigError, EnvironmentConfig
 from config.arguments import ToolError
-from config.context import ROOT
+from config.context import ROOT, declared_environments
 
 
 def load_endpoints(cfg: EnvironmentConfig) -> tuple:
@@ -67,14 +68,22 @@ class Aws:
             if error_code(err) == "ValidationError":  # "Stack with id X does not exist"
                 raise ToolError(f"stack {name} not found in {self.cfg.region} (account "
                                 f"{self.cfg.account}): deploy it first (cdk deploy {name} "
-                                f"-c env={self.cfg.name.removesuffix('-cn')}"
-                                f"{' -c china=true' if self.cfg.name.endswith('-cn') else ''})"
-                                ) from None
+                                f"{deploy_context(self.cfg)})") from None
             raise
         for output in stacks[0].get("Outputs", []):
             if output.get("OutputKey") == key:
                 return output["OutputValue"]
         raise ToolError(f"stack {name} has no output {key}: deploy the current version of it")
+
+
+def deploy_context(cfg: EnvironmentConfig, root: Path = ROOT) -> str:
+    """The `-c` flags that make cdk pick `cfg`: its environment file's name (the China variant
+    of a global file is that file's), and `china=true` where its region is in AWS China. Read
+    from the declared environments and the region, never from the name: `prod-cn.json` is a
+    file of its own, not a variant of `prod`."""
+    selection = declared_environments(root).get(cfg.name, {"env": cfg.name})
+    china = cfg.facts.partition == "aws-cn"
+    return f"-c env={selection['env']}" + (" -c china=true" if china else "")
 
 
 def error_code(err: Exception) -> str:

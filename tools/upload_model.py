@@ -25,9 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from config import ConfigError
 from config.arguments import (
     ToolError, add_command, err_console, load_environment, out_console, pick_endpoint,
 )
+from config.context import ROOT
+from config.files import MAX_FILE_BYTES, load_json_object
+from config.models import RECORDED, shape_from_config_json
 from tools.cli import Aws, error_code, load_endpoints
 
 MiB = 1024 * 1024
@@ -311,6 +315,41 @@ def _extra_objects(s3: Any, bucket: str, prefix: str, keys: set[str]) -> list[st
     return extra
 
 
+# --------------------------------------------------------------------------- the model's shape
+
+RECORD_ROOT = ROOT   # the repository whose models/ folder receives the records (tests: a copy)
+
+
+def record_model_config(model_dir: Path, prefix: str, root: Path, dry_run: bool = False) -> str:
+    """Copy the model's config.json to `models/<prefix>/config.json` in the repository, where
+    synth reads the shape of the model an endpoint with that modelLocation serves
+    (config/models.py RECORDED): a file the team commits. Only a config.json synth can read
+    is recorded; for another the line says why, and the upload goes on (only an L2 verdict
+    needs the shape, and kvCacheSpec.modelShape can state it). Returns the line to print."""
+    rel = RECORDED.format(location=prefix)
+    source = model_dir / "config.json"   # a symlink into the Hub's cache is fine: it is ours
+    try:
+        data = source.read_bytes()[:MAX_FILE_BYTES + 1]
+        if len(data) > MAX_FILE_BYTES:
+            raise ValueError(f"a config.json of at most {MAX_FILE_BYTES >> 20} MiB")
+        text = data.decode("utf-8")
+        shape = shape_from_config_json(prefix, load_json_object("-", "config.json", text), rel)
+    except ConfigError as err:
+        return f"{rel}: not recorded: {source}: {err.value!r}: {err.allowed}"
+    except (OSError, ValueError) as err:   # UnicodeDecodeError is a ValueError
+        return (f"{rel}: not recorded: {source}: {err} (an L2 verdict needs the model's "
+                "shape: state it with kvCacheSpec.modelShape)")
+    what = (f"{shape.layers} layers, {shape.kv_bytes_per_token / 1024:g} KiB of KV per token, "
+            f"{shape.params / 1e9:.1f}B parameters")
+    if dry_run:
+        return f"{rel}: would record the model's config.json ({what})"
+    dest = root / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text, encoding="utf-8")
+    return (f"{rel}: recorded the model's config.json ({what}): commit it; synth judges "
+            f"endpoints with modelLocation {prefix} by it")
+
+
 # --------------------------------------------------------------------------- command
 
 
@@ -340,6 +379,7 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
     else:
         prefix = pick_endpoint(cfg, load_endpoints(cfg), args.endpoint).model_location
     files = scan_model_dir(args.model_dir, prefix)
+    out_console.print(record_model_config(args.model_dir, prefix, RECORD_ROOT, args.dry_run))
     aws = aws or Aws(cfg, args.profile)
     bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
     s3 = aws.client("s3")

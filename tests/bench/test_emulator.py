@@ -338,3 +338,29 @@ def test_tp4_replicas_are_within_15_percent_of_published_runs_held_out():
     b = tp_check.published()["builds"][0]
     moved = {**b, "held_out": {**b["held_out"], "mean_latency_ms": 1.0}}
     assert tp_check.host_ms(moved) == tp_check.host_ms(b) > 0
+
+
+def test_the_emulator_takes_every_dense_model_synth_knows_and_refuses_the_rest():
+    """A profile may name any model config.models knows: the same shape as synth judges, in
+    the emulator's terms (its own three agree with it); a mixture of experts is one line."""
+    from bench.emulator import MODELS, emulator_model
+    from config.models import KNOWN_MODELS, known_model
+
+    for m in KNOWN_MODELS.values():
+        if m.experts:
+            with pytest.raises(ValueError, match=f"^model '{m.name}': .*dense layers only"):
+                emulator_model(m.name)
+            continue
+        if m.name in MODELS:   # the emulator's own, checked below
+            continue
+        e = emulator_model(m.name)
+        assert e.kv_bytes_per_token == m.kv_bytes_per_token and e.layers == m.layers
+        assert e.params_b * 1e9 == pytest.approx(m.params)
+        assert e.layer_params == pytest.approx(m.layers * m.layer_params)
+        assert (e.q_dim or e.d_model) == m.q_dim
+    for name, e in MODELS.items():
+        m = known_model(name)
+        assert e.kv_bytes_per_token == m.kv_bytes_per_token
+        assert e.params_b * 1e9 == pytest.approx(m.params, rel=0.01)
+    with pytest.raises(ValueError, match="^model 'acme-13b': a dense model of Llama"):
+        emulator_model("acme-13b")

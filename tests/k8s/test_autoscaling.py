@@ -29,14 +29,30 @@ def _with_scaling(**scaling):
     return raw
 
 
-def test_default_trigger_scales_on_waiting_requests_per_worker():
+@pytest.mark.parametrize("env", ["dev", "china"])
+@pytest.mark.parametrize("strategy", ["prefixaware", "kvaware", "session", "roundrobin"])
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_replicas_without_autoscaling_spec_is_exactly_that_many_workers(env, strategy,
+                                                                       replicas):
+    """HyperPod's semantics: no autoScalingSpec, no autoscaler; the workers are `replicas`."""
+    cfg = _env(env)
+    spec = _spec(cfg, strategy, replicas=replicas)
+    assert spec.autoscaling is None
+    docs = render(cfg, spec)
+    assert not _workers(docs, "ScaledObject")
+    (workers,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                  and "-router" not in d["metadata"]["name"]]
+    assert workers["spec"]["replicas"] == replicas
+
+
+def test_an_autoscaling_spec_without_triggers_scales_on_waiting_requests_per_worker():
     cfg = _env("dev")
-    docs = render(cfg, _spec(cfg))
+    docs = render(cfg, parse_endpoint(cfg.name, "e.yaml", _with_scaling(
+        minReplicaCount=2, maxReplicaCount=4)))
     (so,) = _workers(docs, "ScaledObject")
     spec = so["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                       "name": "llama-3-1-8b-instruct-workers"}
-    # from the file's replicas up to the node group's capacity (g5: maxSize 4, 1 worker/node)
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 4)
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
@@ -47,14 +63,16 @@ def test_default_trigger_scales_on_waiting_requests_per_worker():
 
 def test_global_queries_amp_with_sigv4_and_china_the_in_cluster_prometheus():
     dev, china = _env("dev"), _env("china")
-    (so,) = _workers(render(dev, _spec(dev)), "ScaledObject")
+    scaled = _with_scaling(minReplicaCount=1, maxReplicaCount=2)
+    (so,) = _workers(render(dev, parse_endpoint("dev", "e.yaml", scaled)), "ScaledObject")
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["serverAddress"].startswith("https://aps-workspaces.")
     assert meta["awsRegion"] == "us-west-2"
     assert so["spec"]["triggers"][0]["authenticationRef"]["name"]
-    (ta,) = _workers(render(dev, _spec(dev)), "TriggerAuthentication")
+    (ta,) = _workers(render(dev, parse_endpoint("dev", "e.yaml", scaled)),
+                     "TriggerAuthentication")
     assert ta["spec"]["podIdentity"]["provider"] == "aws"
-    docs = render(china, _spec(china))
+    docs = render(china, parse_endpoint("china", "e.yaml", scaled))
     (so,) = _workers(docs, "ScaledObject")
     meta = so["spec"]["triggers"][0]["metadata"]
     assert meta["serverAddress"] == IN_CLUSTER_PROMETHEUS_URL and "awsRegion" not in meta

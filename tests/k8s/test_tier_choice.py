@@ -13,7 +13,7 @@ import pytest
 from bench.emulator import PROFILES
 from bench.tiers import RATES_FILE, pipelined, rendered_tiers
 from config.instances import GPU_MODELS, GPU_SHAPES
-from config.models import ASSUMED, KNOWN_MODELS, known_model, shape_from_config
+from config.models import known_model, shape_from_config
 from config.bandwidth import EC2_BASELINE_GBPS, IN_CLUSTER_NODE_TYPES, pod_nic_gbps
 from k8s.l2 import (
     CONNECTORS, ELASTICACHE, IN_CLUSTER, MARGIN, REDIS, REDISS, RESP,
@@ -52,13 +52,6 @@ def test_known_shapes_carry_the_published_sizes(name, params_b, kv):
     assert m.kv_bytes_per_token == kv
 
 
-def test_a_model_we_cannot_name_is_judged_as_the_dearest_we_know():
-    cost = {m.name: m.kv_bytes_per_token / m.prefill_flops_per_token(8192)
-            for m in KNOWN_MODELS.values()}
-    assert cost[ASSUMED.name] == max(cost.values())
-    assert known_model("my-own-finetune") is None
-
-
 def test_a_file_states_a_shape_with_config_json_keys():
     m = shape_from_config("x", {"hidden_size": 4096, "num_hidden_layers": 32,
                                 "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -66,7 +59,7 @@ def test_a_file_states_a_shape_with_config_json_keys():
     assert m.kv_bytes_per_token == known_model("llama-3.1-8b").kv_bytes_per_token
     assert m.params == known_model("llama-3.1-8b").params
     for bad, says in (({"hidden_size": 0}, "hidden_size"), ({"num_experts": 8}, "num_experts"),
-                      ({"hiden_size": 1}, "hiden_size")):
+                      ({"hiden_size": 1}, "hiden_size"), ({"kv_lora_rank": 512}, "latent")):
         with pytest.raises(ValueError, match=says):
             shape_from_config("x", {"num_hidden_layers": 1, "num_attention_heads": 1,
                                     "intermediate_size": 1, "vocab_size": 1,
@@ -180,7 +173,7 @@ def test_a_gpu_type_without_a_nic_baseline_fails_naming_it(monkeypatch):
 
 
 def test_an_unknown_gpu_keeps_what_the_file_asks():
-    v = l2_verdict(instance_type="x9.large", model=ASSUMED, ranks=1, replicas=1,
+    v = l2_verdict(instance_type="x9.large", model=known_model("llama-3.2-3b"), ranks=1, replicas=1,
                    connector=RESP, server=None)
     assert v.need_gbs is None and v.pays
 
@@ -290,9 +283,13 @@ def test_the_l2s_size_and_price_are_said_and_a_working_set_the_fleet_holds_is_fl
         v = l2_plan(cfg, spec).verdict
         assert spec.l2_enabled and v.deploys
         (said[working_set],) = [w for w in spec.warnings if "workingSetTokens" in w]
-        node, fleet = v.server.node_type, 4 * cfg.instance_hourly_usd["g5.24xlarge"]
+        # no autoScalingSpec: the file's replicas are what runs, and what the L2 is priced for
+        assert spec.autoscaling is None and v.replicas == spec.replicas
+        n = spec.replicas   # one worker per g5.24xlarge (TP 4)
+        node, fleet = v.server.node_type, n * cfg.instance_hourly_usd["g5.24xlarge"]
         assert f"on a {node} of its own, ${node_hourly_usd(node):.2f}/h" in said[working_set]
-        assert f"{node_hourly_usd(node) / fleet:.0%} of the 4 x g5.24xlarge" in said[working_set]
+        assert f"{node_hourly_usd(node) / fleet:.0%} of the {n} x g5.24xlarge" in said[working_set]
+        assert f"for {n} replica(s) (spec.replicas, no autoScalingSpec" in said[working_set]
         assert f"{v.capacity_gib:,.0f} GiB" in said[working_set]
     assert "stays on one replica" not in said[None]
     assert "stays on one replica" in said[1_000_000]      # 122 GiB: the fleet's GPUs hold it

@@ -13,3 +13,10 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+
+
+@pytest.fixture(autouse=True)
+def _model_records_in_a_copy(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """upload-model records a model's config.json in the repository: here, in a scratch one."""
+    from tools import upload_model
+    monkeypatch.setattr(upload_model, "RECORD_ROOT", tmp_path / "repository")

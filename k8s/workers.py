@@ -472,10 +472,10 @@ LIVENESS_STATE = "/tmp/kvcache-liveness.json"
 STALL_PROBE = """\
 import json, sys, time, urllib.request
 port, stall_s, state, path = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
-base = "http://127.0.0.1:" + port
-urllib.request.urlopen(base + path, timeout=2).read()
+base, timeout = "http://127.0.0.1:" + port, float(sys.argv[5])
+urllib.request.urlopen(base + path, timeout=timeout).read()
 running = tokens = 0.0
-for line in urllib.request.urlopen(base + "/metrics", timeout=2).read().decode().splitlines():
+for line in urllib.request.urlopen(base + "/metrics", timeout=timeout).read().decode().splitlines():
     name = line.split("{", 1)[0].split(" ", 1)[0]
     if name == "vllm:num_requests_running":
         running += float(line.rsplit(" ", 1)[1])
@@ -502,8 +502,10 @@ def liveness_probe(p: "WorkerProps", http_check: dict) -> dict:
     probe = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
     if p.family is None:
         return {**http_check, **probe}
+    # each HTTP call within the probe's timeout (what the kubelet allows the whole command)
+    http_timeout = str(probe["timeoutSeconds"] / 2)
     return {"exec": {"command": [p.family.python, "-c", STALL_PROBE, str(p.port), str(STALL_S),
-                                 LIVENESS_STATE, p.health_check_path]}, **probe}
+                                 LIVENESS_STATE, p.health_check_path, http_timeout]}, **probe}
 
 
 # vLLM's OpenAI server module: accepts `--model` in every vLLM version, where `vllm serve`

@@ -420,21 +420,42 @@ def lmcache_config(p: WorkerProps) -> dict:
     return cfg
 
 
-# Termination. The preStop sleep lets the router drop the pod first (its discovery removes a pod
-# once it is not ready); then the kubelet's SIGTERM. vLLM's answer to SIGTERM is
-# `--shutdown-timeout` (EngineArgs.shutdown_timeout; vllm-project/vllm#34730, reverted and
-# re-applied by #36666 on 2026-03-10, first released in 0.18.0): 0, the default, aborts every
-# request in flight; N refuses new requests and lets those in flight finish for up to N s. The
-# fault drill cut 2 of 584 streams in a worker rollout without it, 0 of 634 with it. So an image
-# whose vLLM has the flag gets a drain as long as the longest request the router lets run, and a
-# grace period that covers the sleep and the drain; one whose vLLM lacks it, or is unknown, gets
-# neither (vLLM refuses an unknown flag).
+# Termination. The router drops a pod once it is not ready (its discovery watches pods), so the
+# preStop hook first waits WORKER_PRE_STOP_S; vLLM then gets no new request, and the hook waits
+# until the requests it holds (vllm:num_requests_running + waiting, from its own /metrics) are
+# done (and a second more, for their last bytes), at most WORKER_DRAIN_S, the longest request
+# the router lets run. Only then does the
+# kubelet send SIGTERM, to which vLLM before 0.18.0 answers by aborting whatever it still runs
+# (the fault drill: a worker rollout cut 2 of 584 streams; 0 of 634 with a drain). vLLM 0.18.0 on
+# also drains itself with `--shutdown-timeout` (EngineArgs.shutdown_timeout; vllm-project/vllm
+# #34730, reverted and re-applied by #36666 on 2026-03-10; 0, the default, aborts): rendered too
+# where the image's vLLM has it, for a request that slips in late; an image whose vLLM lacks it,
+# or is unknown, never gets it (vLLM refuses an unknown flag). The hook runs with the image's own
+# python (standard library only); an image of no family we know gets the plain sleep.
 WORKER_PRE_STOP_S = 15
 SHUTDOWN_TIMEOUT_SINCE: tuple[int, int, int] = (0, 18, 0)
 WORKER_DRAIN_S = LONGEST_REQUEST_S
 # After the drain: the engine's own exit (vLLM gives its engine core 5 s) and the kubelet's slack.
 WORKER_EXIT_S = 30
-NO_DRAIN_GRACE_S = 120     # the grace period of an image without the flag, as before
+NO_DRAIN_GRACE_S = 120     # the grace period of an image we cannot drain, as before
+DRAIN_HOOK = """\
+import sys, time, urllib.request
+port, least, most = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+start = time.time()
+time.sleep(least)
+while time.time() - start < most:
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:" + port + "/metrics", timeout=2).read()
+    except OSError:
+        break
+    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+               if line.split("{", 1)[0] in ("vllm:num_requests_running",
+                                            "vllm:num_requests_waiting"))
+    if busy == 0:
+        break
+    time.sleep(1)
+time.sleep(min(1.0, least))
+"""
 
 
 def drains(p: "WorkerProps") -> bool:
@@ -442,17 +463,29 @@ def drains(p: "WorkerProps") -> bool:
     return p.vllm is not None and p.vllm >= SHUTDOWN_TIMEOUT_SINCE
 
 
+def pre_stop(p: "WorkerProps") -> dict:
+    """The vLLM container's preStop hook (above): the drain with the image's python, or the
+    plain sleep where we know no python in the image."""
+    if p.family is None:
+        return {"sleep": {"seconds": WORKER_PRE_STOP_S}}
+    return {"exec": {"command": [p.family.python, "-c", DRAIN_HOOK, str(p.port),
+                                 str(WORKER_PRE_STOP_S),
+                                 str(WORKER_PRE_STOP_S + WORKER_DRAIN_S)]}}
+
+
 def termination_grace_s(p: "WorkerProps") -> int:
-    """terminationGracePeriodSeconds: the preStop sleep, the drain the args carry (the file's
-    own `--shutdown-timeout` if it sets one), and the exit."""
+    """terminationGracePeriodSeconds: the preStop hook's longest wait, or the drain the args
+    carry (the file's own `--shutdown-timeout` if it sets one), and the exit."""
     value = arg_value(vllm_args(p), "--shutdown-timeout")
-    if not value:
-        return NO_DRAIN_GRACE_S
     try:
-        drain = int(value)
+        drain = int(value) if value else 0
     except ValueError:
         raise ValueError(f"endpoint {p.endpoint}: worker args --shutdown-timeout {value!r}: "
                          "whole seconds") from None
+    if p.family is not None:
+        drain = max(drain, WORKER_DRAIN_S)
+    if not drain:
+        return NO_DRAIN_GRACE_S
     return max(NO_DRAIN_GRACE_S, WORKER_PRE_STOP_S + drain + WORKER_EXIT_S)
 
 
@@ -682,7 +715,7 @@ class WorkersChart(Chart):
             "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
             "readinessProbe": {**health, "failureThreshold": 3},
             "livenessProbe": liveness_probe(p, health),
-            "lifecycle": {"preStop": {"sleep": {"seconds": WORKER_PRE_STOP_S}}},
+            "lifecycle": {"preStop": pre_stop(p)},
             "volumeMounts": [
                 {"name": "model-weights", "mountPath": p.model_mount_path,
                  "subPath": p.endpoint, "readOnly": True},

@@ -230,6 +230,31 @@ def test_the_liveness_probe_fails_a_hung_worker(tmp_path):
     assert failed.returncode != 0 and "timed out" in failed.stderr, failed.stderr
 
 
+def test_a_worker_leaving_finishes_its_requests_before_its_sigterm():
+    """The vLLM container's preStop hook as rendered (its waits scaled), run against a worker
+    with a stream in flight: it returns once the stream is done, and only then does the
+    kubelet's SIGTERM come, which vLLM before 0.18.0 answers by aborting whatever still runs
+    (stop() here): the stream is complete. The drill's worker rollout cut 2 of 584 streams so."""
+    _, _, _, _, worker_c = _pod("prefixaware")
+    python, flag, script, _, least, most = worker_c["lifecycle"]["preStop"]["exec"]["command"]
+    tokens = 40
+    slow = {**WORKER_OPTS, "decode_ms_per_token": DECODE_MS}
+    with FakeWorkerPool(1, **slow) as pool:
+        worker = pool.workers[0]
+        with ThreadPoolExecutor(1) as ex:
+            stream = ex.submit(_stream, worker.url, tokens, "rollout")
+            time.sleep(0.1)
+            hook = subprocess.run([sys.executable, flag, script, str(worker.port),
+                                   str(float(least) * SCALE), str(float(most) * SCALE)],
+                                  capture_output=True, text=True, timeout=30)
+            running = worker.stats()["running"]
+            worker.stop()                                 # SIGTERM, after the hook
+            result = stream.result()
+    assert hook.returncode == 0, hook.stderr
+    assert running == 0
+    assert result.ok and result.tokens == tokens, result
+
+
 def test_a_cut_stream_is_an_error_to_the_client():
     """A worker that dies after the first bytes of a stream: the router passes the cut on and
     the front ends the client's chunked body without its terminator; the official client raises

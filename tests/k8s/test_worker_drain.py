@@ -1,9 +1,10 @@
-"""Worker rollouts and scale-downs end no accepted request (issue 29): a worker whose vLLM takes
-`--shutdown-timeout` is told to drain for as long as the router lets a request run, and its
-grace period covers the preStop sleep and that drain; an image whose vLLM lacks the flag (or is
-unknown) never gets it, since vLLM refuses a flag it does not know. The liveness probe of a
-known image checks the engine's progress (a stalled engine answers /health with 200);
-tests/e2e/test_rollouts.py runs it against a stalled worker."""
+"""Worker rollouts and scale-downs end no accepted request (issue 29): the vLLM container's preStop
+hook waits until the worker's requests are done, as long as the router lets a request run, and
+the grace period covers it; a worker whose vLLM takes `--shutdown-timeout` is also told to drain
+that long; an image whose vLLM lacks the flag (or is unknown) never gets it, since vLLM refuses
+a flag it does not know. The liveness probe of a known image checks the engine's progress (a
+stalled engine answers /health with 200). tests/e2e/test_rollouts.py runs the hook and the probe
+against fake workers."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +16,7 @@ from config import resolve_environment
 from config.endpoint_spec import arg_value, parse_endpoint
 from config.images import image_for, image_family, image_release
 from k8s.serving import build_charts
-from k8s.workers import SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
+from k8s.workers import DRAIN_HOOK, SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
 from tests.conftest import DECLARED, ENVIRONMENTS, context_for
 from tests.k8s.test_charts import SEED, _facts
 
@@ -41,39 +42,58 @@ def _pods(cfg, image: str | None = None, args: list[str] | None = None):
     return worker["spec"]["template"]["spec"], int(arg_value(rc["args"], "--request-timeout-secs"))
 
 
-def _drain_and_grace(pod: dict) -> tuple[int | None, int, int]:
+def _drain_and_grace(pod: dict) -> tuple[int | None, int, int, int]:
+    """(--shutdown-timeout or None, the preStop hook's least and longest wait, the grace)"""
     (vllm,) = pod["containers"]
     drain = arg_value(vllm["args"], "--shutdown-timeout")
-    sleep = vllm["lifecycle"]["preStop"]["sleep"]["seconds"]
-    return (None if drain is None else int(drain)), sleep, pod["terminationGracePeriodSeconds"]
+    hook = vllm["lifecycle"]["preStop"]
+    if "sleep" in hook:
+        least = most = hook["sleep"]["seconds"]
+    else:
+        *_, least, most = hook["exec"]["command"]
+    return ((None if drain is None else int(drain)), int(least), int(most),
+            pod["terminationGracePeriodSeconds"])
 
 
 @pytest.mark.parametrize("env", ENVIRONMENTS)
-def test_every_environments_workers_drain_the_longest_request(env):
+def test_every_environments_workers_wait_for_the_longest_request(env):
+    """The shipped endpoint files as each environment deploys them."""
+    from k8s.serving import load_endpoints
+    from tests.conftest import ROOT
+    from tests.k8s.test_charts import render
+
     cfg = resolve_environment(context_for(**DECLARED[env]))
-    pod, longest = _pods(cfg)
-    drain, sleep, grace = _drain_and_grace(pod)
-    assert drain is not None and drain >= longest, (drain, longest)
-    assert grace > sleep + drain
+    for spec in load_endpoints(cfg, ROOT):
+        docs = render(cfg, spec)
+        longest = max(int(arg_value(c["args"], "--request-timeout-secs")) for d in docs
+                      if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"][
+                          "containers"] if c["name"] == "router")
+        for d in docs:
+            if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith(
+                    "-workers"):
+                _, least, most, grace = _drain_and_grace(d["spec"]["template"]["spec"])
+                assert most - least >= longest and grace > most, (spec.name, least, most)
 
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_only_a_vllm_that_has_the_flag_gets_it(image):
     cfg = resolve_environment(context_for(env="dev"))
     pod, longest = _pods(cfg, image)
-    drain, sleep, grace = _drain_and_grace(pod)
+    drain, least, most, grace = _drain_and_grace(pod)
     vllm = image_release(image_for(image)).vllm
     if vllm is not None and vllm >= SHUTDOWN_TIMEOUT_SINCE:
-        assert drain is not None and drain >= longest and grace > sleep + drain
+        assert drain is not None and drain >= longest and grace > least + drain
     else:
-        assert drain is None and grace > sleep, (image, vllm)
+        assert drain is None, (image, vllm)
     (container,) = pod["containers"]
-    probe = container["livenessProbe"]
+    probe, hook = container["livenessProbe"], container["lifecycle"]["preStop"]
     family = image_family(image_for(image))
-    if family is None:   # no python we know of: the HTTP check alone
-        assert "httpGet" in probe
+    if family is None:   # no python we know of: the HTTP check and the sleep alone
+        assert "httpGet" in probe and "sleep" in hook and grace > most
     else:
         assert probe["exec"]["command"][:3] == [family.python, "-c", STALL_PROBE]
+        assert hook["exec"]["command"][:3] == [family.python, "-c", DRAIN_HOOK]
+        assert most - least >= longest and grace > most
 
 
 def test_a_files_own_shutdown_timeout_is_kept_and_covered():
@@ -81,5 +101,5 @@ def test_a_files_own_shutdown_timeout_is_kept_and_covered():
     pod, _ = _pods(cfg, "lmcache/vllm-openai:v0.5.4", ["--shutdown-timeout", "900"])
     (container,) = pod["containers"]
     assert container["args"].count("--shutdown-timeout") == 1
-    drain, sleep, grace = _drain_and_grace(pod)
-    assert drain == 900 and grace > sleep + 900
+    drain, least, _, grace = _drain_and_grace(pod)
+    assert drain == 900 and grace > least + 900

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from config import resolve_environment
+from constructs.cluster_scaling import MAX_GRACEFUL_TERMINATION_S
 from tests.conftest import DECLARED, ENVIRONMENTS, context_for
 from tests.k8s.test_charts import _spec, render
 
@@ -55,6 +56,8 @@ def test_a_terminating_router_pod_finishes_the_longest_request_it_accepted(env, 
     mounts = {c["name"]: {m["mountPath"] for m in c["volumeMounts"]} for c in pod["containers"]}
     assert all(front_done.rsplit("/", 1)[0] in m for m in mounts.values()), mounts
     assert pod["terminationGracePeriodSeconds"] > int(router_at_most)
+    # a Cluster Autoscaler scale-down evicts with the grace period capped at its own maximum
+    assert MAX_GRACEFUL_TERMINATION_S >= pod["terminationGracePeriodSeconds"]
     # the NLB keeps the pod's open connections as long as the pod drains
     attributes = dict(kv.split("=", 1) for kv in annotations[
         "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"].split(","))

@@ -13,6 +13,7 @@ import cdk8s
 import pytest
 
 from config import resolve_environment
+from constructs.cluster_scaling import MAX_GRACEFUL_TERMINATION_S
 from config.endpoint_spec import arg_value, parse_endpoint
 from config.images import image_for, image_family, image_release
 from k8s.serving import build_charts
@@ -73,6 +74,8 @@ def test_every_environments_workers_wait_for_the_longest_request(env):
                     "-workers"):
                 _, least, most, grace = _drain_and_grace(d["spec"]["template"]["spec"])
                 assert most - least >= longest and grace > most, (spec.name, least, most)
+                # a Cluster Autoscaler scale-down caps the grace period at its maximum
+                assert MAX_GRACEFUL_TERMINATION_S >= grace
 
 
 @pytest.mark.parametrize("image", IMAGES)

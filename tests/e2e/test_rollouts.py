@@ -108,7 +108,7 @@ def _stream(url: str, tokens: int, tag: str):
                 max_tokens=tokens, headers=AUTH, timeout=30)
 
 
-def test_a_router_pod_leaving_finishes_what_it_accepted(tmp_path):
+def test_a_router_pod_leaving_finishes_what_it_accepted(tmp_path, report_figure):
     """The pod's termination as the kubelet runs it, hooks as rendered (their waits scaled):
     both preStop hooks at once; SIGTERM to each container after its own hook (HAProxy has left
     by then)."""
@@ -146,6 +146,10 @@ def test_a_router_pod_leaving_finishes_what_it_accepted(tmp_path):
     assert refused, "the front still took connections after its soft stop"
     assert all(r.ok for r in results.values()), results
     assert results["long"].tokens == tokens
+    report_figure(f"router pod leaving (x{1 / SCALE:.0f} back to rendered time): a "
+                  f"{results['long'].total / pod.scale:.0f} s stream across the "
+                  f"{deregister_s / pod.scale:.0f} s NLB wait finished, "
+                  f"{results['long'].tokens}/{tokens} tokens")
 
 
 def _probe(worker: dict, port: int, state: str) -> list[str]:
@@ -156,7 +160,7 @@ def _probe(worker: dict, port: int, state: str) -> list[str]:
             str(max(0.2, float(timeout) * SCALE))]
 
 
-def test_a_stalled_worker_is_restarted_and_its_client_told(tmp_path):
+def test_a_stalled_worker_is_restarted_and_its_client_told(tmp_path, report_figure):
     """The probe passes while a stream makes progress, fails once the engine has produced
     nothing for the stall window with a request running (/health still answers 200); after
     failureThreshold failures the kubelet restarts the container (stop(): its connections
@@ -212,6 +216,10 @@ def test_a_stalled_worker_is_restarted_and_its_client_told(tmp_path):
     # the client was held until the restart, never handed a short answer, and told at it
     assert isinstance(outcome.get("ended"), openai.APIConnectionError), outcome
     assert outcome["at"] >= t_restart
+    report_figure(f"stalled engine: liveness failed {failures} times in a row from "
+                  f"{restarted_s:.2f} s after the stall (window {stall_s:.2f} s, scaled 1/"
+                  f"{1 / SCALE:.0f}; each probe a python start), the client's error "
+                  f"{outcome['at'] - t_restart:.2f} s after the restart")
 
 
 def test_the_liveness_probe_fails_a_hung_worker(tmp_path):

@@ -21,9 +21,10 @@ from k8s.workers import DRAIN_HOOK, SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
 from tests.conftest import DECLARED, ENVIRONMENTS, context_for
 from tests.k8s.test_charts import SEED, _facts
 
-IMAGES = ["lmcache/vllm-openai:v0.3.7", "lmcache/vllm-openai:v0.5.4",
-          "lmcache/vllm-openai:latest", "vllm/vllm-openai:v0.17.1", "vllm/vllm-openai:v0.19.1",
-          "registry.example.com/team/my-inference-image:1.0"]
+# vLLM 0.10.2 and unknown (moving tag) in the LMCache family, both sides of 0.18.0 in vLLM's,
+# and an image of no family we know (v0.5.4, vLLM 0.27.1: the last test)
+IMAGES = ["lmcache/vllm-openai:v0.3.7", "lmcache/vllm-openai:latest", "vllm/vllm-openai:v0.17.1",
+          "vllm/vllm-openai:v0.19.1", "registry.example.com/team/my-inference-image:1.0"]
 
 
 def _pods(cfg, image: str | None = None, args: list[str] | None = None):

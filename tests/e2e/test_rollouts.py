@@ -18,6 +18,7 @@ test_worker_drain.py hold them on the unscaled manifests.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -130,14 +131,15 @@ def test_a_router_pod_leaving_finishes_what_it_accepted(tmp_path, report_figure)
             time.sleep(0.1)
             env = {**os.environ, "FRONT_PID": str(pod.front.proc.pid)}
             front_stop = subprocess.Popen([*front_cmd, f"{deregister_s:.3f}", done], env=env)
-            router_stop = subprocess.Popen(
-                [*router_cmd, done, str(max(1, round(int(router_max) * pod.scale)))])
+            router_stop = subprocess.Popen(   # whole seconds: the hook counts them
+                [*router_cmd, done, str(math.ceil(int(router_max) * pod.scale))])
             during = ex.submit(_stream, pod.front.url, 4, "during")     # the NLB still sends
             refused = _refused_within(pod.front.port, deregister_s + 5.0)
             # HAProxy leaves on its own once its streams are done (reaped here: in the pod it is
             # PID 1, and its exit ends the container), and then the hook
             assert pod.front.proc.wait(timeout=30) == 0
             assert front_stop.wait(timeout=10) == 0
+            assert os.path.exists(done)                      # what the router's hook waits for
             assert router_stop.wait(timeout=30) == 0
             assert pod.router.proc.poll() is None            # the router outlived the front
             os.kill(pod.router.proc.pid, signal.SIGTERM)     # the kubelet, after its hook

@@ -854,6 +854,8 @@ class FakeWorker:
         self._conns: set[socket.socket] = set()
         self._awake = threading.Event()  # cleared by hang()
         self._awake.set()
+        self._engine = threading.Event()  # cleared by stall()
+        self._engine.set()
         self.held: collections.Counter = collections.Counter()  # path -> arrivals while hung
         self._created = time.time()
         self._running = 0
@@ -952,6 +954,28 @@ class FakeWorker:
                 self.held[path.split("?", 1)[0]] += 1
             while self._server is not None and not self._awake.wait(0.1):
                 pass
+
+    def stall(self) -> None:
+        """Stall the engine, not the server: no token is produced (streams in flight stop
+        without closing, new requests get no first token), while /health still answers 200
+        and /metrics shows them running, as a vLLM server over a stuck engine does."""
+        self._engine.clear()
+
+    def unstall(self) -> None:
+        self._engine.set()
+
+    def _produced(self, req: "_Request", token_at: Callable[[int], None]) -> Callable[[int], None]:
+        """``token_at`` that waits while the engine is stalled and counts the tokens as they
+        are produced (vLLM's vllm:generation_tokens_total moves every engine step)."""
+        def produced(i: int) -> None:
+            token_at(i)
+            while self._server is not None and not self._engine.wait(0.05):
+                pass
+            n = (i + 1) * len(req.prompts)
+            with self._lock:
+                self._generation_tokens += max(0, n - req.counted)
+            req.counted = max(req.counted, n)
+        return produced
 
     def set_healthy(self, healthy: bool) -> None:
         """False: /health answers 503 (completions are still served)."""
@@ -1198,7 +1222,7 @@ class FakeWorker:
             with self._lock:
                 self._running += 1
             words = [generate_words(ids, max_tokens) for ids in prompts]
-            token_at = self._timeline(req, max_tokens)
+            token_at = self._produced(req, self._timeline(req, max_tokens))
             token_at(0)
             for ids in prompts if self.virtual is None else ():
                 self.cache.insert(ids)
@@ -1271,7 +1295,7 @@ class FakeWorker:
             self._running -= 1
             self._finished[reason] += 1
             self._prompt_tokens += req.prompt_tokens
-            self._generation_tokens += sum(len(o) for o in req.outputs)
+            self._generation_tokens += max(0, sum(len(o) for o in req.outputs) - req.counted)
             if reason == "abort":
                 self._aborted += 1
             else:
@@ -1352,6 +1376,7 @@ class _Request:
         self.outputs: list[list[str]] = [[] for _ in prompts]
         self.ttft: float | None = None
         self.finished = False
+        self.counted = 0      # output tokens already in the generation counter
 
     def usage(self) -> dict:
         done = sum(len(o) for o in self.outputs)

@@ -41,6 +41,10 @@ ROUTER_METRICS_PORT = 29000   # vllm-router --prometheus-port
 KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
 KV_EVENTS_REPLAY_PORT = 5558
 CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
+# The longest a request may take end to end (the router's --request-timeout-secs): what a
+# router pod's drain and a worker's drain (vLLM --shutdown-timeout) must both cover, so a
+# rollout or a scale-down ends no request that was accepted (docs/runbook.md, "Rollouts").
+LONGEST_REQUEST_S = 600
 # The in-cluster L2 (Valkey): its StatefulSet and Service; the cache-down alert selects it
 SHARED_CACHE_NAME = "kvcache-valkey"
 REDIS_EXPORTER_PORT = 9121    # redis_exporter beside the self-hosted Valkey (its metrics port)

@@ -18,7 +18,14 @@ from config.contracts import (
 from config.images import CHARTS, IMAGES, ImageResolver, autoscaler_key
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
+from k8s.router_front import TERMINATION_GRACE_S as ROUTER_GRACE_S
+from k8s.workers import WORKER_DRAIN_S, WORKER_EXIT_S, WORKER_PRE_STOP_S
 
+# A scale-down evicts pods with their own grace period capped at --max-graceful-termination-sec
+# (default 600 s): below the router pod's drain and a worker's (k8s/router_front.py,
+# k8s/workers.py), which would be cut short. Raised to the longest we render.
+MAX_GRACEFUL_TERMINATION_S = max(ROUTER_GRACE_S,
+                                 WORKER_PRE_STOP_S + WORKER_DRAIN_S + WORKER_EXIT_S)
 KEDA_OPERATOR_SA = "keda-operator"
 AUTOSCALER_SA = "cluster-autoscaler"
 
@@ -114,7 +121,8 @@ class ClusterScaling(Construct):
                 "extraArgs": {"balance-similar-node-groups": True,
                               "skip-nodes-with-local-storage": False,
                               "expander": "least-waste",
-                              "scale-down-unneeded-time": "10m"},
+                              "scale-down-unneeded-time": "10m",
+                              "max-graceful-termination-sec": MAX_GRACEFUL_TERMINATION_S},
             })
         # The kubectl barrier does not wait for nodes: without these the releases' pods stay
         # Pending, Helm's wait runs out and the stack rolls back; and a pod started before its

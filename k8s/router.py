@@ -14,8 +14,8 @@ from cdk8s import Chart
 from constructs import Construct
 
 from config.contracts import (
-    KV_EVENTS_PORT, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, NODE_START_MINUTES, ROUTER_BACKEND_PORT,
-    ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
+    KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM, NODE_START_MINUTES,
+    ROUTER_BACKEND_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
 from config.endpoint_spec import ROUTING_POLICIES, arg_value
 from k8s.flows import PROMETHEUS, Flow, Peer, load_balancer
@@ -23,8 +23,8 @@ from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
 from k8s.router_front import (
-    DEREGISTER_S, DRAIN_S, FRONT_CONFIG, front_config, front_config_hash, front_container,
-    router_slots,
+    DEREGISTER_S, DRAIN_MOUNT, DRAIN_S, DRAIN_VOLUME, FRONT_CONFIG, ROUTER_PRE_STOP,
+    TERMINATION_GRACE_S, front_config, front_config_hash, front_container, router_slots,
 )
 from k8s.secret_fetch import (
     API_KEY_DIGEST_FILE, API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey,
@@ -46,13 +46,14 @@ WORKER_STARTUP_CHECK_S = 5
 # kubelet; routers with service discovery listen at once and pass it on the first probe.
 PROBE_PERIOD_S = 10
 STARTUP_PROBE_FAILURES = -(-(WORKER_STARTUP_TIMEOUT_S + WORKER_STARTUP_CHECK_S) // PROBE_PERIOD_S) + 1
-# Rollouts drop nothing behind the NLB: the load balancer controller's readiness gate keeps an
-# old pod until its successor is a healthy target (namespace label, k8s/serving.py); on
-# termination the front keeps serving while the NLB stops sending it new connections, then
-# drains (k8s/router_front.py); the router behind it stops only after the front's drain.
+# Rollouts behind the NLB: the load balancer controller's readiness gate keeps an old pod until
+# its successor is a healthy target (namespace label, k8s/serving.py); on termination the front
+# keeps serving while the NLB stops sending it new connections, then drains what it holds, up
+# to the longest request (k8s/router_front.py); the router behind it stops only after the front.
+# The NLB itself keeps a deregistering target's connections for the target group's
+# deregistration delay (default 300 s): set to the whole drain, so it never cuts one first.
 POD_READINESS_GATE_LABEL = "elbv2.k8s.aws/pod-readiness-gate-inject"
-PRE_STOP_SLEEP_S = DEREGISTER_S + DRAIN_S
-TERMINATION_GRACE_S = PRE_STOP_SLEEP_S + 30
+DEREGISTRATION_DELAY_S = DEREGISTER_S + DRAIN_S
 # TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
@@ -145,7 +146,7 @@ def sglang_router_args(p: RouterProps) -> list[str]:
 
 
 # Router-side bounds, chosen and measured on loopback (docs/serving.md, "Router limits").
-REQUEST_TIMEOUT_S = 600      # the longest generation we let one request take
+REQUEST_TIMEOUT_S = LONGEST_REQUEST_S   # the longest generation we let one request take
 # A hung worker (its /health times out) is out after 2 checks 1 s apart: ~2-3 s.
 HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S, HEALTH_FAILURES = 1, 1, 2
 # cache_aware stops sending to a worker once it holds this many more requests than the
@@ -281,6 +282,7 @@ class RouterChart(Chart):
                 props.api_key, 65532, bearer_digest=True)], "volumes": API_KEY_VOLUMES}
             key_container = {"volumeMounts": [
                 {"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]}
+        key_container["volumeMounts"] = [*key_container.get("volumeMounts", []), DRAIN_MOUNT]
         # The front's config, and the front beside the router (k8s.router_front)
         if not props.load_balancer_cidrs:
             raise ValueError(f"router {name}: load_balancer_cidrs (the NLB's addresses) are "
@@ -292,7 +294,7 @@ class RouterChart(Chart):
         k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}
-        key_pod["volumes"] = [*key_pod.get("volumes", []), front_volume]
+        key_pod["volumes"] = [*key_pod.get("volumes", []), front_volume, DRAIN_VOLUME]
         # Probes reach the router through the front (the router listens on 127.0.0.1 only).
         probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT},
                  "periodSeconds": PROBE_PERIOD_S,
@@ -336,7 +338,7 @@ class RouterChart(Chart):
                                        "requests": {"cpu": props.cpu, "memory": props.memory},
                                        "limits": {"cpu": props.cpu, "memory": props.memory}},
                                    "lifecycle": {"preStop": {
-                                       "sleep": {"seconds": PRE_STOP_SLEEP_S}}},
+                                       "exec": {"command": ROUTER_PRE_STOP}}},
                                    "securityContext": hardened(),
                                }, front_container(
                                    props.image, front_volume["name"], props.load_balancer_cidrs,
@@ -347,13 +349,15 @@ class RouterChart(Chart):
             self._scaled_object(name, labels, props)
         scheme = "internet-facing" if props.public_listener else "internal"
         annotations = {}
+        target_group = [f"deregistration_delay.timeout_seconds={DEREGISTRATION_DELAY_S}"]
         if props.policy in ("cache_aware", "kv_aware"):
             # cache_aware replicas learn prefixes only from the requests they see, so two
             # replicas disagree about a conversation; a kv_aware replica that starts late
             # (HPA, rollout) has an empty index. Both measured on loopback: keep a client on
             # one replica. session hashes the same key to the same worker on every replica.
-            annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"] = (
-                "stickiness.enabled=true,stickiness.type=source_ip")
+            target_group += ["stickiness.enabled=true", "stickiness.type=source_ip"]
+        annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"] = (
+            ",".join(target_group))
         # Proxy protocol v2: the front sees (and limits, and logs) the real client address
         # (the NLB's targets are pod IPs, where it would otherwise see the NLB's own).
         annotations[f"{_LB}proxy-protocol"] = "*"

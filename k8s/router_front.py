@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from config.contracts import ROUTER_BACKEND_PORT, ROUTER_PORT
+from config.contracts import LONGEST_REQUEST_S, ROUTER_BACKEND_PORT, ROUTER_PORT
 from k8s.objects import hardened
 
 # (method, exact path) a client may reach: inference, the model list, and the health routes
@@ -82,19 +82,39 @@ QUEUE_S = 10                        # a request waits this long for a router slo
 # listener (fixed), keepalive packets reset its timer; on TCP listeners the idle timeout is set
 # above the router's request timeout as well (k8s/router.py).
 KEEPALIVE_IDLE_S = 60
-# On termination the front keeps serving while the NLB stops sending it new connections
-# (DEREGISTER_S), then soft-stops (SIGUSR1: it closes its listener and finishes the requests it
-# has, streams included) for at most DRAIN_S (`hard-stop-after`). SIGTERM, what the kubelet
-# sends, would make HAProxy drop every open stream at once. The router container outlives both
-# (k8s/router.py), so nothing in flight loses its router.
-DEREGISTER_S = 30
-DRAIN_S = 60
-# The preStop hook: $1 seconds of grace for the NLB, then the soft stop of HAProxy (PID 1 in its
-# container; FRONT_PID only where a test runs it beside other processes), then wait until it
-# has finished.
+# Termination (a rollout, a KEDA scale-down). An AWS NLB keeps opening new connections to a
+# target for about two minutes after its deregistration starts, whatever the target group's
+# deregistration delay says (aws-load-balancer-controller #2366: "deregistration takes at least
+# 2 minutes regardless of the deregistration delay setting"; #3270, #1834; aws/containers-roadmap
+# #470: "the effective minimum delay seems to be 120 seconds"); the fault drill, whose balancer
+# sent for 45 s against the 30 s allowed then, lost 36 new connections. So the front keeps
+# serving for DEREGISTER_S, then soft-stops (SIGUSR1: it closes its listener and finishes the
+# requests it has, streams included) for at most DRAIN_S (`hard-stop-after`), which covers the
+# longest request the router lets run (LONGEST_REQUEST_S, plus the slack of `timeout server`):
+# a stream accepted the moment before the soft stop ends on its own, not by the drain (the
+# drill's 120 s stream was cut at 90 s by the 60 s drain then). SIGTERM, what the kubelet
+# sends, would make HAProxy drop every open stream at once. The router container waits for the
+# front to be done (ROUTER_PRE_STOP: the front's hook leaves FRONT_DONE on a volume both mount),
+# so nothing in flight loses its router, and a pod with nothing in flight goes at DEREGISTER_S.
+DEREGISTER_S = 150
+DRAIN_S = LONGEST_REQUEST_S + 30
+DRAIN_DIR = "/run/kvcache-drain"
+FRONT_DONE = f"{DRAIN_DIR}/front-done"
+# The front's preStop hook: $1 seconds of grace for the NLB, then the soft stop of HAProxy (PID 1
+# in its container; FRONT_PID only where a test runs it beside other processes), then wait until
+# it has finished, then tell the router ($2).
 PRE_STOP = ["/bin/sh", "-c", 'sleep "$1"; pid="${FRONT_PID:-1}"; kill -USR1 "$pid"; '
-            'while kill -0 "$pid" 2>/dev/null; do sleep 1; done', "pre-stop",
-            str(DEREGISTER_S)]
+            'while kill -0 "$pid" 2>/dev/null; do sleep 1; done; touch "$2"', "pre-stop",
+            str(DEREGISTER_S), FRONT_DONE]
+# The router's preStop hook: wait until the front is done ($1 exists), at most $2 seconds; the
+# kubelet's SIGTERM follows (both routers then finish what they still hold and exit).
+ROUTER_PRE_STOP = ["/bin/sh", "-c", 'i=0; while [ ! -e "$1" ] && [ "$i" -lt "$2" ]; do '
+                   'sleep 1; i=$((i+1)); done', "router-pre-stop", FRONT_DONE,
+                   str(DEREGISTER_S + DRAIN_S)]
+# terminationGracePeriodSeconds: both hooks, and the processes' exit after them.
+TERMINATION_GRACE_S = DEREGISTER_S + DRAIN_S + 30
+DRAIN_VOLUME = {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+DRAIN_MOUNT = {"name": "drain", "mountPath": DRAIN_DIR}
 # HAProxy's `option httplog` line with the request's method, path (no query string: a key
 # sent there would be logged) and version in place of the request line.
 LOG_FORMAT = ("%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %ac/%fc/%bc/%sc/%rc "
@@ -215,7 +235,7 @@ def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[s
            {"name": ROUTER_ENV, "value": f"127.0.0.1:{ROUTER_BACKEND_PORT}"},
            # one word per CIDR: `${VAR[*]}` in the config makes each an argument of its own
            {"name": LOAD_BALANCER_ENV, "value": " ".join(load_balancer_cidrs)}]
-    mounts = [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}]
+    mounts = [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}, DRAIN_MOUNT]
     if key_digest_file:
         env.append({"name": KEY_DIGEST_ENV, "value": key_digest_file})
         mounts.append({"name": key_volume, "mountPath": key_digest_file.rsplit("/", 1)[0],

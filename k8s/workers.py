@@ -17,8 +17,8 @@ from constructs import Construct
 
 from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
-    GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, NODE_GROUP_LABEL, NODE_ROLE_GPU,
-    NODE_ROLE_LABEL, WORKER_PORT,
+    GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
+    NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
 )
 from config.endpoint_spec import AutoScaling, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
@@ -420,6 +420,127 @@ def lmcache_config(p: WorkerProps) -> dict:
     return cfg
 
 
+# Termination. The router drops a pod once it is not ready (its discovery watches pods), so the
+# preStop hook first waits WORKER_PRE_STOP_S; vLLM then gets no new request, and the hook waits
+# until the requests it holds (vllm:num_requests_running + waiting, from its own /metrics) are
+# done (and a second more, for their last bytes), at most WORKER_DRAIN_S, the longest request
+# the router lets run. Only then does the
+# kubelet send SIGTERM, to which vLLM before 0.18.0 answers by aborting whatever it still runs
+# (the fault drill: a worker rollout cut 2 of 584 streams; 0 of 634 with a drain). vLLM 0.18.0 on
+# also drains itself with `--shutdown-timeout` (EngineArgs.shutdown_timeout; vllm-project/vllm
+# #34730, reverted and re-applied by #36666 on 2026-03-10; 0, the default, aborts): rendered too
+# where the image's vLLM has it, for a request that slips in late; an image whose vLLM lacks it,
+# or is unknown, never gets it (vLLM refuses an unknown flag). The hook runs with the image's own
+# python (standard library only); an image of no family we know gets the plain sleep.
+WORKER_PRE_STOP_S = 15
+SHUTDOWN_TIMEOUT_SINCE: tuple[int, int, int] = (0, 18, 0)
+WORKER_DRAIN_S = LONGEST_REQUEST_S
+# After the drain: the engine's own exit (vLLM gives its engine core 5 s) and the kubelet's slack.
+WORKER_EXIT_S = 30
+NO_DRAIN_GRACE_S = 120     # the grace period of an image we cannot drain, as before
+DRAIN_HOOK = """\
+import sys, time, urllib.request
+port, least, most = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+start = time.time()
+time.sleep(least)
+while time.time() - start < most:
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:" + port + "/metrics", timeout=2).read()
+    except OSError:
+        break
+    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+               if line.split("{", 1)[0] in ("vllm:num_requests_running",
+                                            "vllm:num_requests_waiting"))
+    if busy == 0:
+        break
+    time.sleep(1)
+time.sleep(min(1.0, least))
+"""
+
+
+def drains(p: "WorkerProps") -> bool:
+    """Does this worker's vLLM take `--shutdown-timeout` (above)?"""
+    return p.vllm is not None and p.vllm >= SHUTDOWN_TIMEOUT_SINCE
+
+
+def pre_stop(p: "WorkerProps") -> dict:
+    """The vLLM container's preStop hook (above): the drain with the image's python, or the
+    plain sleep where we know no python in the image."""
+    if p.family is None:
+        return {"sleep": {"seconds": WORKER_PRE_STOP_S}}
+    return {"exec": {"command": [p.family.python, "-c", DRAIN_HOOK, str(p.port),
+                                 str(WORKER_PRE_STOP_S),
+                                 str(WORKER_PRE_STOP_S + WORKER_DRAIN_S)]}}
+
+
+def termination_grace_s(p: "WorkerProps") -> int:
+    """terminationGracePeriodSeconds: the preStop hook's longest wait, or the drain the args
+    carry (the file's own `--shutdown-timeout` if it sets one), and the exit."""
+    value = arg_value(vllm_args(p), "--shutdown-timeout")
+    try:
+        drain = int(value) if value else 0
+    except ValueError:
+        raise ValueError(f"endpoint {p.endpoint}: worker args --shutdown-timeout {value!r}: "
+                         "whole seconds") from None
+    if p.family is not None:
+        drain = max(drain, WORKER_DRAIN_S)
+    if not drain:
+        return NO_DRAIN_GRACE_S
+    return max(NO_DRAIN_GRACE_S, WORKER_PRE_STOP_S + drain + WORKER_EXIT_S)
+
+
+# Liveness. vLLM's /health asks only whether the engine process is alive: an engine that stops
+# producing tokens (a stuck collective, a hung kernel) keeps answering 200, holds the streams on
+# it and keeps receiving new requests (the fault drill: never taken out, first tokens 38 s late).
+# So the liveness probe also reads the worker's own metrics: requests running while neither
+# token counter (vllm:generation_tokens_total, vllm:prompt_tokens_total, both counted per engine
+# step) has moved for STALL_S fails it, and the kubelet restarts the container: its connections
+# close (clients see a cut stream, never a success) and the router's health checks take it out
+# until it is back. STALL_S outlasts the longest step that moves neither counter, a whole
+# 128K-token prefill on the slowest prefill we know (~2,200 tokens/s on 2 x A10G, 60 s), three
+# times over. Exec probe with the image's own python (standard library only); an image of no
+# family we know keeps the HTTP check alone.
+STALL_S = 180
+LIVENESS_STATE = "/tmp/kvcache-liveness.json"
+STALL_PROBE = """\
+import json, sys, time, urllib.request
+port, stall_s, state, path = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+base, timeout = "http://127.0.0.1:" + port, float(sys.argv[5])
+urllib.request.urlopen(base + path, timeout=timeout).read()
+running = tokens = 0.0
+for line in urllib.request.urlopen(base + "/metrics", timeout=timeout).read().decode().splitlines():
+    name = line.split("{", 1)[0].split(" ", 1)[0]
+    if name == "vllm:num_requests_running":
+        running += float(line.rsplit(" ", 1)[1])
+    elif name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
+        tokens += float(line.rsplit(" ", 1)[1])
+now = time.time()
+try:
+    with open(state) as f:
+        last = json.load(f)
+except (OSError, ValueError):
+    last = None
+if last is None or running == 0 or tokens != last["tokens"]:
+    with open(state, "w") as f:
+        json.dump({"tokens": tokens, "since": now}, f)
+elif now - last["since"] > stall_s:
+    sys.exit(f"engine stalled: {running:g} requests running, no token for "
+             f"{now - last['since']:.0f} s")
+"""
+
+
+def liveness_probe(p: "WorkerProps", http_check: dict) -> dict:
+    """The vLLM container's livenessProbe: the stall check (above) where the image's python is
+    known, else ``http_check``; six failures 10 s apart restart it."""
+    probe = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
+    if p.family is None:
+        return {**http_check, **probe}
+    # each HTTP call within the probe's timeout (what the kubelet allows the whole command)
+    http_timeout = str(probe["timeoutSeconds"] / 2)
+    return {"exec": {"command": [p.family.python, "-c", STALL_PROBE, str(p.port), str(STALL_S),
+                                 LIVENESS_STATE, p.health_check_path, http_timeout]}, **probe}
+
+
 # vLLM's OpenAI server module: accepts `--model` in every vLLM version, where `vllm serve`
 # takes the model as a positional argument and warns about (later refuses) `--model`.
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -473,6 +594,8 @@ def vllm_args(p: WorkerProps) -> list[str]:
     for flag, value in own.items():
         if flag not in given:
             args += [flag, value]
+    if drains(p) and "--shutdown-timeout" not in given:
+        args += ["--shutdown-timeout", str(WORKER_DRAIN_S)]
     if layerwise(p):
         args += LAYERWISE_GUARD
     if p.publish_kv_events:
@@ -591,8 +714,8 @@ class WorkersChart(Chart):
                 "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
             "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
             "readinessProbe": {**health, "failureThreshold": 3},
-            "livenessProbe": {**health, "failureThreshold": 6},
-            "lifecycle": {"preStop": {"sleep": {"seconds": 15}}},  # leave the router first
+            "livenessProbe": liveness_probe(p, health),
+            "lifecycle": {"preStop": pre_stop(p)},
             "volumeMounts": [
                 {"name": "model-weights", "mountPath": p.model_mount_path,
                  "subPath": p.endpoint, "readOnly": True},
@@ -618,7 +741,7 @@ class WorkersChart(Chart):
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                  "effect": "NoSchedule"}],
                 "topologySpreadConstraints": zone_spread(sel),
-                "terminationGracePeriodSeconds": 120,
+                "terminationGracePeriodSeconds": termination_grace_s(p),
                 "initContainers": init, "containers": [worker],
                 "volumes": [
                     {"name": "model-weights", "emptyDir": {}},

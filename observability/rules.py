@@ -33,6 +33,11 @@ QUEUE_WAITING_THRESHOLD = 10      # waiting requests per endpoint before "queue 
 KV_CACHE_USAGE_PRESSURE = 0.95    # vllm:kv_cache_usage_perc (1 = full)
 GPU_FB_FREE_RATIO_MIN = 0.02      # framebuffer free / total on one GPU
 WORKER_STARTUP_BUDGET = "40m"     # workers may take 30 min to stage and load weights
+# A worker with requests running and no token produced for this long has a stalled engine
+# (its /health still answers 200). The liveness probe restarts it after k8s/workers.py STALL_S
+# plus 6 probes (4 minutes); the alert fires where that did not help (a stall again after the
+# restart, or an image whose python we do not know, which gets the HTTP probe alone).
+ENGINE_STALL_WINDOW = "5m"
 # Self-hosted Valkey (an LRU cache: full memory and some eviction are its steady state).
 VALKEY_OVER_MAXMEMORY = 1.05      # used / maxmemory: eviction is not keeping up
 VALKEY_HIT_RATIO_MIN = 0.2        # keyspace hits / lookups while evicting: cache too small
@@ -184,6 +189,15 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   + ") == 0",
                   "3m", "warning", f"Worker {{{{ $labels.worker }}}} of {ep} unhealthy",
                   "The router's health checks fail for this worker; it gets no traffic."),
+            Alert("KvcacheEngineStalled",
+                  f"max {_POD} (vllm:num_requests_running{{{_W}}}) > 0 and "
+                  f"sum {_POD} (increase(vllm:generation_tokens_total{{{_W}}}"
+                  f"[{ENGINE_STALL_WINDOW}]) + increase(vllm:prompt_tokens_total{{{_W}}}"
+                  f"[{ENGINE_STALL_WINDOW}])) == 0",
+                  "2m", "critical", "Worker {{ $labels.pod }} runs requests but produces nothing",
+                  "Requests are running and no token has been produced for 5 minutes: the "
+                  "engine is stalled while its /health still answers, and the clients on it "
+                  "wait."),
             Alert("KvcacheWorkerNotReady",
                   f'sum by (namespace, pod) (kube_pod_status_ready{{'
                   f'namespace="{SERVING_NAMESPACE}",condition="true",pod=~".+-workers-.+"}}) == 0',

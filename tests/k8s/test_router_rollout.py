@@ -1,26 +1,40 @@
-"""Router rollouts behind the NLB drop nothing (issue 16): the load balancer controller's pod
-readiness gate on the serving namespace; on termination the front (the container behind the
-Service's port) waits for the NLB, then drains, and the router outlives it (the drain itself
-runs on loopback: tests/e2e/test_router_front.py)."""
+"""Router rollouts and scale-downs behind the NLB end no accepted request (issues 16, 29): the load
+balancer controller's pod readiness gate on the serving namespace; on termination the front (the
+container behind the Service's port) keeps serving while the NLB deregisters it (about two
+minutes, whatever the deregistration delay says), then drains for as long as the longest request
+the router lets run; the router waits for the front to be done; the grace period and the NLB's
+deregistration delay cover all of it (the drain itself runs on loopback, scaled down:
+tests/e2e/test_rollouts.py)."""
 from __future__ import annotations
+
+import re
 
 import pytest
 
-from k8s.router_front import DRAIN_S
-from tests.k8s.test_charts import _env, _spec, render
+from config import resolve_environment
+from constructs.cluster_scaling import MAX_GRACEFUL_TERMINATION_S
+from tests.conftest import DECLARED, ENVIRONMENTS, context_for
+from tests.k8s.test_charts import _spec, render
+
+NLB_DEREGISTRATION_S = 120    # aws-load-balancer-controller #2366, #3270: ~2 min, measured
 
 
-@pytest.mark.parametrize("env", ["dev", "china"])
-def test_router_pods_wait_for_their_nlb_target_and_leave_it_before_stopping(env):
-    cfg = _env(env)
-    docs = render(cfg, _spec(cfg))
+def _arg(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+@pytest.mark.parametrize("strategy", ["prefixaware", "roundrobin"])
+def test_a_terminating_router_pod_finishes_the_longest_request_it_accepted(env, strategy):
+    cfg = resolve_environment(context_for(**DECLARED[env]))
+    docs = render(cfg, _spec(cfg, strategy))
     (ns,) = [d for d in docs if d["kind"] == "Namespace"]
     assert ns["metadata"]["labels"]["elbv2.k8s.aws/pod-readiness-gate-inject"] == "enabled"
     (svc,) = [d for d in docs if d["kind"] == "Service" and d["spec"].get("type") ==
               "LoadBalancer"]
     # the readiness gate applies to IP targets in the namespace the label is on
-    assert svc["metadata"]["annotations"][
-        "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type"] == "ip"
+    annotations = svc["metadata"]["annotations"]
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-nlb-target-type"] == "ip"
     assert svc["metadata"]["namespace"] == ns["metadata"]["name"]
     (router,) = [d for d in docs if d["kind"] == "Deployment"
                  and d["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]]
@@ -28,9 +42,24 @@ def test_router_pods_wait_for_their_nlb_target_and_leave_it_before_stopping(env)
     by_port = {p["name"]: c for c in pod["containers"] for p in c["ports"]}
     front, router_c = by_port[svc["spec"]["ports"][0]["targetPort"]], by_port["metrics"]
     assert front is not router_c
-    deregister = int(front["lifecycle"]["preStop"]["exec"]["command"][-1])
-    router_stop = router_c["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert deregister >= 15                          # the NLB stops sending new connections
-    assert router_stop >= deregister + DRAIN_S       # the router outlives the front's drain
-    assert pod["terminationGracePeriodSeconds"] > router_stop
+    (config,) = [d["data"]["haproxy.cfg"] for d in docs if d["kind"] == "ConfigMap"
+                 and "haproxy.cfg" in d.get("data", {})]
+    longest = int(_arg(router_c["args"], "--request-timeout-secs"))
+    drain = int(re.search(r"hard-stop-after (\d+)s", config)[1])
+    *_, deregister, front_done = front["lifecycle"]["preStop"]["exec"]["command"]
+    *_, router_waits_for, router_at_most = router_c["lifecycle"]["preStop"]["exec"]["command"]
+    assert int(deregister) >= NLB_DEREGISTRATION_S      # the NLB stops sending new connections
+    assert drain >= longest                             # a request accepted last still ends
+    # the router outlives the front's drain: it waits for the file the front's hook leaves
+    assert router_waits_for == front_done
+    assert int(router_at_most) >= int(deregister) + drain
+    mounts = {c["name"]: {m["mountPath"] for m in c["volumeMounts"]} for c in pod["containers"]}
+    assert all(front_done.rsplit("/", 1)[0] in m for m in mounts.values()), mounts
+    assert pod["terminationGracePeriodSeconds"] > int(router_at_most)
+    # a Cluster Autoscaler scale-down evicts with the grace period capped at its own maximum
+    assert MAX_GRACEFUL_TERMINATION_S >= pod["terminationGracePeriodSeconds"]
+    # the NLB keeps the pod's open connections as long as the pod drains
+    attributes = dict(kv.split("=", 1) for kv in annotations[
+        "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"].split(","))
+    assert int(attributes["deregistration_delay.timeout_seconds"]) >= int(deregister) + drain
     assert router["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0

@@ -149,3 +149,29 @@ def test_l2_outage_alerts_fire_and_clear_on_what_lmcache_and_the_cache_really_ex
                                                         ENDPOINT_LABEL: EP}),
                 _silent("KvcacheL2ReadsFailing", "32m"),            # no new failure: clears
             ]}]})
+
+
+def test_a_stalled_engine_alerts_and_a_slow_prefill_does_not(dev, tmp_path):
+    """Issue 29's stalled engine: requests running, neither token counter moving, /health fine
+    (nothing else alerts). A worker whose counters move, however slowly, stays quiet, and so
+    does an idle one."""
+    promtool = _rules_without_annotations(dev, tmp_path)
+    stalled = W.replace("llama-workers-0", "llama-workers-1")
+    series = [
+        # llama-workers-1: 3 requests running throughout; its counters stop at minute 10
+        {"series": f"vllm:num_requests_running{stalled}", "values": "3x40"},
+        {"series": f"vllm:generation_tokens_total{stalled}", "values": "0+500x10 5000x30"},
+        {"series": f"vllm:prompt_tokens_total{stalled}", "values": "0+900x10 9000x30"},
+        # llama-workers-0: one long prefill after another, a prompt counted every 4 minutes
+        {"series": f"vllm:num_requests_running{W}", "values": "1x40"},
+        {"series": f"vllm:generation_tokens_total{W}", "values": "0x40"},
+        {"series": f"vllm:prompt_tokens_total{W}",
+         "values": " ".join(str(128000 * (m // 4)) for m in range(41))},
+    ]
+    _promtool_test(promtool, tmp_path, {
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m", "input_series": series, "alert_rule_test": [
+                _silent("KvcacheEngineStalled", "14m"),
+                _fires("KvcacheEngineStalled", "20m", {
+                    "severity": "critical", "pod": "llama-workers-1"}),
+            ]}]})

@@ -1,0 +1,285 @@
+"""Faults and rollouts lose nothing (issue 29), on 127.0.0.1 with the rendered router pod (the real
+router and the real HAProxy front, rendered args, config and hooks) in front of fake workers,
+the drills of ../shared/drills/faults/ made fast: every duration is the rendered one scaled by
+SCALE (1/600: the router's 600 s request timeout runs as 1 s, the NLB's 150 s as 0.25 s), the
+liveness probe's stall window and period likewise. Relations between the durations, which the
+scaling keeps, are what the pods rely on; tests/k8s/test_router_rollout.py and
+test_worker_drain.py hold them on the unscaled manifests.
+
+- A router pod terminates (rollout, KEDA scale-down) with a stream in flight that outlasts the
+  old drain (90 s then, 0.15 s scaled) and one accepted just before the soft stop: both finish,
+  a request during the NLB's deregistration is served, a connection after the soft stop is
+  refused (the NLB sends none by then), the router outlives the front.
+- A worker whose engine stalls (/health still 200) or that hangs whole: the rendered liveness
+  probe fails within its stall window, the kubelet restarts it, and the client of the stream
+  that was on it gets an error from the official OpenAI client, within a bound.
+- A stream cut after its first bytes reaches the client as a body without its end (no chunked
+  terminator), through either router: the OpenAI client raises, never returns a short answer.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from bench.loopback import (
+    FakeWorkerPool, FrontProcess, RouterProcess, chat, container_env, localize_for_pool,
+    router_launch,
+)
+from bench.router_checks import AUTH, KEY
+from tests.e2e.conftest import WORKER_OPTS, _rendered_docs
+from tests.e2e.test_router_front import _refused_within
+
+pytestmark = pytest.mark.e2e
+
+SCALE = 1 / 600
+DECODE_MS = 20.0
+
+
+def _pod(strategy: str) -> tuple[dict, dict, dict, str, dict]:
+    """(router container, front container, pod spec, front config text, worker container) as
+    rendered for ``strategy``."""
+    docs = _rendered_docs(strategy)
+    dep = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"].endswith("-router"))
+    pod = dep["spec"]["template"]["spec"]
+    router = next(c for c in pod["containers"] if c["name"] == "router")
+    front = next(c for c in pod["containers"] if c["name"] == "front")
+    config = next(d for d in docs if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"].endswith("-router-front"))["data"]["haproxy.cfg"]
+    workers = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                   and d["metadata"]["name"].endswith("-workers"))
+    return router, front, pod, config, workers["spec"]["template"]["spec"]["containers"][0]
+
+
+def _scaled(seconds: float) -> float:
+    return round(seconds * SCALE, 3)
+
+
+def _set(args: list[str], flag: str, value: str) -> list[str]:
+    args = list(args)
+    args[args.index(flag) + 1] = value
+    return args
+
+
+class _Pod:
+    """The rendered router pod on loopback, its timeouts scaled (unless ``scaled`` is False):
+    the router's request timeout (whole seconds: its flag takes no fraction), the front's
+    server timeout and drain."""
+
+    def __init__(self, strategy: str, pool: FakeWorkerPool, *, scaled: bool = True) -> None:
+        router, front, pod, config, _ = _pod(strategy)
+        self.router_c, self.front_c, self.pod = router, front, pod
+        request_s = int(router["args"][router["args"].index("--request-timeout-secs") + 1])
+        self.request_s = max(1, round(request_s * SCALE)) if scaled else request_s
+        self.scale = self.request_s / request_s       # the one factor every duration gets
+        args = _set(router["args"], "--request-timeout-secs", str(self.request_s))
+        self.drain_s = int(re.search(r"hard-stop-after (\d+)s", config)[1]) * self.scale
+        server_s = int(re.search(r"timeout server (\d+)s", config)[1]) * self.scale
+        self.config = re.sub(r"hard-stop-after \d+s", f"hard-stop-after {self.drain_s * 1000:.0f}ms",
+                             re.sub(r"timeout server \d+s", f"timeout server {server_s * 1000:.0f}ms",
+                                    config))
+        binary, argv = router_launch(router["command"][-1], localize_for_pool(args, pool))
+        self.router = RouterProcess([*argv, "--api-key", KEY], binary=binary, api_key=KEY,
+                                    env=container_env(router))
+        self.front: FrontProcess | None = None
+
+    def __enter__(self) -> "_Pod":
+        self.router.start()
+        self.front = FrontProcess(self.config, self.router.port, api_key=KEY).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.front:
+            self.front.stop()
+        self.router.stop()
+
+
+def _stream(url: str, tokens: int, tag: str):
+    return chat(url, [{"role": "user", "content": f"{tag}: a long answer please"}],
+                max_tokens=tokens, headers=AUTH, timeout=30)
+
+
+def test_a_router_pod_leaving_finishes_what_it_accepted(tmp_path, report_figure):
+    """The pod's termination as the kubelet runs it, hooks as rendered (their waits scaled):
+    both preStop hooks at once; SIGTERM to each container after its own hook (HAProxy has left
+    by then)."""
+    slow = {**WORKER_OPTS, "decode_ms_per_token": DECODE_MS}
+    with FakeWorkerPool(2, **slow) as pool, _Pod("prefixaware", pool) as pod:
+        front_hook = pod.front_c["lifecycle"]["preStop"]["exec"]["command"]
+        router_hook = pod.router_c["lifecycle"]["preStop"]["exec"]["command"]
+        *front_cmd, deregister, done_file = front_hook
+        *router_cmd, _, router_max = router_hook
+        deregister_s = int(deregister) * pod.scale
+        done = str(tmp_path / "front-done")
+        # a stream that begins before the termination and runs on past the soft stop for
+        # almost as long as the router lets a request run: the old drain (60 s after 30 s,
+        # scaled) cut it, as the drill's 120 s stream was cut at 90 s
+        tokens = int(0.9 * pod.request_s * 1000 / DECODE_MS)
+        assert tokens * DECODE_MS / 1000 - deregister_s > 60 * pod.scale
+        with ThreadPoolExecutor(2) as ex:
+            long = ex.submit(_stream, pod.front.url, tokens, "long")
+            time.sleep(0.1)
+            env = {**os.environ, "FRONT_PID": str(pod.front.proc.pid)}
+            front_stop = subprocess.Popen([*front_cmd, f"{deregister_s:.3f}", done], env=env)
+            router_stop = subprocess.Popen(   # whole seconds: the hook counts them
+                [*router_cmd, done, str(math.ceil(int(router_max) * pod.scale))])
+            during = ex.submit(_stream, pod.front.url, 4, "during")     # the NLB still sends
+            refused = _refused_within(pod.front.port, deregister_s + 5.0)
+            # HAProxy leaves on its own once its streams are done (reaped here: in the pod it is
+            # PID 1, and its exit ends the container), and then the hook
+            assert pod.front.proc.wait(timeout=30) == 0
+            assert front_stop.wait(timeout=10) == 0
+            assert os.path.exists(done)                      # what the router's hook waits for
+            assert router_stop.wait(timeout=30) == 0
+            assert pod.router.proc.poll() is None            # the router outlived the front
+            os.kill(pod.router.proc.pid, signal.SIGTERM)     # the kubelet, after its hook
+            pod.router.proc.wait(timeout=10)
+            results = {"long": long.result(), "during": during.result()}
+    assert refused, "the front still took connections after its soft stop"
+    assert all(r.ok for r in results.values()), results
+    assert results["long"].tokens == tokens
+    report_figure(f"router pod leaving (x{1 / SCALE:.0f} back to rendered time): a "
+                  f"{results['long'].total / pod.scale:.0f} s stream across the "
+                  f"{deregister_s / pod.scale:.0f} s NLB wait finished, "
+                  f"{results['long'].tokens}/{tokens} tokens")
+
+
+def _probe(worker: dict, port: int, state: str) -> list[str]:
+    """The rendered liveness exec command, run here: this python for the image's, the fake's
+    port, the state file in the test's tmp dir, the stall window and HTTP timeout scaled."""
+    python, flag, script, _, stall, _, path, timeout = worker["livenessProbe"]["exec"]["command"]
+    return [sys.executable, flag, script, str(port), str(float(stall) * SCALE), state, path,
+            str(max(0.2, float(timeout) * SCALE))]
+
+
+def test_a_stalled_worker_is_restarted_and_its_client_told(tmp_path, report_figure):
+    """The probe passes while a stream makes progress, fails once the engine has produced
+    nothing for the stall window with a request running (/health still answers 200); after
+    failureThreshold failures the kubelet restarts the container (stop(): its connections
+    close) and the client of the stream gets an error from the official client. The router
+    keeps its rendered 600 s request timeout here: the probe, not the router, ends it."""
+    _, _, _, _, worker_c = _pod("prefixaware")
+    probe = worker_c["livenessProbe"]
+    stall_s = float(probe["exec"]["command"][4]) * SCALE
+    period_s = probe["periodSeconds"] * SCALE
+    slow = {**WORKER_OPTS, "decode_ms_per_token": DECODE_MS}
+    with FakeWorkerPool(1, **slow) as pool, _Pod("prefixaware", pool, scaled=False) as pod:
+        worker = pool.workers[0]
+        command = _probe(worker_c, worker.port, str(tmp_path / "liveness.json"))
+
+        def alive() -> bool:
+            return subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+
+        client = openai.OpenAI(base_url=f"{pod.front.url}/v1", api_key=KEY, max_retries=0,
+                               timeout=60)
+        chunks, outcome = [], {}
+
+        def read() -> None:
+            try:
+                for chunk in client.chat.completions.create(
+                        model="fake-model", stream=True, max_tokens=5000,
+                        messages=[{"role": "user", "content": "tell me a long story"}]):
+                    chunks.append(chunk)
+                outcome["ended"] = "completed"
+            except openai.APIError as exc:
+                outcome["ended"] = exc
+            outcome["at"] = time.monotonic()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        progress_until = time.monotonic() + 1.5 * stall_s
+        while time.monotonic() < progress_until:      # a healthy stream longer than the window
+            assert alive(), "the probe failed a worker that was producing tokens"
+            time.sleep(period_s)
+        assert chunks, "the stream had begun"
+        worker.stall()
+        t_fault = time.monotonic()
+        failures = 0
+        while failures < probe["failureThreshold"] and time.monotonic() - t_fault < 30:
+            failures = failures + 1 if not alive() else 0
+            time.sleep(period_s)
+        restarted_s = time.monotonic() - t_fault
+        t_restart = time.monotonic()
+        worker.stop()                                 # the kubelet restarts the container
+        reader.join(30)
+        worker.unstall()
+    assert failures == probe["failureThreshold"], "the probe never failed the stalled worker"
+    assert restarted_s >= stall_s                     # not before the window
+    # the client was held until the restart, never handed a short answer, and told at it
+    assert isinstance(outcome.get("ended"), openai.APIConnectionError), outcome
+    assert outcome["at"] >= t_restart
+    report_figure(f"stalled engine: liveness failed {failures} times in a row from "
+                  f"{restarted_s:.2f} s after the stall (window {stall_s:.2f} s, scaled 1/"
+                  f"{1 / SCALE:.0f}; each probe a python start), the client's error "
+                  f"{outcome['at'] - t_restart:.2f} s after the restart")
+
+
+def test_the_liveness_probe_fails_a_hung_worker(tmp_path):
+    """A worker hung whole (its /health unanswered): the same probe fails at once (its HTTP
+    timeout), so the kubelet restarts it as above; the router had taken it out in ~3 s."""
+    _, _, _, _, worker_c = _pod("prefixaware")
+    with FakeWorkerPool(1, **WORKER_OPTS) as pool:
+        worker = pool.workers[0]
+        command = _probe(worker_c, worker.port, str(tmp_path / "liveness.json"))
+        assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+        worker.hang()
+        try:
+            failed = subprocess.run(command, capture_output=True, timeout=30, text=True)
+        finally:
+            worker.thaw()
+    assert failed.returncode != 0 and "timed out" in failed.stderr, failed.stderr
+
+
+def test_a_worker_leaving_finishes_its_requests_before_its_sigterm():
+    """The vLLM container's preStop hook as rendered (its waits scaled), run against a worker
+    with a stream in flight: it returns once the stream is done, and only then does the
+    kubelet's SIGTERM come, which vLLM before 0.18.0 answers by aborting whatever still runs
+    (stop() here): the stream is complete. The drill's worker rollout cut 2 of 584 streams so."""
+    _, _, _, _, worker_c = _pod("prefixaware")
+    python, flag, script, _, least, most = worker_c["lifecycle"]["preStop"]["exec"]["command"]
+    tokens = 40
+    slow = {**WORKER_OPTS, "decode_ms_per_token": DECODE_MS}
+    with FakeWorkerPool(1, **slow) as pool:
+        worker = pool.workers[0]
+        with ThreadPoolExecutor(1) as ex:
+            stream = ex.submit(_stream, worker.url, tokens, "rollout")
+            time.sleep(0.1)
+            hook = subprocess.run([sys.executable, flag, script, str(worker.port),
+                                   str(float(least) * SCALE), str(float(most) * SCALE)],
+                                  capture_output=True, text=True, timeout=30)
+            running = worker.stats()["running"]
+            worker.stop()                                 # SIGTERM, after the hook
+            result = stream.result()
+    assert hook.returncode == 0, hook.stderr
+    assert running == 0
+    assert result.ok and result.tokens == tokens, result
+
+
+def test_a_cut_stream_is_an_error_to_the_client():
+    """A worker that dies after the first bytes of a stream: the router passes the cut on and
+    the front ends the client's chunked body without its terminator; the official client raises
+    (no router retries after bytes were sent: nothing is spliced). Through vllm-router here;
+    the stall test above sees the same through sglang-router."""
+    strategy = "roundrobin"
+    slow = {**WORKER_OPTS, "decode_ms_per_token": DECODE_MS}
+    with FakeWorkerPool(1, **slow) as pool, _Pod(strategy, pool) as pod:
+        client = openai.OpenAI(base_url=f"{pod.front.url}/v1", api_key=KEY, max_retries=0,
+                               timeout=30)
+        threading.Timer(0.4, pool.workers[0].stop).start()
+        text = []
+        with pytest.raises(openai.APIConnectionError):
+            for chunk in client.chat.completions.create(
+                    model="fake-model", stream=True, max_tokens=500,
+                    messages=[{"role": "user", "content": "a long answer please"}]):
+                text += [c.delta.content or "" for c in chunk.choices]
+        assert text, "the stream had begun before the cut"

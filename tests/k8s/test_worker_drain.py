@@ -1,0 +1,109 @@
+"""Worker rollouts and scale-downs end no accepted request (issue 29): the vLLM container's preStop
+hook waits until the worker's requests are done, as long as the router lets a request run, and
+the grace period covers it; a worker whose vLLM takes `--shutdown-timeout` is also told to drain
+that long; an image whose vLLM lacks the flag (or is unknown) never gets it, since vLLM refuses
+a flag it does not know. The liveness probe of a known image checks the engine's progress (a
+stalled engine answers /health with 200). tests/e2e/test_rollouts.py runs the hook and the probe
+against fake workers."""
+from __future__ import annotations
+
+import copy
+
+import cdk8s
+import pytest
+
+from config import resolve_environment
+from constructs.cluster_scaling import MAX_GRACEFUL_TERMINATION_S
+from config.endpoint_spec import arg_value, parse_endpoint
+from config.images import image_for, image_family, image_release
+from k8s.serving import build_charts
+from k8s.workers import DRAIN_HOOK, SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
+from tests.conftest import DECLARED, ENVIRONMENTS, context_for
+from tests.k8s.test_charts import SEED, _facts
+
+# vLLM 0.10.2 and unknown (moving tag) in the LMCache family, both sides of 0.18.0 in vLLM's,
+# and an image of no family we know (v0.5.4, vLLM 0.27.1: the last test)
+IMAGES = ["lmcache/vllm-openai:v0.3.7", "lmcache/vllm-openai:latest", "vllm/vllm-openai:v0.17.1",
+          "vllm/vllm-openai:v0.19.1", "registry.example.com/team/my-inference-image:1.0"]
+
+
+def _pods(cfg, image: str | None = None, args: list[str] | None = None):
+    raw = copy.deepcopy(SEED)
+    if image:
+        raw["spec"]["worker"]["image"] = image
+    if args:
+        raw["spec"]["worker"]["args"] = [*raw["spec"]["worker"]["args"], *args]
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    router = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"].endswith("-router"))
+    worker = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                  and d["metadata"]["name"].endswith("-workers"))
+    rc = next(c for c in router["spec"]["template"]["spec"]["containers"] if c["name"] == "router")
+    return worker["spec"]["template"]["spec"], int(arg_value(rc["args"], "--request-timeout-secs"))
+
+
+def _drain_and_grace(pod: dict) -> tuple[int | None, int, int, int]:
+    """(--shutdown-timeout or None, the preStop hook's least and longest wait, the grace)"""
+    (vllm,) = pod["containers"]
+    drain = arg_value(vllm["args"], "--shutdown-timeout")
+    hook = vllm["lifecycle"]["preStop"]
+    if "sleep" in hook:
+        least = most = hook["sleep"]["seconds"]
+    else:
+        *_, least, most = hook["exec"]["command"]
+    return ((None if drain is None else int(drain)), int(least), int(most),
+            pod["terminationGracePeriodSeconds"])
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_every_environments_workers_wait_for_the_longest_request(env):
+    """The shipped endpoint files as each environment deploys them."""
+    from k8s.serving import load_endpoints
+    from tests.conftest import ROOT
+    from tests.k8s.test_charts import render
+
+    cfg = resolve_environment(context_for(**DECLARED[env]))
+    for spec in load_endpoints(cfg, ROOT):
+        docs = render(cfg, spec)
+        longest = max(int(arg_value(c["args"], "--request-timeout-secs")) for d in docs
+                      if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"][
+                          "containers"] if c["name"] == "router")
+        for d in docs:
+            if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith(
+                    "-workers"):
+                _, least, most, grace = _drain_and_grace(d["spec"]["template"]["spec"])
+                assert most - least >= longest and grace > most, (spec.name, least, most)
+                # a Cluster Autoscaler scale-down caps the grace period at its maximum
+                assert MAX_GRACEFUL_TERMINATION_S >= grace
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_only_a_vllm_that_has_the_flag_gets_it(image):
+    cfg = resolve_environment(context_for(env="dev"))
+    pod, longest = _pods(cfg, image)
+    drain, least, most, grace = _drain_and_grace(pod)
+    vllm = image_release(image_for(image)).vllm
+    if vllm is not None and vllm >= SHUTDOWN_TIMEOUT_SINCE:
+        assert drain is not None and drain >= longest and grace > least + drain
+    else:
+        assert drain is None, (image, vllm)
+    (container,) = pod["containers"]
+    probe, hook = container["livenessProbe"], container["lifecycle"]["preStop"]
+    family = image_family(image_for(image))
+    if family is None:   # no python we know of: the HTTP check and the sleep alone
+        assert "httpGet" in probe and "sleep" in hook and grace > most
+    else:
+        assert probe["exec"]["command"][:3] == [family.python, "-c", STALL_PROBE]
+        assert hook["exec"]["command"][:3] == [family.python, "-c", DRAIN_HOOK]
+        assert most - least >= longest and grace > most
+
+
+def test_a_files_own_shutdown_timeout_is_kept_and_covered():
+    cfg = resolve_environment(context_for(env="dev"))
+    pod, _ = _pods(cfg, "lmcache/vllm-openai:v0.5.4", ["--shutdown-timeout", "900"])
+    (container,) = pod["containers"]
+    assert container["args"].count("--shutdown-timeout") == 1
+    drain, least, _, grace = _drain_and_grace(pod)
+    assert drain == 900 and grace > least + 900

@@ -17,7 +17,8 @@ tests/tools/arm64_base.json (`python -m tests.tools.image_run --lock-arm64-base`
 Debian's signed indices), without a Python (no arm64 CPython 3.12 installs here): haproxy, sh
 and the preStop hook run, the routers' launchers do not, and the report says so.
 
-Reads OUT/commands.json (the rendered commands: {"pre_stop": argv, "routers": {name: argv},
+Reads OUT/commands.json (the rendered commands: {"pre_stop": argv, "router_pre_stop": argv,
+"routers": {name: argv},
 "api_key_file": path}, written by the test, which has the k8s modules loaded already) and writes
 OUT/report.json: {"python": path | None, platform: {check: {"argv", "rc", "out"} |
 {"skipped": why}} | {"skipped": why}}. Needs root (chroot, umoci); no registry: the base is
@@ -389,11 +390,12 @@ def _free_port() -> int:
 
 
 def pre_stop(rootfs: Path, env: list[str], hook: list[str]) -> dict:
-    """The front's preStop hook, as rendered but with no NLB grace, against a HAProxy running in
-    the image: it soft-stops it and returns once it has exited."""
-    if not hook[-1].isdigit():
-        return {"argv": hook, "rc": "the hook's last argument is not its grace seconds",
-                "out": ""}
+    """The front's preStop hook, as the test passes it (rendered, with no NLB grace), against a
+    HAProxy running in the image: it soft-stops it, returns once it has exited, and leaves the
+    file (its last argument) that the router's hook waits for, on the pod's shared emptyDir."""
+    done = rootfs / hook[-1].lstrip("/")
+    done.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(done.parent, 0o777)   # an emptyDir is world-writable; the hook runs as UID
     port = _free_port()
     (rootfs / "tmp/front.cfg").write_text(
         "defaults\n  mode http\n  timeout connect 1s\n  timeout client 5s\n  timeout server 5s\n"
@@ -412,7 +414,7 @@ def pre_stop(rootfs: Path, env: list[str], hook: list[str]) -> dict:
                 break
             except OSError:
                 time.sleep(0.1)
-        argv = [*hook[:-1], "0"]
+        argv = hook
         hook_run = subprocess.Popen(["chroot", f"--userspec={UID}:{UID}", str(rootfs), *argv],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env=dict(e.split("=", 1) for e in [*env,
@@ -424,7 +426,7 @@ def pre_stop(rootfs: Path, env: list[str], hook: list[str]) -> dict:
             hook_run.kill()
             return {"argv": argv, "rc": "timeout", "out": hook_run.communicate()[0]}
         return {"argv": argv, "rc": hook_run.returncode, "out": _cut(out),
-                "front_rc": front_rc}
+                "front_rc": front_rc, "front_done": done.exists()}
     finally:
         if front.poll() is None:
             front.kill()
@@ -461,6 +463,7 @@ def run_platform(built, platform: str, out: Path, python: Path | None, commands:
     report = {"haproxy -v": _run(rootfs, env, ["haproxy", "-v"]),
               "sh -c true": _run(rootfs, env, ["/bin/sh", "-c", "true"]),
               "preStop": pre_stop(rootfs, env, commands["pre_stop"]),
+              "routerPreStop": _run(rootfs, env, commands["router_pre_stop"]),
               "entrypoint": config["Entrypoint"]}
     for name, argv in commands["routers"].items():
         if python is None:

@@ -37,13 +37,17 @@ def _needs() -> str | None:
 
 def _image_run(tmp: Path) -> Background:
     from k8s.router import router_command
-    from k8s.router_front import PRE_STOP
+    from k8s.router_front import DEREGISTER_S, PRE_STOP, ROUTER_PRE_STOP
     from k8s.secret_fetch import API_KEY_FILE
 
     if _needs():
         return Background(["true"], timeout=10)
     (tmp / "commands.json").write_text(json.dumps({
-        "pre_stop": PRE_STOP, "api_key_file": API_KEY_FILE,
+        # the rendered hooks, the front's with no NLB grace; the router's as rendered: it
+        # returns at once only if the front's hook left the file it waits for (else it runs
+        # into the runner's 60 s timeout)
+        "pre_stop": [("0" if a == str(DEREGISTER_S) else a) for a in PRE_STOP],
+        "router_pre_stop": ROUTER_PRE_STOP, "api_key_file": API_KEY_FILE,
         "routers": {name: router_command(name, api_key=True)
                     for name in ("vllm-router", "sglang-router")}}))
     return Background([sys.executable, "-m", "tests.tools.image_run", str(tmp)], cwd=ROOT,
@@ -77,8 +81,11 @@ def test_the_built_image_runs_haproxy_a_shell_and_the_front_prestop_hook(report,
     series = load_lock()["debian"]["haproxy_series"]
     assert _ok(ran["haproxy -v"]).startswith(f"HAProxy version {series}.")
     _ok(ran["sh -c true"])
-    # the hook soft-stops a HAProxy running in the image and returns once it has exited
+    # the hook soft-stops a HAProxy running in the image and returns once it has exited,
+    # leaving the file the router's hook waits for; that one then returns at once
     assert _ok(ran["preStop"]) == "" and ran["preStop"]["front_rc"] == 0
+    assert ran["preStop"]["front_done"] is True
+    assert _ok(ran["routerPreStop"]) == ""
     assert ran["entrypoint"] == ["vllm-router"]
 
 

@@ -31,7 +31,7 @@ from k8s.secret_fetch import (
     fetch_api_key_container,
 )
 from k8s.worker_reaper import (
-    REAPER_SCRIPT, agent_hash, agent_text, reaper_args, reaper_container,
+    HEARTBEAT_VOLUME, REAPER_SCRIPT, agent_hash, agent_text, reaper_args, reaper_container,
 )
 from k8s.workers import MetricsSource
 
@@ -444,8 +444,8 @@ def reaper_parts(chart: Chart, p: RouterProps, name: str, labels: dict, key_pod:
     k8s_object(chart, "WorkerReaper", api_version="v1", kind="ConfigMap",
                name=f"{name}-reaper", namespace=p.namespace, labels=labels,
                body={"data": {REAPER_SCRIPT: agent_text()}})
-    key_pod["volumes"].append({"name": "worker-reaper",
-                               "configMap": {"name": f"{name}-reaper"}})
+    key_pod["volumes"] += [{"name": "worker-reaper", "configMap": {"name": f"{name}-reaper"}},
+                           HEARTBEAT_VOLUME]
     mounts = key_container.get("volumeMounts") or [None]
     args = reaper_args(p.namespace, p.worker_selector, p.worker_port,
                        API_KEY_FILE if p.api_key else None)

@@ -22,6 +22,12 @@ REAPER_SCRIPT = "worker_reaper.py"
 # pods every 5 s per router replica is little for the API server.
 REAPER_INTERVAL_S = 5
 REAPER_CPU, REAPER_MEMORY = "50m", "48Mi"
+# Liveness: every sweep (failed or not, each call bounded by the agent's TIMEOUT_S) touches a
+# file; older than this, the loop is stuck and the kubelet restarts the container. No readiness
+# probe: the router serves without the reaper, so the pod must not leave the NLB over it.
+HEARTBEAT_DIR = "/run/kvcache-reaper"
+HEARTBEAT = f"{HEARTBEAT_DIR}/alive"
+HEARTBEAT_STALE_S = 60
 
 
 def agent_text() -> str:
@@ -37,20 +43,32 @@ def reaper_args(namespace: str, selector: dict[str, str], worker_port: int,
                 key_file: str | None) -> list[str]:
     args = ["--router", f"http://127.0.0.1:{ROUTER_BACKEND_PORT}", "--namespace", namespace,
             "--selector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
-            "--port", str(worker_port), "--interval", str(REAPER_INTERVAL_S)]
+            "--port", str(worker_port), "--interval", str(REAPER_INTERVAL_S),
+            "--heartbeat", HEARTBEAT]
     return args + (["--key-file", key_file] if key_file else [])
+
+
+HEARTBEAT_VOLUME = {"name": "worker-reaper-heartbeat",
+                    "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
 
 
 def reaper_container(image: str, config_volume: str, args: list[str],
                      key_mount: dict | None) -> dict:
     """The sidecar: the router image's python3 running the ConfigMap's script with ``args``;
-    ``key_mount`` the router's own mount of the endpoint key, if it has one."""
-    mounts = [{"name": config_volume, "mountPath": REAPER_DIR, "readOnly": True}]
+    ``key_mount`` the router's own mount of the endpoint key, if it has one. The pod adds
+    HEARTBEAT_VOLUME."""
+    mounts = [{"name": config_volume, "mountPath": REAPER_DIR, "readOnly": True},
+              {"name": HEARTBEAT_VOLUME["name"], "mountPath": HEARTBEAT_DIR}]
+    stale = (f"import os, sys, time; sys.exit(time.time() - os.stat({HEARTBEAT!r}).st_mtime "
+             f"> {HEARTBEAT_STALE_S})")
     return {
         "name": "worker-reaper", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{REAPER_DIR}/{REAPER_SCRIPT}"], "args": args,
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
         "volumeMounts": mounts + ([key_mount] if key_mount else []),
+        "livenessProbe": {"exec": {"command": ["python3", "-c", stale]},
+                          "initialDelaySeconds": HEARTBEAT_STALE_S, "periodSeconds": 30,
+                          "timeoutSeconds": 10},
         "resources": {"requests": {"cpu": REAPER_CPU, "memory": REAPER_MEMORY},
                       "limits": {"cpu": REAPER_CPU, "memory": REAPER_MEMORY}},
         "securityContext": hardened(),

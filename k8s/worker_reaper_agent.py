@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--key-file", help="the endpoint key (the router's control routes need it)")
     ap.add_argument("--api", help="the Kubernetes API (default: in-cluster, with the pod's "
                                   "service account)")
+    ap.add_argument("--heartbeat", help="a file touched after every sweep, failed or not (the "
+                                        "container's liveness probe reads its age)")
     return ap.parse_args(argv)
 
 
@@ -127,6 +129,9 @@ class Reaper:
                 if error != self.last_error:   # one line per new failure, not per sweep
                     log(event="sweep failed", error=error)
                 self.last_error = error
+            if self.args.heartbeat:
+                with open(self.args.heartbeat, "w"):
+                    pass
             stop.wait(self.args.interval)
 
 

@@ -65,7 +65,7 @@ def _discovery_sidecars(rendered: dict, router_url: str, api_url: str, worker_po
     procs = []
     volumes = {v["name"]: v for v in rendered["pod"]["volumes"]}
     for c in rendered["pod"]["containers"]:
-        if c["name"] in ("router", "front"):
+        if c["name"] not in _sidecar_names(rendered):
             continue
         script_path, *_ = c["command"][1:]
         mount = next(m for m in c["volumeMounts"] if script_path.startswith(m["mountPath"]))
@@ -76,13 +76,19 @@ def _discovery_sidecars(rendered: dict, router_url: str, api_url: str, worker_po
         key.write_text(KEY)
         args = list(c["args"])
         for flag, value in (("--router", router_url), ("--key-file", str(key)),
-                            ("--port", str(worker_port)), ("--interval", str(SWEEP_S))):
+                            ("--port", str(worker_port)), ("--interval", str(SWEEP_S)),
+                            ("--heartbeat", str(tmp_path / f"{c['name']}.alive"))):
             args[args.index(flag) + 1] = value
         log = open(tmp_path / f"{c['name']}.log", "wb")
         procs.append(subprocess.Popen([sys.executable, str(script), *args, "--api", api_url],
                                       stdout=log, stderr=subprocess.STDOUT))
         log.close()
     return procs
+
+
+def _sidecar_names(rendered: dict) -> list[str]:
+    return [c["name"] for c in rendered["pod"]["containers"] if c["name"] not in
+            ("router", "front")]
 
 
 def _wait(cond, timeout: float) -> bool:
@@ -152,6 +158,9 @@ def test_a_worker_deleted_after_going_not_ready_gets_no_request(tmp_path, report
         assert all(a.ok for a in answers)
         assert stale not in listed()
         assert list(listed()) == [workers[1].url]
+        # what the reaper's liveness probe reads: it keeps sweeping
+        assert all(p.poll() is None for p in sidecars)
+        assert all((tmp_path / f"{c}.alive").exists() for c in _sidecar_names(rendered))
     finally:
         for proc in sidecars:
             stop_process(proc)

@@ -25,7 +25,7 @@ def test_router_pods_wait_for_their_nlb_target_and_leave_it_before_stopping(env)
     (router,) = [d for d in docs if d["kind"] == "Deployment"
                  and d["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]]
     pod = router["spec"]["template"]["spec"]
-    by_port = {p["name"]: c for c in pod["containers"] for p in c["ports"]}
+    by_port = {p["name"]: c for c in pod["containers"] for p in c.get("ports", [])}
     front, router_c = by_port[svc["spec"]["ports"][0]["targetPort"]], by_port["metrics"]
     assert front is not router_c
     deregister = int(front["lifecycle"]["preStop"]["exec"]["command"][-1])

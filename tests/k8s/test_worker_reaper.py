@@ -114,3 +114,33 @@ def test_the_reaper_removes_only_workers_no_live_pod_holds():
     finally:
         router.shutdown()
         api.close()
+
+
+def test_the_liveness_probe_reads_the_heartbeat_the_agent_writes(tmp_path):
+    """The rendered probe command, run on a heartbeat file the agent touched: fresh passes,
+    older than the bound or missing fails."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from k8s.worker_reaper import HEARTBEAT, HEARTBEAT_STALE_S
+
+    reaper = _containers(_pod(strategy="prefixaware"))["worker-reaper"]
+    assert arg_value(reaper["args"], "--heartbeat") == HEARTBEAT
+    probe = reaper["livenessProbe"]["exec"]["command"]
+    beat = tmp_path / "alive"
+    local = [sys.executable if probe[0] == "python3" else probe[0],
+             *[a.replace(HEARTBEAT, str(beat)) for a in probe[1:]]]
+    run = lambda: subprocess.run(local, capture_output=True).returncode  # noqa: E731
+    assert run() != 0                      # nothing written yet
+    args = agent.parse_args(["--router", "http://127.0.0.1:9", "--namespace", "ns",
+                             "--selector", "a=b", "--port", "1", "--api", "http://127.0.0.1:9",
+                             "--interval", "0", "--heartbeat", str(beat)])
+    stop = threading.Event()
+    threading.Timer(0.05, stop.set).start()
+    agent.Reaper(args).run(stop)           # sweeps fail (nothing listens): it still beats
+    assert run() == 0
+    old = time.time() - HEARTBEAT_STALE_S - 5
+    os.utime(beat, (old, old))
+    assert run() != 0

@@ -66,11 +66,12 @@ class Reaper:
             self.context = ssl.create_default_context(cafile=f"{SERVICE_ACCOUNT}/ca.crt")
 
     def _call(self, method: str, url: str, headers: dict[str, str]) -> object:
+        """JSON of a GET's answer; any other method's answer is only checked for success."""
         req = urllib.request.Request(url, method=method, headers=headers)
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=self.context
-                                    if url.startswith(self.api) else None) as resp:
+        context = self.context if url.startswith(self.api) else None
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=context) as resp:
             body = resp.read()
-        return json.loads(body) if body else None
+        return json.loads(body) if method == "GET" else None
 
     def _router_headers(self) -> dict[str, str]:
         if not self.args.key_file:

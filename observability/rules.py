@@ -196,9 +196,11 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   "writes fail."),
         ),
         "kvcache.availability": (
+            # sglang-router 0.3.2 sets a removed worker's smg_worker_health to -1 and keeps the
+            # series (observability/metrics.rs remove_worker_metrics): counted as 0, not -1
             Alert("KvcacheEndpointNoWorkers",
                   f"(max by ({ENDPOINT_LABEL}) (vllm_router_active_workers{{{_R}}}) or "
-                  f"sum by ({ENDPOINT_LABEL}) (smg_worker_health{{{_R}}})) == 0",
+                  f"sum by ({ENDPOINT_LABEL}) (clamp_min(smg_worker_health{{{_R}}}, 0))) == 0",
                   "10m", "critical", f"Router of {ep} has no worker",
                   "The router has no usable worker: every request fails."),
             Alert("KvcacheWorkerUnhealthy", worker_unhealthy(),

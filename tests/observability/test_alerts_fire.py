@@ -61,11 +61,14 @@ def _promtool_test(promtool: str, tmp_path, tests: dict) -> None:
 
 
 def test_router_alerts_fire_on_sglang_routers_series_too(dev, tmp_path):
-    """prefixaware endpoints run sglang-router: its worker health drives the same alerts."""
+    """prefixaware endpoints run sglang-router: its worker health drives the same alerts. A
+    worker it removed keeps its series at -1 (sglang-router 0.3.2): neither a worker nor a
+    debt against the others."""
     promtool = _rules_without_annotations(dev, tmp_path)
     series = [  # w1 fails at minute 5, w0 at minute 15: no worker left
         {"series": f'smg_worker_health{R},worker="{W1}"}}', "values": "1x5 0x25"},
         {"series": f'smg_worker_health{R},worker="{W0}"}}', "values": "1x15 0x15"},
+        {"series": f'smg_worker_health{R},worker="http://10.0.3.9:8000"}}', "values": "-1x30"},
         *LIVE_WORKERS,
     ]
     _promtool_test(promtool, tmp_path, {

@@ -1,7 +1,7 @@
 """A worker pod that goes not ready before it is deleted (a lost node: Ready=False, then the
 eviction) must leave the default router, before its IP serves anything else.
 
-Fault drill 3b (../shared/drills/faults/drill3b_stale_worker.py), scaled down to seconds: the
+The stale-worker fault drill (3b), scaled down from minutes to seconds: the
 rendered router pod's sglang-router with its rendered Kubernetes discovery (pointed at
 bench.fake_kube_api), and every other container the pod renders that takes part in discovery
 (the worker reaper, run from its ConfigMap's text with its rendered args), two fake vLLM workers

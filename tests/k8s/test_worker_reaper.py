@@ -1,6 +1,6 @@
 """The worker reaper beside sglang-router (k8s/worker_reaper.py) and the front's own model list,
 as rendered; the reaper's rule against a fake API and a fake router. The loopback drill with the
-real router is tests/e2e/test_stale_worker.py."""
+real router is tests/e2e/test_router_discovery.py."""
 from __future__ import annotations
 
 import http.server
@@ -52,7 +52,7 @@ def test_no_reaper_where_the_router_needs_none(strategy):
 
 def test_only_sglang_routers_front_lists_the_models_itself():
     """The names it lists are checked with the OpenAI client on loopback
-    (tests/e2e/test_openai_client.py)."""
+    (tests/e2e/test_router_discovery.py)."""
     sglang, vllm = _pod(strategy="prefixaware")["config"], _pod(strategy="roundrobin")["config"]
     answer = [line for line in sglang.splitlines() if "path /v1/models" in line]
     assert len(answer) == 1 and "http-request return status 200" in answer[0]

@@ -812,12 +812,14 @@ class FakeWorker:
         time_scale: float = 1.0,
         virtual: Any = None,
         fail_marker: str | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
             raise ValueError("timings must be >= 0")
         if default_max_tokens < 1 or max_model_len < 1 or max_num_seqs < 0:
             raise ValueError("default_max_tokens, max_model_len >= 1 and max_num_seqs >= 0")
         self.port = int(port)
+        self.host = host       # another loopback address plays another pod's IP
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:6]}"
         self.model = model
         self.prefill_ms_per_token = float(prefill_ms_per_token)
@@ -866,7 +868,7 @@ class FakeWorker:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def alive(self) -> bool:
@@ -886,7 +888,7 @@ class FakeWorker:
             self.cache.on_events = self._kv.publish
         handler = type("FakeWorkerHandler", (_Handler,), {"worker": self})
         try:
-            self._server = _Server((LOOPBACK, self.port), handler)
+            self._server = _Server((self.host, self.port), handler)
         except BaseException:
             self._stop_kv_events()
             raise

@@ -269,6 +269,23 @@ def localize_router_args(
     return out
 
 
+def localize_discovery_args(args: Sequence[str], port: int, prometheus_port: int,
+                            discovery_port: int) -> list[str]:
+    """A router Deployment's args with its Kubernetes discovery kept (pointed at a fake API by
+    the caller's KUBECONFIG): only the listening addresses become loopback ones and the
+    discovery port ``discovery_port`` (every fake pod listens there, as every worker pod does
+    on the rendered port). The leading non-flag words (sglang-router's `launch`) are dropped
+    as in ``localize_router_args``."""
+    out = list(args)
+    while out and not _is_flag(out[0]):
+        out.pop(0)
+    for flag, value in (("--host", LOOPBACK), ("--port", str(port)),
+                        ("--prometheus-host", LOOPBACK), ("--prometheus-port", str(prometheus_port)),
+                        ("--service-discovery-port", str(discovery_port))):
+        out[out.index(flag) + 1] = value
+    return out
+
+
 def _map_kv_source(value: str, worker_map: Mapping[str, str], endpoint_map: Mapping[str, str],
                    local: set[str], flag: str) -> str:
     worker, sep, endpoints = value.partition("=")

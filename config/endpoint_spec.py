@@ -181,7 +181,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _ACM_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:acm:[a-z0-9-]+:[0-9]{12}:certificate/[A-Fa-f0-9-]+")
 # The served model name: vLLM's --served-model-name, the model_name label of every worker
 # metric, and a label value in KEDA's PromQL. Hugging Face style names fit.
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}", re.A)
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}", re.A)
 # Kubernetes 1.35 env var names (RelaxedEnvironmentVariableValidation, GA): printable ASCII but
 # '=', at least one character.
 _ENV_NAME = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
@@ -213,7 +213,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     top.done(warnings)
 
     model_name = spec.get("modelName", str)
-    if not _MODEL_NAME.fullmatch(model_name):
+    if not MODEL_NAME.fullmatch(model_name):
         raise spec.fail("modelName", model_name, "letters, digits and . _ - : / + (at most 128, "
                         "starting with a letter or digit), e.g. Llama-3.1-8B-Instruct")
     itype, shape = _instance_type(spec, instance_type_map or {}, node_instance_types, warnings,

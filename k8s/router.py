@@ -30,6 +30,9 @@ from k8s.secret_fetch import (
     API_KEY_DIGEST_FILE, API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey,
     fetch_api_key_container,
 )
+from k8s.worker_reaper import (
+    HEARTBEAT_VOLUME, REAPER_SCRIPT, agent_hash, agent_text, reaper_args, reaper_container,
+)
 from k8s.workers import MetricsSource
 
 COMPONENT = "vllm-router"
@@ -90,6 +93,8 @@ class RouterProps:
     kv_event_sources: tuple[tuple[str, str], ...] = ()
     kv_event_block_size: int = 16
     model_name: str = ""
+    # what the workers' /v1/models lists (k8s.workers.served_model_names)
+    served_models: tuple[str, ...] = ()
     cpu: str = "1"
     memory: str = "1Gi"
     # What bounds the router's memory (router_limits): the model's context (vLLM's
@@ -290,11 +295,14 @@ class RouterChart(Chart):
         max_body = router_limits(props)["max_payload_size"]
         front_text = front_config(REQUEST_TIMEOUT_S, max_body,
                                   router_slots(memory_bytes(props.memory), max_body),
-                                  key_check=props.api_key is not None)
+                                  key_check=props.api_key is not None,
+                                  models=front_models(props))
         k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}
         key_pod["volumes"] = [*key_pod.get("volumes", []), front_volume, DRAIN_VOLUME]
+        sidecars, annotations = reaper_parts(self, props, name, labels, key_pod,
+                                             key_container)
         # Probes reach the router through the front (the router listens on 127.0.0.1 only).
         probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT},
                  "periodSeconds": PROBE_PERIOD_S,
@@ -307,7 +315,8 @@ class RouterChart(Chart):
                                     "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                        "template": {
                            "metadata": {"labels": labels, "annotations": {
-                               "kvcache.io/front-config": front_config_hash(front_text)}},
+                               "kvcache.io/front-config": front_config_hash(front_text),
+                               **annotations}},
                            "spec": {
                                "serviceAccountName": name,
                                "automountServiceAccountToken": discovery,
@@ -342,7 +351,8 @@ class RouterChart(Chart):
                                    "securityContext": hardened(),
                                }, front_container(
                                    props.image, front_volume["name"], props.load_balancer_cidrs,
-                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key")],
+                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key"),
+                                   *sidecars],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
         if props.metrics is not None:
@@ -425,6 +435,35 @@ class RouterChart(Chart):
                        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
                            "scaleDown": {"stabilizationWindowSeconds": 300}}}},
                        "triggers": [trigger]}})
+
+
+def reaper_parts(chart: Chart, p: RouterProps, name: str, labels: dict, key_pod: dict,
+                 key_container: dict) -> tuple[list[dict], dict[str, str]]:
+    """sglang-router with Kubernetes discovery gets the worker reaper (k8s/worker_reaper.py):
+    its ConfigMap here, its volume added to ``key_pod``'s; (its container, its pod annotation),
+    or nothing for a router that needs none (vllm-router 0.1.17 keys its discovered pods by
+    name, static workers have no discovery)."""
+    if p.implementation != "sglang-router" or p.static_workers:
+        return [], {}
+    k8s_object(chart, "WorkerReaper", api_version="v1", kind="ConfigMap",
+               name=f"{name}-reaper", namespace=p.namespace, labels=labels,
+               body={"data": {REAPER_SCRIPT: agent_text()}})
+    key_pod["volumes"] += [{"name": "worker-reaper", "configMap": {"name": f"{name}-reaper"}},
+                           HEARTBEAT_VOLUME]
+    mounts = key_container.get("volumeMounts") or [None]
+    args = reaper_args(p.namespace, p.worker_selector, p.worker_port,
+                       API_KEY_FILE if p.api_key else None)
+    return ([reaper_container(p.image, "worker-reaper", args, mounts[0])],
+            {"kvcache.io/worker-reaper": agent_hash()})
+
+
+def front_models(p: RouterProps) -> tuple[str, ...]:
+    """The model names the front lists on `GET /v1/models` itself: sglang-router 0.3.2 lists
+    `unknown` for workers it did not learn a model from (every vLLM worker; models_answer in
+    k8s/router_front.py), vllm-router 0.1.17 passes a worker's own list on."""
+    if p.implementation != "sglang-router":
+        return ()
+    return p.served_models or ((p.model_name,) if p.model_name else ())
 
 
 def router_env(implementation: str) -> dict:

@@ -37,6 +37,7 @@ import hashlib
 from dataclasses import dataclass
 
 from config.contracts import LONGEST_REQUEST_S, ROUTER_BACKEND_PORT, ROUTER_PORT
+from config.endpoint_spec import MODEL_NAME
 from k8s.objects import hardened
 
 # (method, exact path) a client may reach: inference, the model list, and the health routes
@@ -150,15 +151,34 @@ def router_slots(router_memory_bytes: int, max_body_bytes: int) -> RouterSlots:
     return RouterSlots(ROUTER_SMALL_CONNECTIONS, min(large, ROUTER_SMALL_CONNECTIONS))
 
 
+def models_answer(models: tuple[str, ...]) -> str:
+    """`GET /v1/models` answered by the front, in vLLM's shape (id, object, created: the time
+    of the request, owned_by), for a router that cannot name its workers' model:
+    sglang-router 0.3.2 registers a worker it discovers with model id `unknown` (it learns a
+    model only from SGLang's `/server_info`, which vLLM has not) and lists that id
+    (docs/upstream.md). Names are what config/endpoint_spec.py admits, so nothing in them
+    needs quoting in HAProxy's single-quoted log-format string."""
+    for name in models:
+        if not MODEL_NAME.fullmatch(name):
+            raise ValueError(f"served model name {name!r} (spec.modelName or the worker args' "
+                             f"--served-model-name): allowed {MODEL_NAME.pattern}")
+    data = ",".join('{"id":"%s","object":"model","created":%%[date],"owned_by":"vllm"}' % m
+                    for m in models)
+    return ("    http-request return status 200 content-type application/json lf-string "
+            f"'{{\"object\":\"list\",\"data\":[{data}]}}' if {{ method GET }} "
+            "{ path /v1/models }")
+
+
 def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots, *,
-                 key_check: bool) -> str:
+                 key_check: bool, models: tuple[str, ...] = ()) -> str:
     """HAProxy's config. Its server timeout outlasts the router's request timeout, so the
     router (not the front) decides when a slow generation has taken too long. A body declared
     larger than the router's payload limit gets 413 here, before any of it is read
     (sglang-router answers 413 mid-upload and closes, which clients behind a proxy see as a
     dropped connection). Only abnormal requests are logged (errors, timeouts, refusals), never
     one line per normal request. ``key_check``: the endpoint has an API key (its digest file is
-    named by KEY_DIGEST_ENV)."""
+    named by KEY_DIGEST_ENV). ``models``: the served model names the front lists itself on
+    `GET /v1/models`, after the key check (models_answer); empty: the router answers."""
     methods: dict[str, list[str]] = {}
     for method, path in CLIENT_ROUTES:
         methods.setdefault(method, []).append(path)
@@ -204,6 +224,7 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         *acls,
         f"    http-request deny deny_status 403 unless {allowed}",
         *key,
+        *([models_answer(models)] if models else []),
         # (411 is not among HAProxy's built-in error pages, so `return`, not `deny`)
         '    http-request return status 411 content-type text/plain string '
         '"a request body needs a Content-Length" if { req.hdr(transfer-encoding) -m found }',

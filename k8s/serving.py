@@ -40,7 +40,7 @@ from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
-    l1_budget, l2_refusal, parallel_ranks, worker_urls,
+    l1_budget, l2_refusal, parallel_ranks, served_model_names, worker_urls,
 )
 
 
@@ -512,6 +512,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
             if kvaware else (),
             kv_event_block_size=KV_BLOCK_SIZE, model_name=s.model_name, api_key=api_key,
+            served_models=served_model_names(wp),
             metrics=facts.metrics,
             max_workers=scaling.max_replicas if scaling else s.replicas,
             **context_tokens(s.worker_args),

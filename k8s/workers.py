@@ -607,6 +607,25 @@ def vllm_args(p: WorkerProps) -> list[str]:
     return args
 
 
+def served_model_names(p: WorkerProps) -> tuple[str, ...]:
+    """The names vLLM serves the model under, as its `/v1/models` lists them: every value of
+    `--served-model-name` in the rendered args (the flag takes one or more)."""
+    args = vllm_args(p)
+    for i, tok in enumerate(args):
+        flag, eq, value = tok.partition("=")
+        if flag.replace("_", "-") != "--served-model-name":
+            continue
+        if eq:
+            return (value,)
+        names = []
+        for t in args[i + 1:]:
+            if t.startswith("-"):
+                break
+            names.append(t)
+        return tuple(names)
+    return (p.model_name,)
+
+
 def worker_urls(p: WorkerProps) -> tuple[str, ...]:
     """Stable DNS names of StatefulSet workers, for the router's static lists."""
     svc = f"{p.endpoint}-workers"

@@ -203,7 +203,8 @@ def serving_dashboard(cfg: EnvironmentConfig,
         _ts("Worker health", "short", [
             (f"min by ({_EP}, worker) (vllm_router_worker_health{{{R}}})",
              f"{ep} {{{{worker}}}} (router)"),
-            (f"min by ({_EP}, worker) (smg_worker_health{{{R}}})",
+            # a removed worker stays at -1 (sglang-router 0.3.2): not drawn
+            (f"min by ({_EP}, worker) (smg_worker_health{{{R}}} >= 0)",
              f"{ep} {{{{worker}}}} (sglang-router)"),
             (f"min by ({_EP}, pod) (up{{{W}}})", f"{ep} {{{{pod}}}} (scrape)")],
             "1 = healthy. The router's own health checks per worker, and whether Prometheus "

@@ -157,6 +157,8 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     Metric("redis_net_output_bytes_total", COUNTER, _RX, "bytes sent"),
     # kube-state-metrics, node-exporter, Prometheus
     Metric("kube_pod_status_ready", GAUGE, _KSM, "pod readiness by condition"),
+    Metric("kube_pod_info", GAUGE, _KSM, "one series per pod: its IP (pod_ip), node, owner"),
+    Metric("kube_pod_deletion_timestamp", GAUGE, _KSM, "when a pod being deleted was asked to go"),
     Metric("kube_pod_container_status_restarts_total", COUNTER, _KSM, "container restarts"),
     Metric("kube_deployment_status_replicas_available", GAUGE, _KSM, "available replicas"),
     Metric("kube_statefulset_status_replicas_ready", GAUGE, _KSM, "ready replicas"),

@@ -73,6 +73,29 @@ def _ratio(hits: str, queries: str, window: str, selector: str = _W) -> str:
             f"{_BY} (rate({queries}{{{selector}}}[{window}]))")
 
 
+# A router's worker label is its URL: a pod IP (discovery; IPv6 in brackets) or a StatefulSet
+# pod's DNS name (kvaware's static list, k8s/workers.py worker_urls). RE2, anchored.
+_WORKER_IP = r"https?://[[]?([0-9A-Fa-f.:]+?)]?:[0-9]+/?"
+_WORKER_DNS = r"https?://([a-z0-9-]+)[.][^:/]+[.]svc[.]cluster[.]local:[0-9]+/?"
+
+
+def worker_unhealthy() -> str:
+    """Workers the router marks unhealthy, among the pods of its endpoint's workers that exist
+    and are not being deleted (kube-state-metrics' kube_pod_info, pod `<endpoint>-workers-*`,
+    joined by IP or DNS name). A worker a router keeps after its pod is gone (sglang-router
+    0.3.2, docs/upstream.md; the worker reaper removes it) is not a worker to page about."""
+    health = (f"min by ({ENDPOINT_LABEL}, worker) ("
+              + " or ".join(f"{n}{{{_R}}}" for n in ROUTER_METRICS["worker_health"]) + ") == 0")
+    live = (f'label_replace(kube_pod_info{{namespace="{SERVING_NAMESPACE}"}} unless on '
+            f'(namespace, pod) kube_pod_deletion_timestamp, "{ENDPOINT_LABEL}", "$1", "pod", '
+            f'"(.+)-workers-.+")')
+    by_ip = (f'label_replace({health}, "pod_ip", "$1", "worker", "{_WORKER_IP}") '
+             f"and on ({ENDPOINT_LABEL}, pod_ip) {live}")
+    by_name = (f'label_replace({health}, "pod", "$1", "worker", "{_WORKER_DNS}") '
+               f"and on ({ENDPOINT_LABEL}, pod) {live}")
+    return f"min by ({ENDPOINT_LABEL}, worker) (({by_ip}) or ({by_name}))"
+
+
 def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
     objective = ttft_objective(cfg)
     ep = f"{{{{ $labels.{ENDPOINT_LABEL} }}}}"
@@ -178,17 +201,17 @@ def alert_groups(cfg: EnvironmentConfig) -> dict[str, tuple[Alert, ...]]:
                   "writes fail."),
         ),
         "kvcache.availability": (
+            # sglang-router 0.3.2 sets a removed worker's smg_worker_health to -1 and keeps the
+            # series (observability/metrics.rs remove_worker_metrics): counted as 0, not -1
             Alert("KvcacheEndpointNoWorkers",
                   f"(max by ({ENDPOINT_LABEL}) (vllm_router_active_workers{{{_R}}}) or "
-                  f"sum by ({ENDPOINT_LABEL}) (smg_worker_health{{{_R}}})) == 0",
+                  f"sum by ({ENDPOINT_LABEL}) (clamp_min(smg_worker_health{{{_R}}}, 0))) == 0",
                   "10m", "critical", f"Router of {ep} has no worker",
                   "The router has no usable worker: every request fails."),
-            Alert("KvcacheWorkerUnhealthy",
-                  f"min by ({ENDPOINT_LABEL}, worker) ("
-                  + " or ".join(f"{n}{{{_R}}}" for n in ROUTER_METRICS["worker_health"])
-                  + ") == 0",
+            Alert("KvcacheWorkerUnhealthy", worker_unhealthy(),
                   "3m", "warning", f"Worker {{{{ $labels.worker }}}} of {ep} unhealthy",
-                  "The router's health checks fail for this worker; it gets no traffic."),
+                  "The router's health checks fail for this worker, a pod of the endpoint "
+                  "that exists and is not being deleted; it gets no traffic."),
             Alert("KvcacheEngineStalled",
                   f"max {_POD} (vllm:num_requests_running{{{_W}}}) > 0 and "
                   f"sum {_POD} (increase(vllm:generation_tokens_total{{{_W}}}"

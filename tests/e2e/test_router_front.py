@@ -242,8 +242,10 @@ def test_the_pod_runs_the_front_the_tests_run():
     docs = _rendered_docs("prefixaware", None, None)
     pod = next(d for d in docs if d["kind"] == "Deployment"
                and d["metadata"]["name"].endswith("-router"))["spec"]["template"]["spec"]
-    router, front = pod["containers"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    router, front = containers["router"], containers["front"]
     assert front["command"][0] == "haproxy" and front["image"] == router["image"]
+    assert {c["image"] for c in containers.values()} == {router["image"]}   # the reaper's too
     assert front["ports"][0]["containerPort"] == 8000 and "ports" not in router or all(
         p["name"] != "http" for p in router["ports"])
     assert router["args"][router["args"].index("--host") + 1] == "127.0.0.1"

@@ -17,6 +17,17 @@ from observability.rules import L2_GET_P90_SLOW_MS, render
 EP = "llama"
 W = f'{{job="{WORKERS_JOB}",{ENDPOINT_LABEL}="{EP}",pod="llama-workers-0"}}'
 R = f'{{job="{ROUTERS_JOB}",{ENDPOINT_LABEL}="{EP}",pod="llama-router-0"'
+W0, W1 = "http://10.0.3.10:8000", "http://10.0.3.11:8000"   # two worker pods' URLs
+
+
+def _pod(name: str, ip: str, values: str = "1x30") -> dict:
+    """kube-state-metrics' series of a pod that exists (at those steps) with that IP."""
+    return {"series": f'kube_pod_info{{job="kube-state-metrics",namespace="{SERVING_NAMESPACE}",'
+                      f'pod="{name}",pod_ip="{ip}",node="n1"}}', "values": values}
+
+
+LIVE_WORKERS = [_pod("llama-workers-5d8f9-a1b2c", "10.0.3.10"),
+                _pod("llama-workers-5d8f9-d3e4f", "10.0.3.11")]
 
 
 def _fires(alert: str, at: str, labels: dict) -> dict:
@@ -50,21 +61,65 @@ def _promtool_test(promtool: str, tmp_path, tests: dict) -> None:
 
 
 def test_router_alerts_fire_on_sglang_routers_series_too(dev, tmp_path):
-    """prefixaware endpoints run sglang-router: its worker health drives the same alerts."""
+    """prefixaware endpoints run sglang-router: its worker health drives the same alerts. A
+    worker it removed keeps its series at -1 (sglang-router 0.3.2): neither a worker nor a
+    debt against the others."""
     promtool = _rules_without_annotations(dev, tmp_path)
     series = [  # w1 fails at minute 5, w0 at minute 15: no worker left
-        {"series": f'smg_worker_health{R},worker="http://w1:8000"}}', "values": "1x5 0x25"},
-        {"series": f'smg_worker_health{R},worker="http://w0:8000"}}', "values": "1x15 0x15"},
+        {"series": f'smg_worker_health{R},worker="{W1}"}}', "values": "1x5 0x25"},
+        {"series": f'smg_worker_health{R},worker="{W0}"}}', "values": "1x15 0x15"},
+        {"series": f'smg_worker_health{R},worker="http://10.0.3.9:8000"}}', "values": "-1x30"},
+        *LIVE_WORKERS,
     ]
     _promtool_test(promtool, tmp_path, {
         "rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
             "interval": "1m", "input_series": series, "alert_rule_test": [
                 _silent("KvcacheWorkerUnhealthy", "4m"),
                 _fires("KvcacheWorkerUnhealthy", "9m", {
-                    "severity": "warning", ENDPOINT_LABEL: EP, "worker": "http://w1:8000"}),
+                    "severity": "warning", ENDPOINT_LABEL: EP, "worker": W1}),
                 _silent("KvcacheEndpointNoWorkers", "20m"),
                 _fires("KvcacheEndpointNoWorkers", "27m", {
                     "severity": "critical", ENDPOINT_LABEL: EP}),
+            ]}]})
+
+
+def test_worker_unhealthy_pages_only_for_pods_that_exist(dev, tmp_path):
+    """Drill 3b: sglang-router 0.3.2 kept a deleted pod's URL, failing its health check for
+    ever. The alert is for workers whose pod exists and is not being deleted, found by IP
+    (IPv4, IPv6) or, for kvaware's static list, by the StatefulSet pod's DNS name; a pod of
+    another endpoint holding the IP is not this endpoint's worker."""
+    promtool = _rules_without_annotations(dev, tmp_path)
+    dns = f"http://llama-workers-1.llama-workers.{SERVING_NAMESPACE}.svc.cluster.local:8000"
+    unhealthy = {  # all unhealthy from minute 0
+        "gone": "http://10.0.3.20:8000",         # no pod has the IP any more
+        "deleting": "http://10.0.3.21:8000",     # its pod is being deleted
+        "elsewhere": "http://10.0.3.22:8000",    # the IP now belongs to another endpoint's pod
+        "v6": "http://[fd00:ec2::17]:8000",      # a pod that exists (IPv6 cluster)
+        "dns": dns,                              # a StatefulSet pod that exists
+        "recreated": "http://10.0.3.23:8000",    # its pod exists from minute 10
+    }
+    series = [{"series": f'smg_worker_health{R},worker="{url}"}}', "values": "0x30"}
+              for url in unhealthy.values()] + [
+        _pod("llama-workers-5d8f9-aaaaa", "10.0.3.21"),
+        {"series": f'kube_pod_deletion_timestamp{{job="kube-state-metrics",'
+                   f'namespace="{SERVING_NAMESPACE}",pod="llama-workers-5d8f9-aaaaa"}}',
+         "values": "1700000000x30"},
+        _pod("mistral-workers-7c6b5-bbbbb", "10.0.3.22"),
+        _pod("llama-workers-5d8f9-ccccc", "fd00:ec2::17"),
+        _pod("llama-workers-1", "10.0.3.40"),
+        _pod("llama-workers-5d8f9-ddddd", "10.0.3.23", "_x10 1x20"),
+    ]
+    fired = [_fires("KvcacheWorkerUnhealthy", "9m", {
+        "severity": "warning", ENDPOINT_LABEL: EP, "worker": unhealthy[k]}) for k in ("v6", "dns")]
+    _promtool_test(promtool, tmp_path, {
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m", "input_series": series, "alert_rule_test": [
+                {"eval_time": "9m", "alertname": "KvcacheWorkerUnhealthy",
+                 "exp_alerts": [a for f in fired for a in f["exp_alerts"]]},
+                {"eval_time": "20m", "alertname": "KvcacheWorkerUnhealthy",
+                 "exp_alerts": [a for f in fired for a in f["exp_alerts"]] + [
+                     {"exp_labels": {"severity": "warning", ENDPOINT_LABEL: EP,
+                                     "worker": unhealthy["recreated"]}}]},
             ]}]})
 
 
@@ -82,10 +137,11 @@ def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
         {"series": f'lmcache:remote_time_to_get_bucket{W[:-1]},le="{L2_GET_P90_SLOW_MS}"}}',
          "values": "0x30"},
         # the router marks worker w1 unhealthy at minute 5
-        {"series": f'vllm_router_worker_health{R},worker="http://w1:8000"}}',
+        {"series": f'vllm_router_worker_health{R},worker="{W1}"}}',
          "values": "1x5 0x25"},
-        {"series": f'vllm_router_worker_health{R},worker="http://w0:8000"}}',
+        {"series": f'vllm_router_worker_health{R},worker="{W0}"}}',
          "values": "1x30"},
+        *LIVE_WORKERS,
         # the router's scrape fails from minute 20
         {"series": f"up{R}}}", "values": "1x20 0x10"},
         # the in-cluster L2 (the StatefulSet k8s/cache.py renders) loses its replica at minute 10
@@ -101,7 +157,7 @@ def test_failure_alerts_fire_and_stay_quiet_when_healthy(dev, tmp_path):
             _fires("KvcacheL2Slow", "20m", {"severity": "warning", ENDPOINT_LABEL: EP}),
             _silent("KvcacheWorkerUnhealthy", "4m"),
             _fires("KvcacheWorkerUnhealthy", "9m", {"severity": "warning", ENDPOINT_LABEL: EP,
-                                                    "worker": "http://w1:8000"}),
+                                                    "worker": W1}),
             _silent("KvcacheSharedCacheDown", "9m"),
             _fires("KvcacheSharedCacheDown", "16m", {
                 "severity": "critical", "namespace": SERVING_NAMESPACE}),

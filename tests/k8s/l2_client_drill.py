@@ -5,9 +5,10 @@ Run with .venv-lmcache's python and the worker image's LMCache release on PYTHON
 (tests/k8s/test_l2_client_faults.py does); nothing here imports the project. It drives the
 calls the engine makes on a retrieve (lmcache/v1/cache_engine.py `_process_tokens_internal`:
 `StorageManager.get_block_mapping` -> `RemoteBackend.batched_contains`, then
-`StorageManager.batched_get` -> `RemoteBackend.batched_get_blocking`), with the read placed
-where a real fleet puts it: after a lookup that said "hit", the chunk is evicted (other
-writers fill the server past maxmemory) or the server goes away, and only then read.
+`StorageManager.batched_get` -> `RemoteBackend.batched_get_blocking` of the prefix the lookup
+found), with the read placed where a real fleet puts it: after a lookup that said "hit", the
+server stalls, stops, or evicts the chunk (other writers fill it past maxmemory), and only then
+the read.
 
 Every buffer LMCache allocates for a read is filled with a poison byte first, as a reused
 buffer of the engine holds another chunk's KV: a read that writes nothing comes back wrong,
@@ -175,10 +176,13 @@ class Drill:
         return self.call(self.backend.batched_contains, keys)
 
     def read(self, keys: list, tally: dict) -> None:
+        if not keys:
+            return
         state, got, dt = self.call(self.backend.batched_get_blocking, keys)
         tally["slowest_s"] = round(max(tally["slowest_s"], dt), 3)
         if state != "ok":
             tally["hung" if state == "hung" else "error"] += len(keys)
+            tally["hung_calls"] += state == "hung"
             return
         for k, o in zip(keys, got):
             if o is None:
@@ -198,13 +202,15 @@ def tally() -> dict:
             "slowest_s": 0.0, "lookup_hits": 0, "lookup_failed": 0}
 
 
-def lookup(d: Drill, t: dict, keys: list) -> None:
+def lookup(d: Drill, t: dict, keys: list) -> list:
+    """The prefix of `keys` the lookup says is there: what the engine then reads."""
     state, hit, dt = d.lookup(keys)
     d.step(t, state, dt)
-    if state == "ok":
-        t["lookup_hits"] += hit
-    else:
+    if state != "ok":
         t["lookup_failed"] += 1
+        return []
+    t["lookup_hits"] += hit
+    return keys[:hit]
 
 
 def fits(d: Drill, server: Server, a, per: int) -> dict:
@@ -212,8 +218,7 @@ def fits(d: Drill, server: Server, a, per: int) -> dict:
     t = tally()
     keys = d.keys(per)
     d.step(t, *d.put(keys))
-    lookup(d, t, keys)
-    d.read(keys, t)
+    d.read(lookup(d, t, keys), t)
     return t
 
 
@@ -225,14 +230,45 @@ def evicted_after_lookup(d: Drill, server: Server, a, per: int) -> dict:
     for _ in range(a.rounds):
         keys = d.keys(per)
         d.step(t, *d.put(keys))
-        lookup(d, t, keys)
+        hits = lookup(d, t, keys)
         for _ in range(0, fill, per):
-            if t["hung_calls"] >= 2:
+            if t["hung_calls"] >= a.give_up:
                 break
             d.step(t, *d.put(d.keys(per)))
-        d.read(keys, t)
+        d.read(hits, t)
     t["server_evicted_keys"] = server.evicted()
     return t
+
+
+def paused_after_lookup(d: Drill, server: Server, a, per: int) -> dict:
+    """The server stalls (SIGSTOP) between the lookup and the read for longer than
+    blocking_timeout_secs, then goes on; later stores, lookups and reads come back."""
+    t = tally()
+    t["round_trips_right"] = 0
+    keys = d.keys(per)
+    d.step(t, *d.put(keys))
+    hits = lookup(d, t, keys)
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        d.read(hits, t)
+        time.sleep(0.5)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    round_trips(d, t, a, per)
+    return t
+
+
+def round_trips(d: Drill, t: dict, a, per: int) -> None:
+    """Store, look up and read back fresh chunks: each round whose every chunk came back
+    right counts."""
+    for _ in range(a.rounds):
+        if t["hung_calls"] >= a.give_up:
+            break
+        keys = d.keys(per)
+        d.step(t, *d.put(keys))
+        before = t["right"]
+        d.read(lookup(d, t, keys), t)
+        t["round_trips_right"] += t["right"] - before == per
 
 
 def stopped_after_lookup(d: Drill, server: Server, a, per: int) -> dict:
@@ -241,16 +277,15 @@ def stopped_after_lookup(d: Drill, server: Server, a, per: int) -> dict:
     t = tally()
     keys = d.keys(per)
     d.step(t, *d.put(keys))
-    lookup(d, t, keys)
+    hits = lookup(d, t, keys)
     server.stop()
-    d.read(keys, t)
+    d.read(hits, t)
     for _ in range(a.rounds):
-        if t["hung_calls"] >= 2:
+        if t["hung_calls"] >= a.give_up:
             break
         keys = d.keys(per)
         d.step(t, *d.put(keys))
-        lookup(d, t, keys)
-        d.read(keys, t)
+        d.read(lookup(d, t, keys), t)
     return t
 
 
@@ -261,42 +296,59 @@ def restarted(d: Drill, server: Server, a, per: int) -> dict:
     server.start()
     t = tally()
     t["round_trips_right"] = 0
-    for _ in range(a.rounds + 2):
-        if t["hung_calls"] >= 2:
-            break
-        keys = d.keys(per)
-        d.step(t, *d.put(keys))
-        lookup(d, t, keys)
-        before = t["right"]
-        d.read(keys, t)
-        t["round_trips_right"] += t["right"] - before == per
+    round_trips(d, t, a, per)
     return t
 
 
-PHASES = {f.__name__: f for f in (fits, evicted_after_lookup, stopped_after_lookup, restarted)}
+PHASES = {f.__name__: f for f in (fits, paused_after_lookup, stopped_after_lookup, restarted,
+                                   evicted_after_lookup)}
+
+
+def drill(config: str, a) -> dict:
+    """Every phase in order against one client and one server of its own."""
+    server = Server(a.server, a.maxmemory_mb)
+    server.start()
+    out: dict = {}
+    try:
+        d = Drill(config, server.port, a.bound)
+        out.update(url=d.config.remote_url.split("://")[0] + "://",
+                   blocking_timeout_secs=d.config.blocking_timeout_secs, bound_s=a.bound)
+        for name in a.phases.split(","):
+            t = out[name] = PHASES[name](d, server, a, 4)     # 4 chunks per prefill
+            if a.fail_fast and (t["wrong"] or t["hung_calls"]):
+                break
+    finally:
+        server.stop()
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", action="append", required=True,
+                    help="an lmcache.yaml; several run side by side, each with its server")
     ap.add_argument("--server", default="redis-server")
     ap.add_argument("--maxmemory-mb", type=int, default=16)
     ap.add_argument("--bound", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3, help="evict/stop rounds")
     ap.add_argument("--phases", default=",".join(PHASES),
                     help="in order, one client throughout")
+    ap.add_argument("--fail-fast", action="store_true",
+                    help="stop after the first phase with a wrong read or a hung call")
     a = ap.parse_args()
-    server = Server(a.server, a.maxmemory_mb)
-    server.start()
-    d = Drill(a.config, server.port, a.bound)
-    out: dict = {"url": d.config.remote_url.split("://")[0] + "://",
-                 "blocking_timeout_secs": d.config.blocking_timeout_secs, "bound_s": a.bound}
-    try:
-        for i, name in enumerate(a.phases.split(",")):
-            out[name if name not in out else f"{name}_{i}"] = PHASES[name](d, server, a, 4)
-    finally:
-        server.stop()
-    print("DRILL " + json.dumps(out), flush=True)
+    a.give_up = 1 if a.fail_fast else 2    # hung calls after which a phase's loop stops
+    results: dict = {}
+
+    def run(config: str) -> None:
+        try:
+            results[config] = drill(config, a)
+        except Exception as e:  # noqa: BLE001
+            results[config] = {"failed": f"{type(e).__name__}: {e}"}
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in a.config]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    print("DRILL " + json.dumps(results), flush=True)
     os._exit(0)    # hung calls leave threads (native or asyncio) that would block exit
 
 

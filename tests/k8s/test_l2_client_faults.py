@@ -20,7 +20,9 @@ import yaml
 
 import k8s.serving
 from config.images import IMAGES, image_release
-from k8s.l2 import CLIENT_FAULTS, IN_CLUSTER, connector_for, in_cluster_candidates
+from k8s.l2 import (
+    CLIENT_FAULTS, IN_CLUSTER, connector_for, in_cluster_candidates, in_cluster_refusal,
+)
 from k8s.workers import L2_SAFE_LMCACHE
 from tests.background import Background
 from tests.conftest import ROOT
@@ -145,3 +147,17 @@ def test_synth_deploys_no_in_cluster_l2_that_the_drill_failed():
         assert CLIENT_FAULTS[(c.name, release)] in said[0]
     assert said[0].ack.endswith(":kvCacheSpec.l2CacheSpec.l2CacheBackend")
     assert "## LMCache" in (ROOT / "docs" / "upstream.md").read_text()
+
+
+def test_the_in_cluster_connector_is_the_fastest_the_drill_passed(monkeypatch):
+    release = image_release(IMAGES["vllm-lmcache"]).lmcache
+    resp, redis = in_cluster_candidates(release)
+    monkeypatch.setattr("k8s.l2.CLIENT_FAULTS", {})
+    assert connector_for(IN_CLUSTER, release, glide=False) is resp
+    monkeypatch.setattr("k8s.l2.CLIENT_FAULTS", {(resp.name, release): "x"})
+    assert connector_for(IN_CLUSTER, release, glide=False) is redis
+    assert in_cluster_refusal(release) is None
+    monkeypatch.setattr("k8s.l2.CLIENT_FAULTS", {(c.name, release): c.name for c in (resp, redis)})
+    assert in_cluster_refusal(release) == "resp; redis"
+    # the verdict still has a connector's rates to judge with
+    assert connector_for(IN_CLUSTER, release, glide=False) is resp

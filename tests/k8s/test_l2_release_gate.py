@@ -26,6 +26,15 @@ from stacks.app_builder import l2_needs
 from tests.conftest import context_for
 from tests.k8s.test_charts import SEED
 
+
+@pytest.fixture(autouse=True)
+def _in_cluster_client_passes(monkeypatch):
+    """These rules are for an image whose in-cluster L2 client passes the fault drill; LMCache
+    0.5.4's fails it (k8s/l2.py CLIENT_FAULTS, held by tests/k8s/test_l2_client_faults.py, which
+    also shows what synth does then), so here the table is empty."""
+    monkeypatch.setattr("k8s.l2.CLIENT_FAULTS", {})
+
+
 SHIPPED = "lmcache/vllm-openai:v0.5.4"          # vLLM 0.27.1 + LMCache 0.5.4
 OLD = "lmcache/vllm-openai:v0.3.7"              # vLLM 0.10.2 + LMCache 0.3.7
 UNKNOWN_LMCACHE = ["vllm/vllm-openai:v0.27.1",  # LMCache unpinned in the image

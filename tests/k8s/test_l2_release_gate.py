@@ -27,12 +27,8 @@ from tests.conftest import context_for
 from tests.k8s.test_charts import SEED
 
 
-@pytest.fixture(autouse=True)
-def _in_cluster_client_passes(monkeypatch):
-    """These rules are for an image whose in-cluster L2 client passes the fault drill; LMCache
-    0.5.4's fails it (k8s/l2.py CLIENT_FAULTS, held by tests/k8s/test_l2_client_faults.py, which
-    also shows what synth does then), so here the table is empty."""
-    monkeypatch.setattr("k8s.l2.CLIENT_FAULTS", {})
+# the in-cluster L2's rules, for an image whose client passes the fault drill (conftest.py)
+pytestmark = pytest.mark.usefixtures("sound_l2_client")
 
 
 SHIPPED = "lmcache/vllm-openai:v0.5.4"          # vLLM 0.27.1 + LMCache 0.5.4

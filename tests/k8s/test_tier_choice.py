@@ -25,12 +25,8 @@ from k8s.workers import TIER_POLICY, tier_settings
 from observability.rules import L2_GETS_FAILED_TO_BYPASS
 
 
-@pytest.fixture(autouse=True)
-def _in_cluster_client_passes(monkeypatch):
-    """These rules are for an image whose in-cluster L2 client passes the fault drill; LMCache
-    0.5.4's fails it (k8s/l2.py CLIENT_FAULTS, held by tests/k8s/test_l2_client_faults.py, which
-    also shows what synth does then), so here the table is empty."""
-    monkeypatch.setattr("k8s.l2.CLIENT_FAULTS", {})
+# the in-cluster L2's rules, for an image whose client passes the fault drill (conftest.py)
+pytestmark = pytest.mark.usefixtures("sound_l2_client")
 
 
 FIELD = "spec.kvCacheSpec.enableL2Cache"

@@ -113,11 +113,12 @@ class Drill:
         self.sums: dict[str, str] = {}
         self.n = 0
 
-    def _poisoned(self, shapes, dtypes, fmt=None, *a, **k):
+    def _poisoned(self, shapes, dtypes, fmt=None, *_a, **_k):
+        import torch
         o = self.allocator.allocate(shapes, dtypes, fmt) if fmt is not None else \
             self.allocator.allocate(shapes, dtypes)
         if o is not None:
-            o.tensor.view(-1).view(__import__("torch").uint8).fill_(POISON)
+            o.tensor.view(-1).view(torch.uint8).fill_(POISON)
         return o
 
     def keys(self, n: int) -> list:
@@ -168,8 +169,9 @@ class Drill:
             for _ in keys:       # called per key once its write ended (failed ones too)
                 left.acquire()
         state, _, dt = self.call(store)
-        for o in objs:
-            o.ref_count_down()
+        if state == "ok":     # a store still running keeps its buffers
+            for o in objs:
+                o.ref_count_down()
         return state, dt
 
     def lookup(self, keys: list) -> tuple[str, object, float]:

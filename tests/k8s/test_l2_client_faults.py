@@ -66,7 +66,7 @@ def _drill(tmp: Path) -> Background:
     """One LMCache process per release (its import is most of the cost), its connectors'
     drills side by side, each stopping at its first wrong read or hung call."""
     release = {r for _, r in DRILLED}
-    assert len(release) == 1, "one process per release: extend _drill"   # noqa: PT018
+    assert len(release) == 1, "one LMCache process per release: extend _drill"
     (release,) = release
     configs = [a for name, _ in DRILLED for a in ("--config", str(_rendered(name, tmp)))]
     timeout = max(yaml.safe_load(Path(c).read_text())["blocking_timeout_secs"]

@@ -156,12 +156,51 @@ ELASTICACHE = "elasticache"
 OWN = "own"            # the endpoint's own l2CacheLocalUrl: a server we know nothing of
 
 
+# What the L2 client's fault drill found (tests/k8s/l2_client_drill.py: LMCache's own
+# RemoteBackend, built from the lmcache.yaml we render, against a Redis server that evicts,
+# stops and starts again; tests/k8s/test_l2_client_faults.py holds this table to what the drill
+# finds for every release an image with an L2 carries). A connector listed for a release reads
+# no in-cluster L2 for it; the reasons are the upstream reports' (docs/upstream.md).
+CLIENT_FAULTS: dict[tuple[str, LMCacheVersion], str] = {
+    ("resp", (0, 5, 4)): (
+        "resp:// returns a chunk whose read failed (the server gone after the lookup) as a "
+        "hit holding its buffer's old bytes (wrong text, HTTP 200), waits forever on a chunk "
+        "evicted after the lookup, and never reconnects"),
+    ("redis", (0, 5, 4)): (
+        "redis:// loses its executor's workers to a read cut short (the server gone, or "
+        "slower than blocking_timeout_secs), after which its lookups never return"),
+}
+
+
+def in_cluster_candidates(lmcache: LMCacheVersion | None) -> list[Connector]:
+    """The connectors the image's LMCache has for the in-cluster Valkey, fastest first."""
+    version = lmcache or REDIS.since
+    return [c for c in (RESP, REDIS) if version >= c.since]
+
+
+def in_cluster_refusal(lmcache: LMCacheVersion | None) -> str | None:
+    """Why the image's LMCache may not read the in-cluster Valkey: every connector it has for
+    it fails the fault drill (CLIENT_FAULTS); None where one passes or the release is unknown
+    (an unknown release gets no L2 anyway: k8s/workers.py l2_refusal)."""
+    if lmcache is None:
+        return None
+    faults = [CLIENT_FAULTS.get((c.name, lmcache)) for c in in_cluster_candidates(lmcache)]
+    if all(faults):
+        return "; ".join(f for f in faults if f)
+    return None
+
+
 def connector_for(target: str, lmcache: LMCacheVersion | None, glide: bool) -> Connector:
     """The fastest connector the image's LMCache has for the L2 it reaches. An image whose
-    LMCache release no record pins gets what every release we know has (redis://)."""
+    LMCache release no record pins gets what every release we know has (redis://). In the
+    cluster, the fastest that passes the fault drill (CLIENT_FAULTS); where none does (synth
+    then deploys no in-cluster L2: in_cluster_refusal), the fastest, for the verdict's rates."""
+    if target == IN_CLUSTER:
+        candidates = in_cluster_candidates(lmcache)
+        sound = [c for c in candidates if lmcache is None
+                 or (c.name, lmcache) not in CLIENT_FAULTS]
+        return (sound or candidates)[0]   # plain TCP inside the cluster, confined by NetworkPolicy
     version = lmcache or REDIS.since
-    if target == IN_CLUSTER and version >= RESP.since:
-        return RESP          # plain TCP inside the cluster, confined by NetworkPolicy
     if target == ELASTICACHE:
         if glide and version >= VALKEY.since:
             return VALKEY    # TLS + AUTH + cluster mode

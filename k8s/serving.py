@@ -30,7 +30,8 @@ from k8s.cache import VALKEY, CacheProps, SharedCacheChart
 from k8s.l2 import (
     ELASTICACHE, GIB, GPU_MEMORY_UTILIZATION, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS,
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
-    gpu_kv_gib, in_cluster_host, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
+    gpu_kv_gib, in_cluster_host, in_cluster_refusal, in_cluster_server, l2_verdict,
+    node_hourly_usd, server_gbs,
 )
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
@@ -106,6 +107,16 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             f"{s.worker_image}: {refusal}. L1 stays on; {L2_IMAGES} gets the L2 "
             "(docs/serving.md, 'KV cache tiers')", s.name, "kvCacheSpec.enableL2Cache"))
     if refusal:   # forced: refused below, once the image is known to be vLLM at all
+        s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+    client = (in_cluster_refusal(lmcache_version(s.image))
+              if s.l2_enabled and _shared_kind(cfg, s) else None)
+    if client:    # forced too: a client that answers wrongly or never is no L2 to force
+        warnings.append(changed(
+            f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: {s.l2_backend}, but no "
+            f"in-cluster L2 is deployed for {s.worker_image}: in its LMCache "
+            f"{'.'.join(map(str, lmcache_version(s.image)))}, {client} "
+            "(docs/upstream.md). L1 stays on",
+            s.name, "kvCacheSpec.l2CacheSpec.l2CacheBackend"))
         s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
     plan = l2_plan(cfg, s)
     if plan is not None:

@@ -209,3 +209,16 @@ def resources(template: dict, type_: str) -> dict[str, dict]:
 
 def dumps(obj) -> str:
     return json.dumps(obj, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def sound_l2_client():
+    """For tests of the in-cluster L2 itself (its Valkey, exporter, scheduling, verdicts): the
+    image's in-cluster client taken as one that passes the fault drill (k8s/l2.py CLIENT_FAULTS
+    emptied). LMCache 0.5.4's fails it: tests/k8s/test_l2_client_faults.py holds that, and what
+    synth does then."""
+    from unittest import mock
+
+    import k8s.l2
+    with mock.patch.dict(k8s.l2.CLIENT_FAULTS, clear=True):
+        yield

@@ -51,6 +51,7 @@ def _ids(n: int, seed: int = 0) -> list[int]:
     return [(seed * 1_000_003 + i * 7919) % 50_000 for i in range(n)]
 
 
+@pytest.mark.usefixtures("sound_l2_client")
 @pytest.mark.parametrize("backend", ["valkey", "tieredstorage", "redis", "none"])
 def test_the_rendered_configuration_is_one_the_model_can_judge(backend):
     """Every key k8s/workers.py renders is modelled or known to change no timing: a new key

@@ -26,6 +26,11 @@ from stacks.app_builder import l2_needs
 from tests.conftest import context_for
 from tests.k8s.test_charts import SEED
 
+
+# the in-cluster L2's rules, for an image whose client passes the fault drill (conftest.py)
+pytestmark = pytest.mark.usefixtures("sound_l2_client")
+
+
 SHIPPED = "lmcache/vllm-openai:v0.5.4"          # vLLM 0.27.1 + LMCache 0.5.4
 OLD = "lmcache/vllm-openai:v0.3.7"              # vLLM 0.10.2 + LMCache 0.3.7
 UNKNOWN_LMCACHE = ["vllm/vllm-openai:v0.27.1",  # LMCache unpinned in the image

@@ -24,6 +24,11 @@ from k8s.l2 import (
 from k8s.workers import TIER_POLICY, tier_settings
 from observability.rules import L2_GETS_FAILED_TO_BYPASS
 
+
+# the in-cluster L2's rules, for an image whose client passes the fault drill (conftest.py)
+pytestmark = pytest.mark.usefixtures("sound_l2_client")
+
+
 FIELD = "spec.kvCacheSpec.enableL2Cache"
 TFLOPS = {gpu: t for gpu, t in GPU_MODELS.values()}
 

@@ -44,7 +44,7 @@ def _self_hosted(env: str):
 
 
 @pytest.fixture(scope="module", params=["dev", "china"])
-def valkey(request):
+def valkey(request, sound_l2_client):
     return _self_hosted(request.param)
 
 

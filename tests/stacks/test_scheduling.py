@@ -58,7 +58,7 @@ def test_every_pod_of_the_shipped_environments_fits_a_node_group(synths, name):
 
 
 @pytest.fixture(scope="module")
-def self_hosted(tmp_path_factory, dev) -> tuple[list, list[str]]:
+def self_hosted(tmp_path_factory, dev, sound_l2_client) -> tuple[list, list[str]]:
     """Every served corpus file in dev with `cache.kind: self-hosted` (the in-cluster Valkey
     serves every file's L2); the corpus in each variant's own cache is checked in
     tests/k8s/test_hyperpod_corpus.py on its synthesized charts."""

@@ -41,6 +41,7 @@ def test_each_change_to_the_request_has_its_own_id():
                                     if kind_of(w) == IGNORED)
 
 
+@pytest.mark.usefixtures("sound_l2_client")
 def test_a_self_hosted_cache_no_endpoint_uses_is_said_not_dropped_silently():
     cfg = _env("dev", cache={"kind": "self-hosted"})
     said = [w for w in notices(cfg, load_endpoints(cfg, ROOT))

@@ -9,7 +9,8 @@ groups (desired sizes must fit, max sizes should); the Kubernetes version is off
 where the environment has ElastiCache, the engine version and parameter group family the Cache
 stack renders are offered in the region; on an existing VPC, that its subnets are as the file
 says and each private subnet reaches what nodes and pods call (VPC endpoints or a default
-route through a NAT or transit gateway), every missing service named; the mirrored images and charts are in ECR (images
+route through a NAT or transit gateway), every missing service named, and in a private-only one
+that the addresses each router's internal load balancer asks for are free; the mirrored images and charts are in ECR (images
 with their pinned digests), one row each; Amazon Managed Grafana's IAM Identity Center is there
 where the environment asks for it; each endpoint's model is in the bucket. One table, and exit 1 when any row is a blocker (FAIL).
 """
@@ -111,6 +112,7 @@ class Preflight:
             return [Row("credentials", FAIL, f"{describe_aws_error(err)} (every other check "
                         "needs them: nothing else was checked)")]
         for check in (self.services, self.identity_center, self.zones, self.network_reach,
+                      self.load_balancer_addresses,
                       self.offerings, self.quotas, self.kubernetes, self.cache_engine,
                       self.images_in_ecr, self.charts_in_ecr, self.models):
             try:
@@ -229,6 +231,43 @@ class Preflight:
             else:
                 rows.append(Row(f"reach: {sid} ({sub.zone})", PASS, "VPC endpoints for "
                                 + ", ".join(NODE_SERVICES)))
+        return rows
+
+    def load_balancer_addresses(self) -> list[Row]:
+        """A private-only VPC: the fixed addresses each router's internal NLB asks for are free,
+        or already a load balancer's. One held by a pod or anything else would make the NLB's
+        creation fail, and be admitted to the router in its place (docs/security.md)."""
+        net = self.cfg.network
+        if not net.private_only or not self.endpoints:
+            return []
+        from config.network import load_balancer_addresses
+        from k8s.router import router_name
+
+        wanted = {a: e.name for e in self.endpoints
+                  for a in load_balancer_addresses(net, e.name)}
+        held = {}
+        for page in self.aws.client("ec2").get_paginator(
+                "describe_network_interfaces").paginate(Filters=[
+                    {"Name": "vpc-id", "Values": [net.vpc_id]},
+                    {"Name": "addresses.private-ip-address", "Values": sorted(wanted)}]):
+            for eni in page["NetworkInterfaces"]:
+                for a in eni.get("PrivateIpAddresses", []):
+                    held[a.get("PrivateIpAddress")] = eni
+        rows = []
+        for e in self.endpoints:
+            mine = [a for a, n in wanted.items() if n == e.name]
+            taken = [(a, held[a]) for a in mine if a in held and
+                     held[a].get("InterfaceType") != "network_load_balancer"]
+            check = f"load balancer: {router_name(e.name)}"
+            if taken:
+                rows.append(Row(check, FAIL, "; ".join(
+                    f"{a} is held by {i['NetworkInterfaceId']} "
+                    f"({i.get('Description') or i.get('InterfaceType') or 'an interface'})"
+                    for a, i in taken) + ": free it before the Serving stack deploys, or "
+                    "rename the endpoint (its name gives its slot)"))
+            else:
+                rows.append(Row(check, PASS, ", ".join(mine) + " free or its load "
+                                "balancer's"))
         return rows
 
     def _endpoint(self, endpoints: list[dict], name: str, route_table: str) -> bool:

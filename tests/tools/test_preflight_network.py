@@ -4,6 +4,7 @@ per way it can fail, each naming what is missing."""
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -12,7 +13,7 @@ from botocore.stub import Stubber
 from config import resolve_environment
 from tests.conftest import context_for
 from tools.cli import Aws
-from tools.preflight import FAIL, NODE_SERVICES, PASS, Preflight
+from tools.preflight import FAIL, NODE_SERVICES, PASS, Preflight, Row
 
 REGION = "cn-northwest-1"
 VPC = "vpc-0c4e1a2b3d5f60789"
@@ -160,3 +161,40 @@ def test_a_vpc_this_app_creates_is_not_asked_about():
     ctx = copy.deepcopy(context_for(env="dev", china="true"))
     aws = Aws(resolve_environment(ctx), factory=lambda s: pytest.fail(f"called {s}"))
     assert Preflight(aws, (), images=()).network_reach() == []
+
+
+def _addresses(held: dict[str, dict]) -> list[Row]:
+    from config.network import load_balancer_addresses
+
+    wanted = sorted(load_balancer_addresses(CFG.network, "alpha"))
+    answer = {"NetworkInterfaces": [{"NetworkInterfaceId": f"eni-0{i:016x}", **eni,
+                                     "PrivateIpAddresses": [{"PrivateIpAddress": a}]}
+                                    for i, (a, eni) in enumerate(held.items())]}
+    with Stubber(EC2) as stub:
+        stub.add_response("describe_network_interfaces", answer, {"Filters": [
+            {"Name": "vpc-id", "Values": [VPC]},
+            {"Name": "addresses.private-ip-address", "Values": wanted}]})
+        aws = Aws(CFG, factory=lambda service: EC2)
+        rows = Preflight(aws, (SimpleNamespace(name="alpha"),),
+                         images=()).load_balancer_addresses()
+        stub.assert_no_pending_responses()
+    return rows
+
+
+def test_the_load_balancer_addresses_free_or_its_own_pass():
+    from config.network import load_balancer_addresses
+
+    own = {a: {"InterfaceType": "network_load_balancer", "Description": "ELB net/k8s-x/1"}
+           for a in load_balancer_addresses(CFG.network, "alpha")[:1]}
+    assert [r.status for r in _addresses({})] == [PASS]
+    assert [r.status for r in _addresses(own)] == [PASS]
+
+
+def test_a_load_balancer_address_a_pod_holds_is_named():
+    from config.network import load_balancer_addresses
+
+    address = load_balancer_addresses(CFG.network, "alpha")[1]
+    (row,) = _addresses({address: {"InterfaceType": "interface",
+                                   "Description": "aws-K8S-i-0123456789abcdef0"}})
+    assert row.status == FAIL and row.check == "load balancer: alpha-router"
+    assert address in row.detail and "aws-K8S-i-0123456789abcdef0" in row.detail

@@ -176,17 +176,16 @@ def existing_network(env: str, raw: Any, zones: tuple[str, ...]) -> NetworkConfi
     if "loadBalancerSubnets" in raw:
         lb = _subnets(env, "existingVpc.loadBalancerSubnets", raw["loadBalancerSubnets"], vpc,
                       zones)
-    every = (*private, *lb)
-    for a, b in itertools.combinations(every, 2):
+    for a, b in itertools.combinations((*private, *lb), 2):
         if a.subnet_id == b.subnet_id or ipaddress.IPv4Network(a.cidr).overlaps(
                 ipaddress.IPv4Network(b.cidr)):
-            field = ("existingVpc.loadBalancerSubnets" if b in lb and a in private
-                     else "existingVpc.privateSubnets" if b in private
-                     else "existingVpc.loadBalancerSubnets")
-            raise ConfigError(env, field, b.subnet_id, f"subnets apart from each other "
-                              f"({b.subnet_id} {b.cidr} meets {a.subnet_id} {a.cidr}); load "
-                              "balancer subnets hold no node (the NetworkPolicy admits the "
-                              "load balancer by their ranges, which would admit pods there too)")
+            why = (" (load balancer subnets hold no node: the NetworkPolicy admits the load "
+                   "balancer by their ranges, which would admit pods there too)" if b in lb
+                   else "")
+            raise ConfigError(env, "existingVpc.loadBalancerSubnets" if b in lb
+                              else "existingVpc.privateSubnets", b.subnet_id,
+                              f"subnets apart from each other ({b.subnet_id} {b.cidr} meets "
+                              f"{a.subnet_id} {a.cidr}){why}")
     if lb:
         cidrs = tuple(s.cidr for s in lb)
     else:   # private-only: each router's NLB takes fixed addresses at the top of each subnet
@@ -243,10 +242,11 @@ def check_load_balancer_slots(env: str, network: NetworkConfig, endpoints: list[
     for name in endpoints:
         other = seen.setdefault(lb_slot(name), name)
         if other != name:
+            taken = ", ".join(load_balancer_addresses(network, name))
             raise ConfigError(env, "endpoints", name, f"an endpoint name other than {name!r}: "
                               f"its router's internal load balancer would take the addresses "
-                              f"of {other!r}'s ({', '.join(load_balancer_addresses(network, name))};"
-                              " a private-only VPC gives each a slot by its name)")
+                              f"of {other!r}'s ({taken}; a private-only VPC gives each a slot "
+                              "by its name)")
 
 
 def existing_load_balancer_subnets(network: NetworkConfig) -> str:

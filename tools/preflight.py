@@ -42,13 +42,22 @@ _STANDARD = set("acdhimrtz")
 
 # What nodes and pods in the private subnets call, as VPC endpoint service names end
 # (com.amazonaws.REGION.NAME, or cn.com.amazonaws.REGION.NAME in China): the endpoints a VPC
-# this app creates gets (config/regions.py, constructs/network.py), EKS's included.
+# this app creates gets (config/regions.py, constructs/network.py), EKS's included, and the
+# Cluster Autoscaler's Auto Scaling.
 NODE_SERVICES = {
     "ecr.api": "ECR API", "ecr.dkr": "ECR images", "s3": "S3 (image layers, models)",
     "sts": "STS", "eks": "EKS", "eks-auth": "EKS Pod Identity", "ec2": "EC2",
     "elasticloadbalancing": "ELB", "logs": "CloudWatch Logs",
     "secretsmanager": "Secrets Manager", "kms": "KMS",
+    "autoscaling": "Auto Scaling (Cluster Autoscaler)",
 }
+
+
+def node_services(cfg: EnvironmentConfig) -> dict[str, str]:
+    """NODE_SERVICES, and AMP's where the environment's metrics go there (KEDA queries it)."""
+    if cfg.observability == "managed":
+        return {**NODE_SERVICES, "aps-workspaces": "Amazon Managed Prometheus"}
+    return dict(NODE_SERVICES)
 # Default-route targets that reach beyond the VPC: a NAT gateway, a transit gateway (an
 # egress VPC or the corporate network), or an appliance's interface (a NAT instance, a firewall).
 _EGRESS = ("NatGatewayId", "TransitGatewayId", "NetworkInterfaceId", "InstanceId")
@@ -171,7 +180,7 @@ class Preflight:
 
     def network_reach(self) -> list[Row]:
         """An existing VPC: its subnets are the file's (id, VPC, zone, CIDR, route table), and
-        each private subnet reaches every service in NODE_SERVICES: by an available interface
+        each private subnet reaches every service in node_services: by an available interface
         endpoint with private DNS (S3 also by a gateway endpoint on the subnet's route table), or
         by an active default route to a NAT gateway, transit gateway or appliance. Nothing is
         created in that VPC, so a gap here is an image pull or a node join that hangs."""
@@ -220,17 +229,18 @@ class Preflight:
                 rows.append(Row(f"reach: {sid} ({sub.zone})", PASS, f"default route to "
                                 f"{egress}"))
                 continue
-            missing = [n for n in NODE_SERVICES
+            services = node_services(self.cfg)
+            missing = [n for n in services
                        if not self._endpoint(endpoints, n, table["RouteTableId"])]
             if missing:
                 rows.append(Row(f"reach: {sid} ({sub.zone})", FAIL, "no default route to a "
                                 "NAT or transit gateway, and no VPC endpoint for " + ", ".join(
-                                    f"{n} ({NODE_SERVICES[n]})" for n in missing) +
+                                    f"{n} ({services[n]})" for n in missing) +
                                 ": add interface endpoints with private DNS (S3: a gateway "
                                 f"endpoint on {table['RouteTableId']}), or a default route"))
             else:
                 rows.append(Row(f"reach: {sid} ({sub.zone})", PASS, "VPC endpoints for "
-                                + ", ".join(NODE_SERVICES)))
+                                + ", ".join(services)))
         return rows
 
     def load_balancer_addresses(self) -> list[Row]:

@@ -198,3 +198,13 @@ def test_a_load_balancer_address_a_pod_holds_is_named():
                                    "Description": "aws-K8S-i-0123456789abcdef0"}})
     assert row.status == FAIL and row.check == "load balancer: alpha-router"
     assert address in row.detail and "aws-K8S-i-0123456789abcdef0" in row.detail
+
+
+def test_managed_metrics_add_amp_to_what_the_subnets_must_reach():
+    from tools.preflight import node_services
+
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"].update(observability="managed", grafana="none")
+    managed = resolve_environment(ctx)
+    assert "aps-workspaces" in node_services(managed)
+    assert "aps-workspaces" not in node_services(CFG)

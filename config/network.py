@@ -151,7 +151,8 @@ def existing_network(env: str, raw: Any, zones: tuple[str, ...]) -> NetworkConfi
     extra = sorted(set(raw) - set(VPC_FIELDS))
     if extra:
         raise ConfigError(env, f"existingVpc.{extra[0]}", raw[extra[0]],
-                          "known fields: " + ", ".join(VPC_FIELDS))
+                          "known fields: " + ", ".join(VPC_FIELDS) + " (the subnets described, "
+                          "not looked up: docs/existing-vpc.md)")
     vpc_id = raw.get("vpcId")
     if not isinstance(vpc_id, str) or not _VPC_ID.fullmatch(vpc_id):
         raise ConfigError(env, "existingVpc.vpcId", vpc_id, "a VPC id, vpc- and 8 or 17 hex "

@@ -58,7 +58,9 @@ class Subnet:
 class NetworkConfig:
     vpc_cidr: str
     # Where the router NLBs' nodes live: the NetworkPolicy ipBlocks that admit them, and the
-    # sources a proxy in the router pod may trust for the client address.
+    # sources a proxy in the router pod may trust for the client address. In a private-only VPC
+    # the blocks their fixed addresses come from: each router admits only its own /32s
+    # (router_load_balancer_cidrs).
     load_balancer_cidrs: tuple[str, ...]
     public_subnet_mask: int | None = None    # a created VPC's layout
     private_subnet_mask: int | None = None

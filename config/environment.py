@@ -443,10 +443,8 @@ def _alert_subscriptions(r: _Reader) -> tuple[AlertSubscription, ...]:
     return tuple(subs)
 
 
-def parse_environment(name: str, raw: Mapping[str, Any],
-                      lookups: Mapping[str, Any] | None = None) -> EnvironmentConfig:
-    """Turn one environment's fields into an `EnvironmentConfig`, or raise ConfigError.
-    `lookups`: the context holding CDK's cached lookups (an existing VPC's subnets)."""
+def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
+    """Turn one environment's fields into an `EnvironmentConfig`, or raise ConfigError."""
     r = _Reader(name, raw, "")
     account = r.get("account", str)
     if not re.fullmatch(r"[0-9]{12}", account):
@@ -464,8 +462,7 @@ def parse_environment(name: str, raw: Mapping[str, Any],
             if own in raw:
                 raise r.fail(own, raw[own], "no value with existingVpc (the VPC and its NAT "
                              "are the existing VPC's)")
-        network = existing_network(name, r.get("existingVpc", Mapping), account, region,
-                                   azs, lookups or {})
+        network = existing_network(name, r.get("existingVpc", Mapping), azs)
         nat = 0
     else:
         network = created_network(name, "vpcCidr", r.get("vpcCidr", str, DEFAULT_VPC_CIDR))
@@ -494,6 +491,10 @@ def parse_environment(name: str, raw: Mapping[str, Any],
         raise ConfigError(name, "nodeGroups", names, "distinct node group names")
 
     public_listener = r.get("publicListener", bool, False)
+    if public_listener and network.private_only:
+        raise r.fail("publicListener", True, "false with an existingVpc that names no "
+                     "loadBalancerSubnets (an internet-facing load balancer needs public "
+                     "subnets; a private-only VPC's is internal, in the node subnets)")
     listener = _listener(r.child("listener", {}), facts, account, public_listener)
     cache = _cache(r.child("cache"), facts)
     observability = r.choice("observability", OBSERVABILITY_KINDS,
@@ -614,7 +615,7 @@ def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
                           f"false for region {region!r}, or add a chinaVariant with a China region")
     if china_flag is False and is_china:
         raise ConfigError(name, "china", False, f"true (region {region} is in AWS China)")
-    return parse_environment(name, raw, context)
+    return parse_environment(name, raw)
 
 
 def _flag(env: str, value: Any) -> bool | None:

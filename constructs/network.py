@@ -65,8 +65,9 @@ class Network(Construct):
 
 
 def existing_vpc(scope: Construct, id: str, *, network: NetworkConfig) -> ec2.IVpc:
-    """An existing VPC as CDK looked it up (config/network.py): its private subnets only, the
-    ones nodes, the cache and the kubectl handler use. Nothing is created in it."""
+    """An existing VPC as its environment file describes it (config/network.py), without a
+    lookup: its private subnets only, the ones nodes, the cache and the kubectl handler use.
+    Nothing is created in it."""
     private = network.private_subnets
     return ec2.Vpc.from_vpc_attributes(
         scope, id, vpc_id=network.vpc_id, vpc_cidr_block=network.vpc_cidr,

@@ -104,11 +104,16 @@ class RouterProps:
     api_key: ApiKey | None = None
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
-    load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
-    # The NLB's own addresses (its subnets' ranges, cfg.network.load_balancer_cidrs): the only
-    # sources the NetworkPolicy admits to the client port, and the only ones the front takes
-    # (and requires) the NLB's PROXY protocol header from. Required by the chart.
+    load_balancer_subnets: str | None = None     # comma-separated ids of the NLB's subnets
+    # The NLB's own addresses (its subnets' ranges, or its /32s in a private-only VPC:
+    # config/network.py router_load_balancer_cidrs): the only sources the NetworkPolicy admits
+    # to the client port, and the only ones the front takes (and requires) the NLB's PROXY
+    # protocol header from. Required by the chart.
     load_balancer_cidrs: tuple[str, ...] = ()
+    # A private-only VPC: the internal NLB's fixed addresses, one per subnet, and the VPC's
+    # range, which its security group admits when the listener names no sourceRanges.
+    load_balancer_addresses: tuple[str, ...] = ()
+    vpc_cidr: str | None = None
     # "vllm-router" (vllm-project/router) or "sglang-router" (sgl-project's Rust router): its
     # cache_aware keeps the prefix tree in the router and calls no worker per request. The
     # environment decides (EnvironmentConfig.router_implementation).
@@ -383,8 +388,18 @@ class RouterChart(Chart):
         if props.load_balancer_subnets:
             # internal or not, the NLB's nodes live in these subnets (load_balancer_cidrs)
             annotations[f"{_LB}subnets"] = props.load_balancer_subnets
-        lb_spec = ({"loadBalancerSourceRanges": list(props.source_ranges)}
-                   if props.source_ranges else {})
+        source_ranges = props.source_ranges
+        if props.load_balancer_addresses:
+            # private-only: in the node subnets, at addresses no pod can hold once it exists
+            if props.public_listener:
+                raise ValueError(f"router {name}: fixed private addresses are for an internal "
+                                 "load balancer only")
+            annotations[f"{_LB}private-ipv4-addresses"] = ",".join(
+                props.load_balancer_addresses)
+            # its security group says whom it admits (the controller's own default for an
+            # internal NLB varies by release): the listener's clients, else the VPC
+            source_ranges = source_ranges or ((props.vpc_cidr,) if props.vpc_cidr else ())
+        lb_spec = ({"loadBalancerSourceRanges": list(source_ranges)} if source_ranges else {})
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
                    labels=labels, annotations={**annotations,
                        # AWS Load Balancer Controller: an NLB straight to pod IPs

@@ -24,6 +24,10 @@ from config.images import (
     image_release, lmcache_version, vllm_version,
 )
 from config.models import FAMILIES, RECORDED, ModelShape
+from config.network import (
+    check_load_balancer_slots, existing_load_balancer_subnets, load_balancer_addresses,
+    router_load_balancer_cidrs,
+)
 from config.notices import changed
 from config.regions import instance_types_in
 from k8s.cache import VALKEY, CacheProps, SharedCacheChart
@@ -54,6 +58,7 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
+    check_load_balancer_slots(cfg.name, cfg.network, names)
     return _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
 
 
@@ -434,7 +439,7 @@ class ServingFacts:
     service_account: dict[str, str]   # endpoint -> worker service account name
     metrics: MetricsSource            # what KEDA queries
     api_key_secret_arn: str | None = None   # the endpoints' API key (Secrets Manager)
-    load_balancer_subnets: str | None = None   # the public subnet ids, comma-separated
+    load_balancer_subnets: str | None = None   # the NLBs' subnet ids, comma-separated
 
 
 def worker_service_account(endpoint: str) -> str:
@@ -445,8 +450,8 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
     """Placeholders (k8s/placeholders.py) where AWS assigns the value at deploy (the stacks'
     outputs): for the GitOps YAML, and wherever charts are rendered without a CDK app. What
     config already knows (an existing VPC's load balancer subnets) is written as it is."""
-    lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
-                  if cfg.network.existing else token("LB_SUBNETS"))
+    lb_subnets = (existing_load_balancer_subnets(cfg.network) if cfg.network.existing
+                  else token("LB_SUBNETS"))
     return ServingFacts(
         router_image=cfg.images.uri("router"), model_bucket=token("MODEL_BUCKET"),
         managed_l2=(L2Connection(url=f"rediss://{token('L2_ENDPOINT')}:{CACHE_PORT}",
@@ -530,7 +535,9 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets,
-            load_balancer_cidrs=cfg.network.load_balancer_cidrs))
+            load_balancer_cidrs=router_load_balancer_cidrs(cfg.network, s.name),
+            load_balancer_addresses=load_balancer_addresses(cfg.network, s.name),
+            vpc_cidr=cfg.network.vpc_cidr))
         for chart in (workers, router):
             chart.add_dependency(ns)
             charts.append(chart)

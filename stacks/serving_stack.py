@@ -11,6 +11,7 @@ from constructs.naming import logical_id
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
+from config.network import existing_load_balancer_subnets
 from k8s.router import router_name
 from k8s.serving import ServingFacts, build_charts, reads_managed_l2, worker_service_account
 from stacks.common import removal_policy
@@ -40,10 +41,9 @@ class ServingStack(Stack):
             "A bearer key shared with clients: rotate by putting a new value and restarting "
             "the router and worker pods (they read it at start).")})
         CfnOutput(self, "ApiKeySecretArn", value=api_key.secret_arn)  # ${API_KEY_SECRET_ARN}
-        # The router NLBs' subnets, where no pod has an address: the created VPC's public
-        # ones, or those the existing VPC's environment names.
-        lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
-                      if cfg.network.existing
+        # The router NLBs' subnets: the created VPC's public ones, or those the existing VPC's
+        # environment names (in a private-only VPC its node subnets, config/network.py).
+        lb_subnets = (existing_load_balancer_subnets(cfg.network) if cfg.network.existing
                       else Fn.join(",", [s.subnet_id for s in cluster.vpc.public_subnets]))
         accounts = {}
         identities: dict[str, PodIdentityRole] = {}   # service account -> its Pod Identity

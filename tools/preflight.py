@@ -7,7 +7,10 @@ account; the services the variant needs exist in the region; the zones exist; ev
 group's instance types are offered in every chosen zone; the EC2 vCPU quotas cover the node
 groups (desired sizes must fit, max sizes should); the Kubernetes version is offered by EKS;
 where the environment has ElastiCache, the engine version and parameter group family the Cache
-stack renders are offered in the region; the mirrored images and charts are in ECR (images
+stack renders are offered in the region; on an existing VPC, that its subnets are as the file
+says and each private subnet reaches what nodes and pods call (VPC endpoints or a default
+route through a NAT or transit gateway), every missing service named, and in a private-only one
+that the addresses each router's internal load balancer asks for are free; the mirrored images and charts are in ECR (images
 with their pinned digests), one row each; Amazon Managed Grafana's IAM Identity Center is there
 where the environment asks for it; each endpoint's model is in the bucket. One table, and exit 1 when any row is a blocker (FAIL).
 """
@@ -36,6 +39,28 @@ QUOTAS = {
     ("Standard", "SPOT"): ("L-34B43A08", "All Standard Spot Instance Requests"),
 }
 _STANDARD = set("acdhimrtz")
+
+# What nodes and pods in the private subnets call, as VPC endpoint service names end
+# (com.amazonaws.REGION.NAME, or cn.com.amazonaws.REGION.NAME in China): the endpoints a VPC
+# this app creates gets (config/regions.py, constructs/network.py), EKS's included, and the
+# Cluster Autoscaler's Auto Scaling.
+NODE_SERVICES = {
+    "ecr.api": "ECR API", "ecr.dkr": "ECR images", "s3": "S3 (image layers, models)",
+    "sts": "STS", "eks": "EKS", "eks-auth": "EKS Pod Identity", "ec2": "EC2",
+    "elasticloadbalancing": "ELB", "logs": "CloudWatch Logs",
+    "secretsmanager": "Secrets Manager", "kms": "KMS",
+    "autoscaling": "Auto Scaling (Cluster Autoscaler)",
+}
+
+
+def node_services(cfg: EnvironmentConfig) -> dict[str, str]:
+    """NODE_SERVICES, and AMP's where the environment's metrics go there (KEDA queries it)."""
+    if cfg.observability == "managed":
+        return {**NODE_SERVICES, "aps-workspaces": "Amazon Managed Prometheus"}
+    return dict(NODE_SERVICES)
+# Default-route targets that reach beyond the VPC: a NAT gateway, a transit gateway (an
+# egress VPC or the corporate network), or an appliance's interface (a NAT instance, a firewall).
+_EGRESS = ("NatGatewayId", "TransitGatewayId", "NetworkInterfaceId", "InstanceId")
 
 
 def _family(offered: dict[str, str], version: str) -> str | None:
@@ -95,7 +120,8 @@ class Preflight:
         except Exception as err:
             return [Row("credentials", FAIL, f"{describe_aws_error(err)} (every other check "
                         "needs them: nothing else was checked)")]
-        for check in (self.services, self.identity_center, self.zones,
+        for check in (self.services, self.identity_center, self.zones, self.network_reach,
+                      self.load_balancer_addresses,
                       self.offerings, self.quotas, self.kubernetes, self.cache_engine,
                       self.images_in_ecr, self.charts_in_ecr, self.models):
             try:
@@ -151,6 +177,120 @@ class Preflight:
         if bad:
             return [Row("zones", FAIL, "not available to this account: " + ", ".join(bad))]
         return [Row("zones", PASS, ", ".join(self.cfg.availability_zones))]
+
+    def network_reach(self) -> list[Row]:
+        """An existing VPC: its subnets are the file's (id, VPC, zone, CIDR, route table), and
+        each private subnet reaches every service in node_services: by an available interface
+        endpoint with private DNS (S3 also by a gateway endpoint on the subnet's route table), or
+        by an active default route to a NAT gateway, transit gateway or appliance. Nothing is
+        created in that VPC, so a gap here is an image pull or a node join that hangs."""
+        net = self.cfg.network
+        if not net.existing:
+            return []
+        ec2 = self.aws.client("ec2")
+        wanted = {s.subnet_id: s for s in net.private_subnets}
+        found = {s["SubnetId"]: s for s in ec2.describe_subnets(Filters=[   # ids: no error
+            {"Name": "subnet-id", "Values": list(wanted)}])["Subnets"]}
+        vpc = [("VpcId", "existingVpc.vpcId", net.vpc_id)]
+        rows = []
+        for sid, sub in wanted.items():
+            got = found.get(sid)
+            if got is None:
+                rows.append(Row(f"subnet {sid}", FAIL, f"not in account {self.cfg.account} "
+                                f"{self.cfg.region}: existingVpc.privateSubnets"))
+                continue
+            for key, field, value in (*vpc, ("AvailabilityZone", "zone", sub.zone),
+                                      ("CidrBlock", "cidr", sub.cidr)):
+                if got.get(key) != value:
+                    rows.append(Row(f"subnet {sid}", FAIL, f"{key} is {got.get(key)}, the "
+                                    f"file says {value} ({field}): correct the environment "
+                                    "file"))
+        tables = ec2.describe_route_tables(
+            Filters=[{"Name": "vpc-id", "Values": [net.vpc_id]}])["RouteTables"]
+        main = next((t for t in tables if any(a.get("Main") for a in
+                                              t.get("Associations", []))), None)
+        endpoints = [e for e in ec2.describe_vpc_endpoints(
+            Filters=[{"Name": "vpc-id", "Values": [net.vpc_id]}])["VpcEndpoints"]
+            if e.get("State", "").lower() == "available"]
+        for sid, sub in wanted.items():
+            table = next((t for t in tables for a in t.get("Associations", [])
+                          if a.get("SubnetId") == sid), main)
+            if table is None:
+                rows.append(Row(f"reach: {sid}", FAIL, f"no route table in {net.vpc_id}"))
+                continue
+            if table["RouteTableId"] != sub.route_table_id:
+                rows.append(Row(f"subnet {sid}", FAIL, f"its route table is "
+                                f"{table['RouteTableId']}, the file says "
+                                f"{sub.route_table_id} (routeTableId): correct the file"))
+            egress = next((f"{k.removesuffix('Id')} {r[k]}" for r in table.get("Routes", [])
+                           if r.get("DestinationCidrBlock") == "0.0.0.0/0"
+                           and r.get("State") == "active" for k in _EGRESS if r.get(k)), None)
+            if egress:
+                rows.append(Row(f"reach: {sid} ({sub.zone})", PASS, f"default route to "
+                                f"{egress}"))
+                continue
+            services = node_services(self.cfg)
+            missing = [n for n in services
+                       if not self._endpoint(endpoints, n, table["RouteTableId"])]
+            if missing:
+                rows.append(Row(f"reach: {sid} ({sub.zone})", FAIL, "no default route to a "
+                                "NAT or transit gateway, and no VPC endpoint for " + ", ".join(
+                                    f"{n} ({services[n]})" for n in missing) +
+                                ": add interface endpoints with private DNS (S3: a gateway "
+                                f"endpoint on {table['RouteTableId']}), or a default route"))
+            else:
+                rows.append(Row(f"reach: {sid} ({sub.zone})", PASS, "VPC endpoints for "
+                                + ", ".join(services)))
+        return rows
+
+    def load_balancer_addresses(self) -> list[Row]:
+        """A private-only VPC: the fixed addresses each router's internal NLB asks for are free,
+        or already a load balancer's. One held by a pod or anything else would make the NLB's
+        creation fail, and be admitted to the router in its place (docs/security.md)."""
+        net = self.cfg.network
+        if not net.private_only or not self.endpoints:
+            return []
+        from config.network import load_balancer_addresses
+        from k8s.router import router_name
+
+        wanted = {a: e.name for e in self.endpoints
+                  for a in load_balancer_addresses(net, e.name)}
+        held = {}
+        for page in self.aws.client("ec2").get_paginator(
+                "describe_network_interfaces").paginate(Filters=[
+                    {"Name": "vpc-id", "Values": [net.vpc_id]},
+                    {"Name": "addresses.private-ip-address", "Values": sorted(wanted)}]):
+            for eni in page["NetworkInterfaces"]:
+                for a in eni.get("PrivateIpAddresses", []):
+                    held[a.get("PrivateIpAddress")] = eni
+        rows = []
+        for e in self.endpoints:
+            mine = [a for a, n in wanted.items() if n == e.name]
+            taken = [(a, held[a]) for a in mine if a in held and
+                     held[a].get("InterfaceType") != "network_load_balancer"]
+            check = f"load balancer: {router_name(e.name)}"
+            if taken:
+                rows.append(Row(check, FAIL, "; ".join(
+                    f"{a} is held by {i['NetworkInterfaceId']} "
+                    f"({i.get('Description') or i.get('InterfaceType') or 'an interface'})"
+                    for a, i in taken) + ": free it before the Serving stack deploys, or "
+                    "rename the endpoint (its name gives its slot)"))
+            else:
+                rows.append(Row(check, PASS, ", ".join(mine) + " free or its load "
+                                "balancer's"))
+        return rows
+
+    def _endpoint(self, endpoints: list[dict], name: str, route_table: str) -> bool:
+        suffix = f".{self.cfg.region}.{name}"
+        for e in endpoints:
+            if not e.get("ServiceName", "").endswith(suffix):
+                continue
+            kind = e.get("VpcEndpointType", "").lower()
+            if kind == "interface" and e.get("PrivateDnsEnabled"):
+                return True
+            if kind == "gateway" and route_table in e.get("RouteTableIds", []):
+                return True
+        return False
 
     def offerings(self) -> list[Row]:
         groups = (self.cfg.system_nodes, *self.cfg.gpu_node_groups)

@@ -5,7 +5,9 @@ The universe: every pod the serving and monitoring charts render (two endpoints,
 endpoint's router must not reach the other's workers), the kube-prometheus-stack and KEDA pods
 (k8s/flows.py HELM_PODS), an intruder pod in each namespace, an address inside the VPC (the
 load balancer, in the public subnets), one in a private subnet, and one on the internet. Pods
-take private-subnet addresses (VPC CNI), as in the cluster.
+take private-subnet addresses (VPC CNI), as in the cluster. In a private-only existing VPC the
+load balancers are each router's own fixed address in the node subnets, and a pod sits in the
+block beside them.
 """
 from __future__ import annotations
 
@@ -19,17 +21,27 @@ import pytest
 
 from config.contracts import MONITORING_NAMESPACE, SERVING_NAMESPACE
 from config.endpoint_spec import parse_endpoint
+from config import resolve_environment
+from config.network import load_balancer_addresses
 from k8s.flows import HELM_PODS, Peer, monitoring_stack_flows
 from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, placeholder_facts
 from tests.k8s.netpol import Endpoint, allowed
+from tests.conftest import context_for
 from tests.k8s.test_charts import SEED, _env
 
 OWNED = (SERVING_NAMESPACE, MONITORING_NAMESPACE)
 CASES = [("dev", "prefixaware", "redis"), ("dev", "kvaware", "valkey"),
          ("china", "session", "lmcache-server"), ("china", "roundrobin", None),
          # a team's own range: the load balancer's ipBlock follows it
-         ("dev@172.24.0.0/18", "prefixaware", None)]
+         ("dev@172.24.0.0/18", "prefixaware", None),
+         # a private-only existing VPC: the NLBs share the node subnets, admitted by address
+         ("china@private-only", "kvaware", "valkey")]
+# A private-only existing VPC in the China sample's zones (config/network.py).
+PRIVATE_ONLY = {"vpcId": "vpc-0c4e1a2b3d5f60789", "cidr": "10.48.0.0/16", "privateSubnets": [
+    {"subnetId": f"subnet-0{i}11c0ffee000000{i}", "zone": f"cn-northwest-1{z}",
+     "cidr": f"10.48.{32 + 64 * i}.0/20", "routeTableId": f"rtb-0{i}11c0ffee000000{i}"}
+    for i, z in enumerate("abc")]}
 
 
 def _specs(cfg, strategy, backend):
@@ -48,6 +60,8 @@ def _specs(cfg, strategy, backend):
 
 def private_subnet(cfg) -> ipaddress.IPv4Network:
     """The first private subnet of the environment's layout (tests/stacks check the layout)."""
+    if cfg.network.existing:
+        return ipaddress.ip_network(cfg.network.private_subnets[0].cidr)
     net = ipaddress.ip_network(cfg.network.vpc_cidr)
     return list(net.subnets(new_prefix=cfg.network.private_subnet_mask))[1]
 
@@ -55,10 +69,18 @@ def private_subnet(cfg) -> ipaddress.IPv4Network:
 def _universe(cfg, docs) -> list[Endpoint]:
     hosts = private_subnet(cfg).hosts()   # pods take node-subnet addresses
     next(hosts)
-    nlb = next(ipaddress.ip_network(cfg.network.load_balancer_cidrs[0]).hosts())
+    if cfg.network.private_only:   # alpha's NLB, at its fixed address in the node subnet
+        nlb = load_balancer_addresses(cfg.network, "alpha")[0]
+    else:
+        nlb = next(ipaddress.ip_network(cfg.network.load_balancer_cidrs[0]).hosts())
     out = [Endpoint("nlb-node", str(nlb)),                        # the NLB's ENI
            Endpoint("vpc-node", str(next(hosts))),                # a node or VM in the VPC
            Endpoint("internet", "203.0.113.5")]
+    if cfg.network.private_only:   # beta's own NLB; a pod beside alpha's NLB, in its block
+        out.append(Endpoint("nlb-node-beta", load_balancer_addresses(cfg.network, "beta")[0]))
+        block = ipaddress.ip_network(cfg.network.load_balancer_cidrs[0])
+        out.append(Endpoint("neighbour", str(next(
+            a for a in block.hosts() if str(a) != nlb)), "default", {"app": "intruder"}))
     for d in docs:
         if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
             pod = d["spec"]["template"]
@@ -85,7 +107,14 @@ def _matches(peer: Peer, e: Endpoint) -> bool:
 def case(request):
     env, strategy, backend = request.param
     env, _, vpc = env.partition("@")
-    cfg = _env(env, **({"vpcCidr": vpc} if vpc else {}))
+    if vpc == "private-only":
+        ctx = context_for(env=env)
+        raw = ctx["environments"][env]
+        raw.pop("natGateways", None)
+        raw["existingVpc"] = PRIVATE_ONLY
+        cfg = resolve_environment(ctx)
+    else:
+        cfg = _env(env, **({"vpcCidr": vpc} if vpc else {}))
     specs = _specs(cfg, strategy, backend)
     serving = build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs))
     monitoring = build_monitoring_charts(cdk8s.App(), cfg, specs)
@@ -136,6 +165,8 @@ def test_policies_allow_exactly_the_declared_flows(case):
     assert ("intruder-default", "alpha-workers", 8000) not in actual
     assert ("internet", "alpha-router", 8000) not in actual
     assert ("nlb-node", "alpha-router", 8000) in actual
+    assert ("neighbour", "alpha-router", 8000) not in actual   # private-only: by address
+    assert ("nlb-node-beta", "alpha-router", 8000) not in actual  # one router, one NLB
     assert ("vpc-node", "alpha-router", 8000) not in actual     # pods and nodes: no
     assert ("intruder-default", "alpha-router", 8000) not in actual
 

@@ -218,9 +218,24 @@ def test_alb_controller_image_comes_from_the_region_addon_registry(synth):
 
 def test_load_balancer_subnets_hold_no_pod(synth):
     """The NetworkPolicy ipBlocks admitting the NLB (cfg.network.load_balancer_cidrs) cover the
-    subnets the router NLBs sit in, and no subnet where nodes and pods live."""
+    subnets the router NLBs sit in, and no subnet where nodes and pods live; in a private-only
+    VPC they are the NLBs' own fixed addresses alone."""
     net = synth.cfg.network
     lb = [ipaddress.ip_network(c) for c in net.load_balancer_cidrs]
+    blocks = [p["ipBlock"]["cidr"] for c in synth.stacks.serving.charts for d in c.to_json()
+              if d["kind"] == "NetworkPolicy" for rule in d["spec"].get("ingress", [])
+              for p in rule["from"] if "ipBlock" in p]
+    if net.private_only:
+        # no subnet without pods: each NLB is admitted by the fixed addresses it holds alone,
+        # inside the node subnets' blocks set aside for them (config/network.py)
+        fixed = {f"{a}/32" for c in synth.stacks.serving.charts for d in c.to_json()
+                 if d["kind"] == "Service" for k, v in d["metadata"].get(
+                     "annotations", {}).items()
+                 if k.endswith("aws-load-balancer-private-ipv4-addresses")
+                 for a in v.split(",")}
+        assert blocks and set(blocks) == fixed
+        assert all(any(ipaddress.ip_network(b).subnet_of(n) for n in lb) for b in blocks)
+        return
     if net.existing:
         public = [ipaddress.ip_network(s.cidr) for s in net.load_balancer_subnets]
         private = [ipaddress.ip_network(s.cidr) for s in net.private_subnets]
@@ -238,10 +253,7 @@ def test_load_balancer_subnets_hold_no_pod(synth):
     if not net.existing:
         assert "publicSubnet" in dumps(serving)
     # the serving namespace admits the NLB by exactly these ranges, on the router port only
-    blocks = [p for c in synth.stacks.serving.charts for d in c.to_json()
-              if d["kind"] == "NetworkPolicy" for rule in d["spec"].get("ingress", [])
-              for p in rule["from"] if "ipBlock" in p]
-    assert blocks and {p["ipBlock"]["cidr"] for p in blocks} == set(net.load_balancer_cidrs)
+    assert blocks and set(blocks) == set(net.load_balancer_cidrs)
 
 
 def test_tags_applied(synth):

@@ -1,8 +1,13 @@
 """Copy the pinned images (and Helm charts) the environment deploys into its ECR, and build
 the router image there (tools/router_image.py).
 
-    python -m tools mirror --env china          # from a machine outside China, into China ECR
-    python -m tools mirror --resolve            # only print digests of unpinned images
+    python -m tools mirror --env china --export DIR   # outside China, no AWS credentials
+    python -m tools mirror --env china --import DIR   # in China: DIR or s3://bucket/prefix
+    python -m tools mirror --env dev                  # direct: upstream into the env's ECR
+    python -m tools mirror --resolve                  # only print digests of unpinned images
+    python -m tools mirror --env china --export DIR --dry-run --rate 50MB/s   # sizes, time
+
+Export and import (the files carried between them) are tools/carry.py's.
 
 Each image is copied by digest (`skopeo copy --all --preserve-digests`), so the multi-arch index
 in ECR has the digest the catalogue pins and `repo:tag@digest` resolves there. Idempotent: the
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from config.arguments import ToolError, add_command, err_console, load_environment, out_console
-from tools.cli import Aws, load_endpoints
+from tools.cli import Aws, load_endpoints, parse_rate
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "does not exist")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -453,6 +458,15 @@ def missing_repositories(aws: Aws, names: Iterable[str]) -> list[str]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "mirror", main, "copy the pinned images (and charts) into the "
                     "environment's ECR with skopeo", __doc__)
+    carry = p.add_mutually_exclusive_group()
+    carry.add_argument("--export", metavar="DIR", type=Path, help="write every artifact into "
+                       "DIR (OCI layouts and manifest.json) instead of a registry; no AWS")
+    carry.add_argument("--import", dest="import_", metavar="DIR", help="push what an export "
+                       "holds (a directory or s3://bucket/prefix) into the environment's ECR")
+    p.add_argument("--rate", type=parse_rate, metavar="RATE", help="with --dry-run: the time "
+                   "the transfer takes at RATE (50MB/s)")
+    p.add_argument("--work-dir", default="~/.cache/kvcache-eks/import", help="where an import "
+                   "from S3 downloads the layouts it pushes (resumes from what is there)")
     p.add_argument("--only", nargs="+", metavar="KEY", help="catalogue keys to mirror")
     p.add_argument("--resolve", action="store_true",
                    help="only resolve and print digests (no destination, no AWS)")
@@ -494,6 +508,10 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         charts = [c for c in charts if c.key in args.only]
     if not 1 <= args.jobs <= 8:
         raise ToolError.bad_input("--jobs", args.jobs, "1 to 8")
+    if getattr(args, "export", None) is not None:
+        return export_main(args, cfg, images, charts)
+    if getattr(args, "import_", None):
+        return import_main(args, cfg, images, charts, aws)
     with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
         registry, dest_authfile = args.dest_registry, args.dest_authfile
         if args.resolve:
@@ -512,6 +530,85 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
                         src_authfile=args.src_authfile, dest_authfile=dest_authfile)
         report = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs,
                         builders=image_builders(args, skopeo)).run(images, charts)
+    return print_report(report)
+
+
+def _skopeo(args: argparse.Namespace, dest_authfile: str | None = None) -> Skopeo:
+    return Skopeo(src_tls_verify=args.src_tls_verify == "true",
+                  dest_tls_verify=args.dest_tls_verify == "true",
+                  src_authfile=args.src_authfile, dest_authfile=dest_authfile)
+
+
+def export_main(args: argparse.Namespace, cfg: Any, images: list, charts: list) -> int:
+    """Sizes first (from the registries' manifests), then every artifact into the directory;
+    no AWS client is ever made."""
+    from tools.carry import Exporter, plan, print_plan
+    from tools.cli import human_size
+
+    if args.dest_registry or args.resolve:
+        raise ToolError.bad_input("--export", str(args.export), "without --dest-registry or "
+                                  "--resolve (an export writes files, not a registry)")
+    skopeo = _skopeo(args)
+    planned = plan(skopeo, images, charts, jobs=args.jobs)
+    if args.dry_run:
+        return print_plan(planned, args.rate, f"export of {cfg.name}")
+    unsized = [p for p in planned if p.note.startswith("failed")]
+    if unsized:
+        print_plan(planned, args.rate, f"export of {cfg.name}")
+    err_console.print(f"export of {cfg.name} into {args.export}: {len(planned)} artifacts, "
+                      f"{human_size(sum(p.size or 0 for p in planned))}")
+    report = Exporter(skopeo, args.export, cfg.name, jobs=args.jobs,
+                      builders=image_builders(args, skopeo)).run(
+        planned, {i.key: i for i in images}, {c.key: c for c in charts})
+    return print_report(report)
+
+
+def import_main(args: argparse.Namespace, cfg: Any, images: list, charts: list,
+                aws: Aws | None) -> int:
+    """Reads the export's manifest, checks it covers what the environment deploys, and pushes
+    what ECR lacks. Talks to the environment's ECR and STS (and S3 for an s3:// export) only."""
+    from tools.carry import (
+        Importer, S3Export, check_covers, import_plan, local_fetch, read_manifest,
+    )
+
+    source = args.import_
+    if args.resolve:
+        raise ToolError.bad_input("--import", source, "without --resolve")
+    s3_export = None
+    if source.startswith("s3://"):
+        aws = aws or Aws(cfg, args.profile)
+        s3_export = S3Export.parse(source, aws.client("s3"),
+                                   Path(args.work_dir).expanduser() / cfg.name)
+        root = s3_export.manifest_root()
+    else:
+        root = Path(source)
+        if not (root / "manifest.json").is_file():
+            raise ToolError.bad_input("--import", source, "a directory mirror --export wrote "
+                                      "(with manifest.json)")
+    exported = read_manifest(root)
+    environment = json.loads((root / "manifest.json").read_text()).get("environment")
+    if environment != cfg.name:
+        raise ToolError.bad_input(f"{source}: environment", environment,
+                                  f"{cfg.name} (export with --env {cfg.name})")
+    check_covers(exported, images, charts, source)
+    wanted = {f"{i.mirror_repository}:{i.tag}" for i in images} | {
+        f"{c.mirror_repository}:{c.version}" for c in charts}
+    artifacts = [a for k, a in exported.items() if k in wanted]
+    if args.dry_run and not args.dest_registry:
+        return import_plan(artifacts, args.rate)
+    with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
+        registry, dest_authfile = args.dest_registry, args.dest_authfile
+        if not registry:
+            aws = aws or Aws(cfg, args.profile)
+            registry = ecr_registry(aws)
+            missing = missing_repositories(aws, [a.repository for a in artifacts])
+            if missing:
+                raise ToolError(f"ECR repositories missing in {cfg.region}: {', '.join(missing)}"
+                                f"; deploy {cfg.stack_prefix}-Storage first")
+            dest_authfile = ecr_authfile(aws, registry, Path(tmp))
+        fetch = s3_export.fetch if s3_export else local_fetch(root)
+        report = Importer(_skopeo(args, dest_authfile), registry, fetch, jobs=args.jobs,
+                          dry_run=args.dry_run).run(artifacts)
     return print_report(report)
 
 

@@ -108,9 +108,9 @@ def world(tmp_path_factory) -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def catalogue(w) -> Iterator[None]:
+def catalogue(w, clients: dict | None = None) -> Iterator[None]:
     """The dev environment deploying this world's images and charts (`app` from the catalogue,
-    `tool` as an endpoint file's image), and no AWS client at all."""
+    `tool` as an endpoint file's image), and no AWS client but `clients`."""
     import k8s.serving  # noqa: F401  (reads the real catalogue when first imported)
 
     with pytest.MonkeyPatch.context() as mp:
@@ -120,6 +120,8 @@ def catalogue(w) -> Iterator[None]:
             image=w.images[1], l2_enabled=False, l2_url=None),))
 
         def no_aws(self, service):
+            if service in (clients or {}):
+                return clients[service]
             raise AssertionError(f"an AWS {service} client was made")
         mp.setattr(mirror_module.Aws, "client", no_aws)
         yield
@@ -229,16 +231,14 @@ def test_import_reads_an_export_from_s3_with_the_transfer_manager(world, capsys,
     with catalogue(w):
         assert cli("--export", str(out_dir), "--only", "tool", "web") == 0
     capsys.readouterr()
-    with mock_aws(), logged_registry(w.tmp / "dst-s3") as (dst, _), \
-            pytest.MonkeyPatch.context() as mp:
+    with mock_aws(), logged_registry(w.tmp / "dst-s3") as (dst, _):
         s3 = boto3.client("s3", region_name="us-west-2")
         s3.create_bucket(Bucket="carried", CreateBucketConfiguration={
             "LocationConstraint": "us-west-2"})
         for f in out_dir.rglob("*"):
             if f.is_file():
                 s3.upload_file(str(f), "carried", f"drop/{f.relative_to(out_dir).as_posix()}")
-        with catalogue(w):
-            mp.setattr(mirror_module.Aws, "client", lambda self, service: {"s3": s3}[service])
+        with catalogue(w, {"s3": s3}):
             args = ["--import", "s3://carried/drop", "--dest-registry", dst, "--only", "tool",
                     "web", "--work-dir", str(w.tmp / "work")]
             assert cli(*args) == 0

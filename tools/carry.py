@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from config.arguments import ToolError, err_console, out_console
 from tools.cli import human_size, transfer_estimate
-from tools.mirror import (
+from tools.oci import (
     ChartRef, MirrorReport, Row, Skopeo, SkopeoError, fetch_https_chart, helm_chart_layout,
 )
 
@@ -507,9 +507,3 @@ def local_fetch(root: Path) -> Callable[[Artifact], Path]:
 def import_plan(artifacts: Sequence[Artifact], rate: float | None) -> int:
     return print_plan([Planned(a.kind, a.key, a.source, a.repository, a.tag, a.digest, a.size)
                        for a in artifacts], rate, "import")
-
-
-def summary(what: str, sizes: Iterable[int], rate: float | None) -> str:
-    total = sum(sizes)
-    return f"{what}: {human_size(total)}" + (f", {transfer_estimate(total, rate)}" if rate
-                                            else "")

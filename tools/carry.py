@@ -476,9 +476,23 @@ class S3Export:
         return self.cache
 
     def fetch(self, a: Artifact) -> Path:
+        """The artifact's layout in the cache, checked; a blob that differs is downloaded
+        once more (a bad local copy), and refused if S3's copy differs too."""
+        local = self.cache / a.path
+        self._download(a, local)
+        try:
+            verify_layout(local, a.tag, a.digest)
+        except CorruptArtifact as err:
+            bad = re.search(r"blob (\S+) ", str(err))
+            if not bad:
+                raise
+            Path(bad.group(1)).unlink(missing_ok=True)
+            self._download(a, local)
+        return local
+
+    def _download(self, a: Artifact, local: Path) -> None:
         from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-        local = self.cache / a.path
         manager = create_transfer_manager(self.s3, TransferConfig(max_concurrency=8))
         try:
             futures = []
@@ -486,18 +500,17 @@ class S3Export:
                     Bucket=self.bucket, Prefix=self.key(a.path) + "/"):
                 for obj in page.get("Contents", []):
                     rel = obj["Key"][len(self.key(a.path)) + 1:]
-                    dest = local / rel
-                    if ".." in Path(rel).parts:
+                    if not rel or ".." in Path(rel).parts or rel.startswith("/"):
                         raise SkopeoError(f"s3://{self.bucket}/{obj['Key']}: not a layout file")
+                    dest = local / rel
                     if dest.exists() and dest.stat().st_size == obj["Size"]:
-                        continue
+                        continue   # there from a run before: checked before it is pushed
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     futures.append(manager.download(self.bucket, obj["Key"], str(dest)))
             for f in futures:
                 f.result()
         finally:
             manager.shutdown()
-        return local
 
 
 def local_fetch(root: Path) -> Callable[[Artifact], Path]:

@@ -418,10 +418,25 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
                                       "modelscope:ORG/NAME or hf:ORG/NAME (a hub model)")
     files = scan_model_dir(model_dir, prefix)
     out_console.print(record_model_config(model_dir, prefix, RECORD_ROOT, args.dry_run))
+    if args.dry_run:
+        total = sum(f.size for f in files)
+        out_console.print(f"{model_dir}: {len(files)} files, {human_size(total)}" + (
+            f", upload {transfer_estimate(total, args.rate)}" if getattr(args, "rate", None)
+            else ""))
     aws = aws or Aws(cfg, args.profile)
-    bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
-    s3 = aws.client("s3")
-    check_bucket(s3, bucket, cfg.region)
+    try:
+        bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
+        s3 = aws.client("s3")
+        check_bucket(s3, bucket, cfg.region)
+    except Exception as err:   # a dry run lists the files without credentials
+        from botocore.exceptions import NoCredentialsError
+
+        if not (args.dry_run and isinstance(err, NoCredentialsError)):
+            raise
+        for f in files:
+            out_console.print(f"  {human_size(f.size):>10}  {f.key}")
+        out_console.print("no AWS credentials: not compared with what the bucket holds")
+        return 0
     report = upload_model(s3, files, bucket, prefix, UploadOptions(
         chunk_mib=args.chunk_mib, concurrency=args.concurrency, dry_run=args.dry_run))
     return print_report(report, args.dry_run)

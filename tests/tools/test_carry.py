@@ -238,11 +238,19 @@ def test_import_reads_an_export_from_s3_with_the_transfer_manager(world, capsys,
         for f in out_dir.rglob("*"):
             if f.is_file():
                 s3.upload_file(str(f), "carried", f"drop/{f.relative_to(out_dir).as_posix()}")
+        # a blob left damaged in the work directory by a run before (same size): fetched again
+        tool = read_manifest(out_dir)["kvcache/test/tool:2.1"]
+        blob = next(p for p in (out_dir / tool.path / "blobs/sha256").iterdir()
+                    if p.stat().st_size > 100)
+        stale = w.tmp / "work" / "dev" / blob.relative_to(out_dir)
+        stale.parent.mkdir(parents=True)
+        stale.write_bytes(bytes(len(blob.read_bytes())))
         with catalogue(w, {"s3": s3}):
             args = ["--import", "s3://carried/drop", "--dest-registry", dst, "--only", "tool",
                     "web", "--work-dir", str(w.tmp / "work")]
             assert cli(*args) == 0
             assert sorted(actions(capsys.readouterr().out).values()) == ["copied", "copied"]
+            assert stale.read_bytes() == blob.read_bytes()
             assert cli(*args, "--dry-run") == 0
             assert sorted(actions(capsys.readouterr().out).values()) == ["present", "present"]
         exported = read_manifest(out_dir)

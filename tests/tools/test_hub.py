@@ -214,3 +214,20 @@ def test_bad_hub_input_is_one_line(argv, message, capsys):
     env = [] if "--env" in argv else ["--env", "dev"]
     assert main(["upload-model", *env, *argv, "--dry-run"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_local_dry_run_without_credentials_lists_the_files(tmp_path, monkeypatch, capsys):
+    from tests.tools.test_upload_model import make_model
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    model = make_model(tmp_path, 2_000_000)
+    assert main(["upload-model", "--env", "dev", str(model), "--dry-run", "--rate",
+                 "1MB/s"]) == 0
+    out = capsys.readouterr().out
+    assert f"{PREFIX}/model-00001-of-00002.safetensors" in out and ".cache" not in out
+    assert "4 files, 2.9 MiB, upload about 3 s at 1.0 MB/s" in out
+    assert "no AWS credentials: not compared with what the bucket holds" in out

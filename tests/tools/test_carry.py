@@ -171,6 +171,13 @@ def test_export_then_import_carries_every_digest_and_asks_nothing_of_the_source(
                          "web": "present"}
         assert victim.exists() and read_manifest(out_dir) == exported
 
+        # The import's dry run: every artifact and its size from the manifest, no AWS.
+        assert cli("--import", str(out_dir), "--dry-run", "--rate", "1MB/s") == 0
+        listed = capsys.readouterr().out
+        total = sum(a.size for a in exported.values())
+        assert all(f"{a.repository}:{a.tag}" in listed for a in exported.values())
+        assert f"import: 4 artifacts, {total / 1024:.1f} KiB" in listed
+
         # Import, interrupted after the first push: what was pushed stays, the rest fails.
         src_before = len(requests_in(w.src_log))
         real_copy, pushed = Skopeo.copy, []
@@ -333,3 +340,30 @@ def test_china_export_dry_run_lists_every_image_its_templates_pull_with_sizes(
     sizes = re.findall(r"^(?:image|chart) +\S+ +([\d.]+) (?:B|KiB|MiB|GiB) ", out, re.M)
     assert len(sizes) == len(listed) and all(float(s) > 0 for s in sizes)
     assert not Path("/nonexistent/carry").exists()
+
+
+def test_the_router_image_is_built_into_its_layout_once(tmp_path):
+    """An image we build goes into the export as its build wrote it; a second export keeps it
+    (its digest from the manifest where the catalogue pins none yet)."""
+    from tools.carry import Exporter, Planned
+    from tools.image_build import Built
+
+    builds = []
+
+    def build(layout: Path) -> Built:
+        builds.append(layout)
+        layout.mkdir(parents=True)
+        body = image_manifest(layout, "amd64", "router")
+        write_oci_layout(layout, [("1.0", body, {"mediaType": OCI_MANIFEST})])
+        return Built(layout, "1.0", "sha256:" + hashlib.sha256(body).hexdigest(), {})
+
+    router = Image("router", "docker.io/kvcache/router", "1.0", None, "built",
+                   built_from="python")
+    planned = [Planned("image", "router", "built from python", router.mirror_repository, "1.0",
+                       None, None)]
+    rows = [Exporter(Skopeo(), tmp_path, "dev", builders={"router": build}).run(
+        planned, {"router": router}, {}).rows[0] for _ in range(2)]
+    assert [r.action for r in rows] == ["built", "present"] and len(builds) == 1
+    a = read_manifest(tmp_path)["kvcache/kvcache/router:1.0"]
+    assert a.digest == rows[0].digest and verify_layout(tmp_path / a.path, "1.0") == (
+        a.digest, a.size)

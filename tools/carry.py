@@ -116,8 +116,8 @@ def verify_layout(layout: Path, tag: str, digest: str | None = None,
 
 def _checked(path: Path, digest: str, size: int | None,
              on_bytes: Callable[[int], None] | None) -> bytes | None:
-    """Hashes the blob at `path`; returns its bytes when it is small enough to be a manifest
-    or config (JSON), None for a layer."""
+    """Hashes the blob at `path`; returns its bytes when it is a manifest or an index (JSON
+    naming other blobs), None for a config or a layer."""
     try:
         actual_size = path.stat().st_size
     except OSError:
@@ -279,6 +279,27 @@ def print_plan(planned: Sequence[Planned], rate: float | None, what: str) -> int
     return 0
 
 
+def run_all(work: Sequence[Any], one: Callable[[Any], Row], sizes: Sequence[int], jobs: int,
+            what: str, progress: bool = True) -> MirrorReport:
+    """`one` over `work` on `jobs` threads, with a bar of the bytes done (an artifact counts
+    when it is done: skopeo copies quietly)."""
+    from rich.progress import (
+        BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+    )
+
+    with Progress(TextColumn(what), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                  console=err_console, disable=not progress) as bar:
+        task = bar.add_task(what, total=sum(sizes) or None)
+
+        def step(item: tuple[Any, int]) -> Row:
+            row = one(item[0])
+            bar.advance(task, item[1])
+            return row
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            return MirrorReport(list(pool.map(step, zip(work, sizes))))
+
+
 # --------------------------------------------------------------------------- export
 
 
@@ -308,9 +329,7 @@ class Exporter:
                 row.action, row.note = "failed", str(err)
             return row
 
-        with ThreadPoolExecutor(max(1, self.jobs)) as pool:
-            rows = list(pool.map(one, planned))
-        return MirrorReport(rows)
+        return run_all(planned, one, [p.size or 0 for p in planned], self.jobs, "export")
 
     def _record(self, a: Artifact, action: str) -> tuple[Artifact, str]:
         with self._lock:
@@ -420,8 +439,7 @@ class Importer:
         self.dry_run = dry_run
 
     def run(self, artifacts: Sequence[Artifact]) -> MirrorReport:
-        with ThreadPoolExecutor(max(1, self.jobs)) as pool:
-            return MirrorReport(list(pool.map(self._one, artifacts)))
+        return run_all(artifacts, self._one, [a.size for a in artifacts], self.jobs, "import")
 
     def _one(self, a: Artifact) -> Row:
         dest = f"{self.registry}/{a.repository}:{a.tag}"

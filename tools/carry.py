@@ -317,6 +317,12 @@ class Exporter:
             charts: Mapping[str, ChartRef]) -> MirrorReport:
         self.root.mkdir(parents=True, exist_ok=True)
         self._done = read_manifest(self.root)
+        if self._done:
+            held = json.loads((self.root / MANIFEST).read_text()).get("environment")
+            if held != self.environment:
+                raise ToolError.bad_input(f"{self.root}: environment", held,
+                                          f"{self.environment} (an empty directory, or one "
+                                          f"this environment's export wrote)")
 
         def one(p: Planned) -> Row:
             row = Row(p.kind, p.key, p.source, str(self.root / f"oci/{p.repository}/{p.tag}"),

@@ -343,7 +343,7 @@ def export_main(args: argparse.Namespace, cfg: Any, images: list, charts: list) 
 def import_main(args: argparse.Namespace, cfg: Any, images: list, charts: list,
                 aws: Aws | None) -> int:
     """Reads the export's manifest, checks it covers what the environment deploys, and pushes
-    what ECR lacks. Talks to the environment's ECR and STS (and S3 for an s3:// export) only."""
+    what ECR lacks. Talks to the environment's ECR only (and S3 for an s3:// export)."""
     from tools.carry import (
         Importer, S3Export, check_covers, import_plan, local_fetch, read_manifest,
     )

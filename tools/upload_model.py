@@ -472,9 +472,9 @@ def fetch_hub_model(args: argparse.Namespace, cfg: Any, hub: "HubModel", prefix:
                           f"{len(listed)} files, {human_size(total)}"
                           + (f", download {transfer_estimate(total, args.rate)}"
                              if args.rate else ""))
-        verify_given = set(given) - {f.path for f in listed}
-        if verify_given:
-            raise ToolError.bad_input("--sha256", sorted(verify_given)[0],
+        unknown = set(given) - {f.path for f in listed}
+        if unknown:
+            raise ToolError.bad_input("--sha256", sorted(unknown)[0],
                                       [f.path for f in listed])
         return None, aws
     dest = (Path(args.download_dir).expanduser() / hub.hub / hub.repo / hub.revision)

@@ -36,14 +36,16 @@ from tools.oci import (
 
 FORMAT = "kvcache-eks-mirror-export/1"
 MANIFEST = "manifest.json"
-_INDEXES = ("application/vnd.oci.image.index.v1+json",
-            "application/vnd.docker.distribution.manifest.list.v2+json")
 _REF = "org.opencontainers.image.ref.name"
 _BLOCK = 8 << 20
 
 
 class CorruptArtifact(SkopeoError):
-    """A layout's blob is missing or differs from the digest that names it."""
+    """A layout's blob is missing or differs from the digest that names it (`path`)."""
+
+    def __init__(self, message: str, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,10 @@ def _checked(path: Path, digest: str, size: int | None,
     try:
         actual_size = path.stat().st_size
     except OSError:
-        raise CorruptArtifact(f"blob {path} is missing") from None
+        raise CorruptArtifact(f"blob {path} is missing", path) from None
     if size is not None and actual_size != size:
-        raise CorruptArtifact(f"blob {path} has {actual_size} bytes, its descriptor says {size}")
+        raise CorruptArtifact(f"blob {path} has {actual_size} bytes, its descriptor says {size}",
+                              path)
     h, head = hashlib.sha256(), b""
     with open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
@@ -134,7 +137,7 @@ def _checked(path: Path, digest: str, size: int | None,
                 on_bytes(len(block))
     if "sha256:" + h.hexdigest() != digest:
         raise CorruptArtifact(f"blob {path} does not have sha256 {digest}: corrupted in carrying? "
-                              "export it again or copy that file again")
+                              "export it again or copy that file again", path)
     if actual_size <= (4 << 20) and head[:1] == b"{":
         try:
             body = json.loads(head)
@@ -351,9 +354,8 @@ class Exporter:
             found, size = verify_layout(layout, p.tag, digest)
         except CorruptArtifact as err:
             err_console.print(f"{p.key}: {err}; fetching it again")
-            bad = re.search(r"blob (\S+) ", str(err))
-            if bad:
-                Path(bad.group(1)).unlink(missing_ok=True)
+            if err.path is not None:
+                err.path.unlink(missing_ok=True)
             return None
         return Artifact(p.kind, p.key, p.source, found, size, p.repository, p.tag)
 
@@ -507,10 +509,9 @@ class S3Export:
         try:
             verify_layout(local, a.tag, a.digest)
         except CorruptArtifact as err:
-            bad = re.search(r"blob (\S+) ", str(err))
-            if not bad:
+            if err.path is None:
                 raise
-            Path(bad.group(1)).unlink(missing_ok=True)
+            err.path.unlink(missing_ok=True)
             self._download(a, local)
         return local
 

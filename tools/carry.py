@@ -386,7 +386,10 @@ class Exporter:
         if held := self._held(p, layout, p.digest):
             return self._record(held, "present")
         layout.parent.mkdir(parents=True, exist_ok=True)
-        # blobs already in the layout are reused by skopeo: an interrupted copy resumes
+        # blobs already in the layout are reused by skopeo: an interrupted copy resumes (what
+        # it was writing when cut is a temporary file, dropped here)
+        for partial in layout.glob("oci-put-blob*"):
+            partial.unlink()
         self.skopeo.copy(f"docker://{image.source}@{p.digest}", f"oci:{layout}:{p.tag}")
         digest, size = verify_layout(layout, p.tag, p.digest)
         return self._record(Artifact(p.kind, p.key, p.source, digest, size, p.repository,

@@ -364,8 +364,8 @@ def record_model_config(model_dir: Path, prefix: str, root: Path, dry_run: bool 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "upload-model", main, "copy a local model directory to the model "
-                    "bucket", __doc__)
+    p = add_command(sub, "upload-model", main, "copy a model (a local directory, ModelScope or "
+                    "Hugging Face) to the model bucket", __doc__)
     p.add_argument("model_dir", metavar="MODEL", help="local directory (*.safetensors, "
                    "config.json, tokenizer files), modelscope:ORG/NAME or hf:ORG/NAME")
     p.add_argument("--revision", help="with a hub model: the tag or commit to take (a commit "

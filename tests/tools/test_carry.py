@@ -172,13 +172,24 @@ def test_export_then_import_carries_every_digest_and_asks_nothing_of_the_source(
 
         # A second export verifies what is there and fetches only a blob that went missing.
         app = exported["kvcache/test/app:1.0"]
-        victim = max((out_dir / app.path / "blobs/sha256").iterdir(), key=lambda p: p.name)
+        blobs = out_dir / app.path / "blobs/sha256"
+        index = json.loads((blobs / app.digest[7:]).read_bytes())
+        platforms = [json.loads((blobs / m["digest"][7:]).read_bytes())
+                     for m in index["manifests"]]
+        layers = [layer["digest"] for m in platforms for layer in m["layers"]]
+        configs = {m["config"]["digest"] for m in platforms}
+        victim = blobs / layers[0][7:]
         victim.unlink()
+        src_mark = len(requests_in(w.src_log))
         assert cli("--export", str(out_dir)) == 0
         again = actions(capsys.readouterr().out)
         assert again == {"app": "exported", "tool": "present", "demo": "present",
                          "web": "present"}
         assert victim.exists() and read_manifest(out_dir) == exported
+        # only that layer came again (skopeo reads the small configs anew)
+        fetched = {r.rsplit("/", 1)[1] for r in requests_in(w.src_log)[src_mark:]
+                   if r.startswith("GET /v2/test/app/blobs/")}
+        assert f"sha256:{victim.name}" in fetched and fetched <= configs | {layers[0]}, fetched
 
         # The import's dry run: every artifact and its size from the manifest, no AWS.
         assert cli("--import", str(out_dir), "--dry-run", "--rate", "1MB/s") == 0

@@ -1,7 +1,8 @@
 """Operator tools around a deploy: `python -m tools <command> --help` for each.
 
-  upload-model   copy a local model directory to the environment's model bucket
-  mirror         copy the pinned images (and charts) into the environment's ECR, build the router
+  upload-model   copy a model (a local directory, ModelScope or Hugging Face) to the model bucket
+  mirror         copy the pinned images (and charts) into the environment's ECR, build the router;
+                 or carry them as files: --export DIR abroad, --import DIR in China
   router-lock    re-resolve the router image's pinned wheels and Debian packages (maintainers)
   preflight      check an account and region before `cdk deploy`
   smoke          send one request through an endpoint's router and say what is wrong

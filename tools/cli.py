@@ -25,6 +25,40 @@ def load_endpoints(cfg: EnvironmentConfig) -> tuple:
     return _load(cfg, ROOT)
 
 
+# --------------------------------------------------------------------------- sizes and time
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
+          "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30}
+
+
+def parse_rate(text: str) -> float:
+    """`--rate 50MB/s` (MB = 10^6 bytes, MiB = 2^20; KB, GB, KiB, GiB too) in bytes per second."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMG]?(?:I?B)?)(?:/S)?\s*", text.upper())
+    if not m or float(m.group(1)) <= 0 or m.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"--rate = {text!r} is not valid; allowed: a positive rate such as 50MB/s, 200KiB/s, "
+            "1GB/s")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def transfer_estimate(total: int, rate: float) -> str:
+    """`about 1 h 05 min at 50.0 MB/s`: the time `total` bytes take at `rate` bytes/s."""
+    seconds = total / rate
+    h, rest = divmod(int(round(seconds)), 3600)
+    m, s = divmod(rest, 60)
+    span = f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
+    return f"about {span} at {rate / 1e6:.1f} MB/s"
+
 
 # --------------------------------------------------------------------------- AWS
 

@@ -1,8 +1,13 @@
 """Copy the pinned images (and Helm charts) the environment deploys into its ECR, and build
 the router image there (tools/router_image.py).
 
-    python -m tools mirror --env china          # from a machine outside China, into China ECR
-    python -m tools mirror --resolve            # only print digests of unpinned images
+    python -m tools mirror --env china --export DIR   # outside China, no AWS credentials
+    python -m tools mirror --env china --import DIR   # in China: DIR or s3://bucket/prefix
+    python -m tools mirror --env dev                  # direct: upstream into the env's ECR
+    python -m tools mirror --resolve                  # only print digests of unpinned images
+    python -m tools mirror --env china --export DIR --dry-run --rate 50MB/s   # sizes, time
+
+Export and import (the files carried between them) are tools/carry.py's.
 
 Each image is copied by digest (`skopeo copy --all --preserve-digests`), so the multi-arch index
 in ECR has the digest the catalogue pins and `repo:tag@digest` resolves there. Idempotent: the
@@ -23,246 +28,23 @@ from __future__ import annotations
 
 import argparse
 import base64
-import hashlib
-import io
 import json
 import os
-import re
 import shutil
-import subprocess
-import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
-from config.arguments import ToolError, add_command, err_console, load_environment, out_console
-from tools.cli import Aws, load_endpoints
-
-_NOT_FOUND = ("manifest unknown", "name unknown", "not found", "does not exist")
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
-HELM_CHART = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
-
-
-class SkopeoError(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class Skopeo:
-    """The skopeo binary with the source and destination settings of one run."""
-
-    binary: str = "skopeo"
-    src_tls_verify: bool = True
-    dest_tls_verify: bool = True
-    src_authfile: str | None = None
-    dest_authfile: str | None = None
-    timeout_s: float = 3600.0
-
-    def _run(self, args: Sequence[str]) -> bytes:
-        try:
-            proc = subprocess.run([self.binary, *args], capture_output=True,
-                                  timeout=self.timeout_s, check=False)
-        except FileNotFoundError:
-            raise ToolError(f"{self.binary} not found: install skopeo (Debian: apt-get install "
-                            "skopeo)", exit_code=2) from None
-        except subprocess.TimeoutExpired:
-            raise SkopeoError(f"skopeo {args[0]} timed out after {self.timeout_s:.0f}s")
-        if proc.returncode != 0:
-            raise SkopeoError(_last_line(proc.stderr.decode(errors="replace")))
-        return proc.stdout
-
-    def manifest(self, ref: str, *, dest: bool) -> bytes | None:
-        """The raw manifest (the index, for a multi-arch image) `ref` names; None when the
-        registry does not have it."""
-        tls = self.dest_tls_verify if dest else self.src_tls_verify
-        auth = self.dest_authfile if dest else self.src_authfile
-        args = ["inspect", "--raw", f"--tls-verify={str(tls).lower()}"]
-        if auth:
-            args += ["--authfile", auth]
-        try:
-            return self._run([*args, f"docker://{ref}"])
-        except SkopeoError as err:
-            if any(s in str(err).lower() for s in _NOT_FOUND):
-                return None
-            raise
-
-    def digest(self, ref: str, *, dest: bool) -> str | None:
-        raw = self.manifest(ref, dest=dest)
-        return None if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
-
-    def copy(self, src: str, dest: str) -> None:
-        """`src` and `dest` with their transport (`docker://`, `oci:`)."""
-        args = ["copy", "--all", "--preserve-digests", "--retry-times", "3", "--quiet",
-                f"--src-tls-verify={str(self.src_tls_verify).lower()}",
-                f"--dest-tls-verify={str(self.dest_tls_verify).lower()}"]
-        if self.src_authfile:
-            args += ["--src-authfile", self.src_authfile]
-        if self.dest_authfile:
-            args += ["--dest-authfile", self.dest_authfile]
-        self._run([*args, src, dest])
-
-
-def _last_line(text: str) -> str:
-    """skopeo's last log line, its message only: `level=fatal msg="Error parsing image name
-    \"docker://x\": pinging ..."` -> `pinging ...`."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    line = lines[-1] if lines else "skopeo failed"
-    if 'msg="' in line:
-        line = line.split('msg="', 1)[1].rstrip('"').replace('\\"', '"')
-    return re.sub(r'^Error parsing image name "[^"]*": ', "", line)
-
-
-# --------------------------------------------------------------------------- charts
-
-
-@dataclass(frozen=True)
-class ChartRef:
-    """A chart of the catalogue, read from whatever shape `CHARTS` entries have."""
-
-    key: str
-    repository: str   # oci://host/path or https://... Helm repository
-    name: str
-    version: str
-    digest: str | None
-    mirror_repository: str
-
-    @classmethod
-    def of(cls, key: str, entry: Any) -> "ChartRef":
-        def get(*names: str, default: Any = None) -> Any:
-            for n in names:
-                value = entry.get(n) if isinstance(entry, Mapping) else getattr(entry, n, None)
-                if value is not None:
-                    return value
-            return default
-
-        name = get("chart", "name")
-        repository, version = get("repository", "repo", "url"), get("version")
-        if not (name and repository and version):
-            raise ToolError.bad_input(f"CHARTS[{key!r}]", entry,
-                                      "an entry with repository, chart (or name) and version")
-        from config.images import MIRROR_PREFIX
-        return cls(key, str(repository).rstrip("/"), str(name), str(version),
-                   get("digest"), get("mirror_repository",
-                                      default=f"{MIRROR_PREFIX}/charts/{name}"))
-
-
-def catalogue_charts() -> list[ChartRef]:
-    """`config.images.CHARTS` if the catalogue has one (a dict by key, or a sequence)."""
-    import config.images as images
-
-    charts = getattr(images, "CHARTS", None) or {}
-    items = charts.items() if isinstance(charts, Mapping) else (
-        (getattr(c, "key", None) or getattr(c, "name", str(i)), c) for i, c in enumerate(charts))
-    return [ChartRef.of(str(k), v) for k, v in items]
-
-
-def write_oci_layout(root: Path, manifests: Sequence[tuple[str, bytes, dict]]) -> None:
-    """An OCI image layout (`oci:` for skopeo) holding blobs and tagged top-level manifests.
-
-    `manifests`: (tag, manifest bytes, descriptor fields such as mediaType); blobs the
-    manifests refer to are written with `write_blob` first.
-    """
-    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    index = []
-    for tag, body, extra in manifests:
-        desc = write_blob(root, body)
-        index.append({**desc, **extra,
-                      "annotations": {"org.opencontainers.image.ref.name": tag}})
-    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": index}))
-
-
-def write_blob(root: Path, data: bytes, media_type: str | None = None) -> dict:
-    digest = hashlib.sha256(data).hexdigest()
-    blobs = root / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-    (blobs / digest).write_bytes(data)
-    desc = {"digest": f"sha256:{digest}", "size": len(data)}
-    return {"mediaType": media_type, **desc} if media_type else desc
-
-
-def helm_chart_layout(root: Path, chart_tgz: bytes) -> str:
-    """The OCI layout `helm push` would upload for `chart_tgz`; returns the tag (version)."""
-    meta = _chart_yaml(chart_tgz)
-    config = write_blob(root, json.dumps(meta, sort_keys=True).encode(), HELM_CONFIG)
-    layer = write_blob(root, chart_tgz, HELM_CHART)
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config, "layers": [layer],
-        "annotations": {"org.opencontainers.image.title": meta["name"],
-                        "org.opencontainers.image.version": meta["version"]}}).encode()
-    write_oci_layout(root, [(meta["version"], manifest, {"mediaType": OCI_MANIFEST})])
-    return meta["version"]
-
-
-def _chart_yaml(chart_tgz: bytes) -> dict:
-    import yaml
-
-    with tarfile.open(fileobj=io.BytesIO(chart_tgz), mode="r:gz") as tar:
-        for member in tar.getmembers():
-            if member.name.count("/") == 1 and member.name.endswith("/Chart.yaml"):
-                return yaml.safe_load(tar.extractfile(member).read())
-    raise SkopeoError("the chart archive has no Chart.yaml")
-
-
-def fetch_https_chart(chart: ChartRef, timeout: float = 60.0) -> tuple[bytes, str]:
-    """The chart archive from an HTTPS Helm repository, checked against the pinned digest or
-    else the repository index's."""
-    import yaml
-
-    index = yaml.safe_load(_get(f"{chart.repository}/index.yaml", timeout).content)
-    entry = next((e for e in index.get("entries", {}).get(chart.name, [])
-                  if str(e.get("version")) == chart.version), None)
-    if entry is None:
-        raise SkopeoError(f"{chart.repository} has no {chart.name} {chart.version}")
-    url = entry["urls"][0]
-    if "://" not in url:
-        url = f"{chart.repository}/{url}"
-    data = _get(url, timeout).content
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    expected = chart.digest or (f"sha256:{entry['digest']}" if entry.get("digest") else None)
-    if expected and digest != expected:
-        raise SkopeoError(f"{url}: sha256 {digest} differs from the pinned {expected}")
-    return data, digest
-
-
-def _get(url: str, timeout: float):
-    import requests
-
-    resp = requests.get(url, timeout=timeout)
-    if resp.status_code != 200:
-        raise SkopeoError(f"GET {url}: HTTP {resp.status_code}")
-    return resp
-
+from config.arguments import ToolError, add_command, err_console, load_environment
+from tools.cli import Aws, load_endpoints, parse_rate
+from tools.oci import (  # noqa: F401  (re-exported: the mirror's names for tests and tools)
+    HELM_CHART, HELM_CONFIG, OCI_MANIFEST, ChartRef, MirrorReport, Row, Skopeo, SkopeoError,
+    catalogue_charts, fetch_https_chart, helm_chart_layout, print_report, write_blob,
+    write_oci_layout,
+)
 
 # --------------------------------------------------------------------------- mirror
-
-
-@dataclass
-class Row:
-    kind: str        # image | chart
-    key: str
-    source: str
-    dest: str
-    digest: str | None = None
-    action: str = ""  # present | copied | built | would copy | would build | resolved | failed
-    note: str = ""
-    unpinned: bool = False
-    built_layers: str = ""   # an image we build: what to pin beside its digest
-
-
-@dataclass
-class MirrorReport:
-    rows: list[Row] = field(default_factory=list)
-
-    @property
-    def failed(self) -> list[Row]:
-        return [r for r in self.rows if r.action == "failed"]
-
-    @property
-    def copied(self) -> list[Row]:
-        return [r for r in self.rows if r.action == "copied"]
 
 
 class Mirror:
@@ -453,6 +235,15 @@ def missing_repositories(aws: Aws, names: Iterable[str]) -> list[str]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "mirror", main, "copy the pinned images (and charts) into the "
                     "environment's ECR with skopeo", __doc__)
+    carry = p.add_mutually_exclusive_group()
+    carry.add_argument("--export", metavar="DIR", type=Path, help="write every artifact into "
+                       "DIR (OCI layouts and manifest.json) instead of a registry; no AWS")
+    carry.add_argument("--import", dest="import_", metavar="DIR", help="push what an export "
+                       "holds (a directory or s3://bucket/prefix) into the environment's ECR")
+    p.add_argument("--rate", type=parse_rate, metavar="RATE", help="with --dry-run: the time "
+                   "the transfer takes at RATE (50MB/s)")
+    p.add_argument("--work-dir", default="~/.cache/kvcache-eks/import", help="where an import "
+                   "from S3 downloads the layouts it pushes (resumes from what is there)")
     p.add_argument("--only", nargs="+", metavar="KEY", help="catalogue keys to mirror")
     p.add_argument("--resolve", action="store_true",
                    help="only resolve and print digests (no destination, no AWS)")
@@ -494,6 +285,10 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         charts = [c for c in charts if c.key in args.only]
     if not 1 <= args.jobs <= 8:
         raise ToolError.bad_input("--jobs", args.jobs, "1 to 8")
+    if getattr(args, "export", None) is not None:
+        return export_main(args, cfg, images, charts)
+    if getattr(args, "import_", None):
+        return import_main(args, cfg, images, charts, aws)
     with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
         registry, dest_authfile = args.dest_registry, args.dest_authfile
         if args.resolve:
@@ -512,6 +307,85 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
                         src_authfile=args.src_authfile, dest_authfile=dest_authfile)
         report = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs,
                         builders=image_builders(args, skopeo)).run(images, charts)
+    return print_report(report)
+
+
+def _skopeo(args: argparse.Namespace, dest_authfile: str | None = None) -> Skopeo:
+    return Skopeo(src_tls_verify=args.src_tls_verify == "true",
+                  dest_tls_verify=args.dest_tls_verify == "true",
+                  src_authfile=args.src_authfile, dest_authfile=dest_authfile)
+
+
+def export_main(args: argparse.Namespace, cfg: Any, images: list, charts: list) -> int:
+    """Sizes first (from the registries' manifests), then every artifact into the directory;
+    no AWS client is ever made."""
+    from tools.carry import Exporter, plan, print_plan
+    from tools.cli import human_size
+
+    if args.dest_registry or args.resolve:
+        raise ToolError.bad_input("--export", str(args.export), "without --dest-registry or "
+                                  "--resolve (an export writes files, not a registry)")
+    skopeo = _skopeo(args)
+    planned = plan(skopeo, images, charts, jobs=args.jobs)
+    if args.dry_run:
+        return print_plan(planned, args.rate, f"export of {cfg.name}")
+    unsized = [p for p in planned if p.note.startswith("failed")]
+    if unsized:
+        print_plan(planned, args.rate, f"export of {cfg.name}")
+    err_console.print(f"export of {cfg.name} into {args.export}: {len(planned)} artifacts, "
+                      f"{human_size(sum(p.size or 0 for p in planned))}")
+    report = Exporter(skopeo, args.export, cfg.name, jobs=args.jobs,
+                      builders=image_builders(args, skopeo)).run(
+        planned, {i.key: i for i in images}, {c.key: c for c in charts})
+    return print_report(report)
+
+
+def import_main(args: argparse.Namespace, cfg: Any, images: list, charts: list,
+                aws: Aws | None) -> int:
+    """Reads the export's manifest, checks it covers what the environment deploys, and pushes
+    what ECR lacks. Talks to the environment's ECR only (and S3 for an s3:// export)."""
+    from tools.carry import (
+        Importer, S3Export, check_covers, import_plan, local_fetch, read_manifest,
+    )
+
+    source = args.import_
+    if args.resolve:
+        raise ToolError.bad_input("--import", source, "without --resolve")
+    s3_export = None
+    if source.startswith("s3://"):
+        aws = aws or Aws(cfg, args.profile)
+        s3_export = S3Export.parse(source, aws.client("s3"),
+                                   Path(args.work_dir).expanduser() / cfg.name)
+        root = s3_export.manifest_root()
+    else:
+        root = Path(source)
+        if not (root / "manifest.json").is_file():
+            raise ToolError.bad_input("--import", source, "a directory mirror --export wrote "
+                                      "(with manifest.json)")
+    exported = read_manifest(root)
+    environment = json.loads((root / "manifest.json").read_text()).get("environment")
+    if environment != cfg.name:
+        raise ToolError.bad_input(f"{source}: environment", environment,
+                                  f"{cfg.name} (export with --env {cfg.name})")
+    check_covers(exported, images, charts, source)
+    wanted = {f"{i.mirror_repository}:{i.tag}" for i in images} | {
+        f"{c.mirror_repository}:{c.version}" for c in charts}
+    artifacts = [a for k, a in exported.items() if k in wanted]
+    if args.dry_run and not args.dest_registry:
+        return import_plan(artifacts, args.rate)
+    with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
+        registry, dest_authfile = args.dest_registry, args.dest_authfile
+        if not registry:
+            aws = aws or Aws(cfg, args.profile)
+            registry = ecr_registry(aws)
+            missing = missing_repositories(aws, [a.repository for a in artifacts])
+            if missing:
+                raise ToolError(f"ECR repositories missing in {cfg.region}: {', '.join(missing)}"
+                                f"; deploy {cfg.stack_prefix}-Storage first")
+            dest_authfile = ecr_authfile(aws, registry, Path(tmp))
+        fetch = s3_export.fetch if s3_export else local_fetch(root)
+        report = Importer(_skopeo(args, dest_authfile), registry, fetch, jobs=args.jobs,
+                          dry_run=args.dry_run).run(artifacts)
     return print_report(report)
 
 
@@ -538,25 +412,3 @@ def image_builders(args: argparse.Namespace, skopeo: Skopeo) -> dict[str, Callab
                      pull=lambda ref, out, tag: skopeo.copy(f"docker://{ref}",
                                                             f"oci:{out}:{tag}"))
     return {"router": build_router}
-
-
-def print_report(report: MirrorReport) -> int:
-    from rich.table import Table
-
-    table = Table("kind", "key", "action", "digest", "destination / note")
-    for r in report.rows:
-        table.add_row(r.kind, r.key, r.action, (r.digest or "-")[:19],
-                      r.note or r.dest or r.source)
-    out_console.print(table)
-    for r in report.rows:
-        if r.unpinned and r.digest:
-            out_console.print(f"pin {r.key}: digest=\"{r.digest}\"  ({r.source}; paste into "
-                              "config/images.py)")
-            if r.built_layers:
-                out_console.print(f"pin {r.key}: {r.built_layers}", soft_wrap=True)
-    if report.failed:
-        first = report.failed[0]
-        raise ToolError(f"{len(report.failed)} of {len(report.rows)} not mirrored "
-                        f"({first.key}: {first.note})")
-    return 0
-

@@ -1,7 +1,16 @@
-"""Copy a local model directory to the environment's model bucket, under an endpoint's
-`modelLocation`, where the workers' init container (`aws s3 sync`) fetches it.
+"""Copy a model (a local directory, or a hub's model at a pinned revision) to the environment's
+model bucket, under an endpoint's `modelLocation`, where the workers' init container
+(`aws s3 sync`) fetches it.
 
     python -m tools upload-model --env dev --endpoint llama-8b-intel-routing ./Llama-3.1-8B-Instruct
+    python -m tools upload-model --env china modelscope:Qwen/Qwen2.5-7B-Instruct --revision v1.0.0
+    python -m tools upload-model --env dev hf:meta-llama/Llama-3.1-8B-Instruct --revision <commit>
+
+- From a hub (tools/hub.py): ModelScope inside China, the Hugging Face Hub in global regions
+  (token from `--hf-token-secret` in Secrets Manager or $HF_TOKEN, never printed); downloaded
+  into `--download-dir` (kept: a cut run resumes), checked against the hub's sizes and sha256s
+  and the `--sha256`/`--hashes` given, then uploaded as a local directory is. `--dry-run` lists
+  the hub's files and sizes with no AWS credentials, and the time at `--rate`.
 
 - Multipart and parallel (s3transfer's TransferManager, one pool for every file).
 - Every object carries an S3 SHA-256 checksum that S3 itself verified on arrival: full-object
@@ -32,7 +41,8 @@ from config.arguments import (
 from config.context import ROOT
 from config.files import MAX_FILE_BYTES, load_json_object
 from config.models import RECORDED, shape_from_config_json
-from tools.cli import Aws, error_code, load_endpoints
+from tools.hub import HubModel, hf_token
+from tools.cli import Aws, error_code, human_size, load_endpoints, parse_rate, transfer_estimate
 
 MiB = 1024 * 1024
 CHECKSUM = "SHA256"
@@ -354,10 +364,26 @@ def record_model_config(model_dir: Path, prefix: str, root: Path, dry_run: bool 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "upload-model", main, "copy a local model directory to the model "
-                    "bucket", __doc__)
-    p.add_argument("model_dir", type=Path, help="local directory: *.safetensors, config.json, "
-                   "tokenizer files")
+    p = add_command(sub, "upload-model", main, "copy a model (a local directory, ModelScope or "
+                    "Hugging Face) to the model bucket", __doc__)
+    p.add_argument("model_dir", metavar="MODEL", help="local directory (*.safetensors, "
+                   "config.json, tokenizer files), modelscope:ORG/NAME or hf:ORG/NAME")
+    p.add_argument("--revision", help="with a hub model: the tag or commit to take (a commit "
+                   "on the Hugging Face Hub)")
+    p.add_argument("--include", nargs="+", default=(), metavar="GLOB",
+                   help="with a hub model: only the files these patterns match")
+    p.add_argument("--sha256", action="append", default=[], metavar="PATH=HEX",
+                   help="with a hub model: the sha256 a file must have (repeatable)")
+    p.add_argument("--hashes", type=Path, metavar="FILE",
+                   help="with a hub model: sha256sum-style lines (HEX  PATH) to check")
+    p.add_argument("--hf-token-secret", metavar="SECRET", help="Secrets Manager secret "
+                   "holding the Hugging Face token (default: $HF_TOKEN)")
+    p.add_argument("--hub-endpoint", metavar="URL", help="the hub's API (a mirror, or "
+                   "ModelScope's international site)")
+    p.add_argument("--download-dir", default="~/.cache/kvcache-eks/models",
+                   help="where hub models are downloaded and kept (resume)")
+    p.add_argument("--rate", type=parse_rate, metavar="RATE",
+                   help="with --dry-run: the time the transfer takes at RATE (50MB/s)")
     p.add_argument("--endpoint", metavar="NAME",
                    help="endpoint whose modelLocation receives the files (needed when the "
                    "environment serves more than one)")
@@ -378,15 +404,85 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         prefix = check_prefix(args.prefix)
     else:
         prefix = pick_endpoint(cfg, load_endpoints(cfg), args.endpoint).model_location
-    files = scan_model_dir(args.model_dir, prefix)
-    out_console.print(record_model_config(args.model_dir, prefix, RECORD_ROOT, args.dry_run))
+    source = str(args.model_dir)
+    hub = HubModel.parse(source, getattr(args, "revision", None), getattr(
+        args, "hub_endpoint", None), getattr(args, "include", ()))
+    if hub is not None:
+        model_dir, aws = fetch_hub_model(args, cfg, hub, prefix, aws)
+        if model_dir is None:
+            return 0
+    else:
+        model_dir = Path(source)
+        if any(getattr(args, a, None) for a in ("revision", "sha256", "hashes", "include")):
+            raise ToolError.bad_input("--revision/--sha256/--hashes/--include", source,
+                                      "modelscope:ORG/NAME or hf:ORG/NAME (a hub model)")
+    files = scan_model_dir(model_dir, prefix)
+    out_console.print(record_model_config(model_dir, prefix, RECORD_ROOT, args.dry_run))
+    if args.dry_run:
+        total = sum(f.size for f in files)
+        out_console.print(f"{model_dir}: {len(files)} files, {human_size(total)}" + (
+            f", upload {transfer_estimate(total, args.rate)}" if getattr(args, "rate", None)
+            else ""))
     aws = aws or Aws(cfg, args.profile)
-    bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
-    s3 = aws.client("s3")
-    check_bucket(s3, bucket, cfg.region)
+    try:
+        bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
+        s3 = aws.client("s3")
+        check_bucket(s3, bucket, cfg.region)
+    except Exception as err:   # a dry run lists the files without credentials
+        from botocore.exceptions import NoCredentialsError
+
+        if not (args.dry_run and isinstance(err, NoCredentialsError)):
+            raise
+        for f in files:
+            out_console.print(f"  {human_size(f.size):>10}  {f.key}")
+        out_console.print("no AWS credentials: not compared with what the bucket holds")
+        return 0
     report = upload_model(s3, files, bucket, prefix, UploadOptions(
         chunk_mib=args.chunk_mib, concurrency=args.concurrency, dry_run=args.dry_run))
     return print_report(report, args.dry_run)
+
+
+def fetch_hub_model(args: argparse.Namespace, cfg: Any, hub: "HubModel", prefix: str,
+                    aws: Aws | None) -> tuple[Path | None, Aws | None]:
+    """Lists the hub model's files (a dry run stops there, with no AWS at all), downloads
+    them into the kept download directory and checks them; returns that directory."""
+    from tools.hub import HUBS, parse_hashes, verify
+
+    if hub.hub == "hf" and cfg.facts.china:
+        raise ToolError.bad_input("model", str(args.model_dir), "modelscope:ORG/NAME or a local "
+                                  f"directory in {cfg.region} (the Hugging Face Hub is not "
+                                  "reachable from AWS China)")
+    given = parse_hashes(args.sha256, args.hashes)
+    token = None
+    if hub.hub == "hf" and not args.dry_run and args.hf_token_secret:
+        aws = aws or Aws(cfg, args.profile)
+        token = hf_token(args.hf_token_secret, aws.client)
+    elif hub.hub == "hf":
+        token = hf_token(None, None)
+    listed = hub.files(token)
+    if not listed:
+        raise ToolError.bad_input("model", hub.name, "a revision with files (--include picks "
+                                  "none?)")
+    total = sum(f.size for f in listed)
+    if args.dry_run:
+        for f in listed:
+            out_console.print(f"  {human_size(f.size):>10}  {f.path}"
+                              + (f"  sha256 {f.sha256[:12]}" if f.sha256 else ""))
+        out_console.print(f"{hub.name} ({HUBS[hub.hub]}) -> s3://<model bucket>/{prefix}/: "
+                          f"{len(listed)} files, {human_size(total)}"
+                          + (f", download {transfer_estimate(total, args.rate)}"
+                             if args.rate else ""))
+        unknown = set(given) - {f.path for f in listed}
+        if unknown:
+            raise ToolError.bad_input("--sha256", sorted(unknown)[0],
+                                      [f.path for f in listed])
+        return None, aws
+    dest = (Path(args.download_dir).expanduser() / hub.hub / hub.repo / hub.revision)
+    err_console.print(f"{hub.name}: {len(listed)} files, {human_size(total)} into {dest}")
+    hub.download(dest, token)
+    hashed = verify(dest, listed, given)
+    err_console.print(f"{hub.name}: {len(listed)} files as listed, {hashed} checked by sha256")
+    return dest, aws
 
 
 def print_report(report: UploadReport, dry_run: bool = False) -> int:

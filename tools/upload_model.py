@@ -5,12 +5,19 @@ model bucket, under an endpoint's `modelLocation`, where the workers' init conta
     python -m tools upload-model --env dev --endpoint llama-8b-intel-routing ./Llama-3.1-8B-Instruct
     python -m tools upload-model --env china modelscope:Qwen/Qwen2.5-7B-Instruct --revision v1.0.0
     python -m tools upload-model --env dev hf:meta-llama/Llama-3.1-8B-Instruct --revision <commit>
+    python -m tools upload-model --env china s3://team-weights/qwen2.5-7b-instruct
 
 - From a hub (tools/hub.py): ModelScope inside China, the Hugging Face Hub in global regions
   (token from `--hf-token-secret` in Secrets Manager or $HF_TOKEN, never printed); downloaded
   into `--download-dir` (kept: a cut run resumes), checked against the hub's sizes and sha256s
   and the `--sha256`/`--hashes` given, then uploaded as a local directory is. `--dry-run` lists
   the hub's files and sizes with no AWS credentials, and the time at `--rate`.
+
+- From S3 (`s3://BUCKET/PREFIX`: weights a team already holds in the account, e.g. carried into
+  China with its own transfer tooling): copied inside S3 (no download), multipart and parallel
+  through the transfer manager, each copy tagged with the source object's ETag so a second run
+  skips what it copied and an interrupted one copies only what is missing; checked at the end
+  (size and tag of every object). Needs the account's credentials, also for `--dry-run`.
 
 - Multipart and parallel (s3transfer's TransferManager, one pool for every file).
 - Every object carries an S3 SHA-256 checksum that S3 itself verified on arrival: full-object
@@ -325,6 +332,134 @@ def _extra_objects(s3: Any, bucket: str, prefix: str, keys: set[str]) -> list[st
     return extra
 
 
+# --------------------------------------------------------------------------- from S3
+
+SOURCE_TAG = "kvcache-source"   # object metadata: the source object it was copied from
+
+
+@dataclass(frozen=True)
+class S3Object:
+    key: str        # the source key
+    dest: str       # the key under the endpoint's prefix
+    size: int
+    etag: str
+
+    @property
+    def tag(self) -> str:
+        return f"{self.key}@{self.etag}"
+
+
+def parse_s3_source(source: str) -> tuple[str, str] | None:
+    """`s3://BUCKET/PREFIX` as (bucket, prefix); None for anything else."""
+    if not source.startswith("s3://"):
+        return None
+    bucket, _, prefix = source[5:].partition("/")
+    prefix = prefix.strip("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket) or not prefix:
+        raise ToolError.bad_input("model", source, "s3://BUCKET/PREFIX (a model directory's "
+                                  "objects under PREFIX/)")
+    return bucket, prefix
+
+
+def scan_s3_model(s3: Any, bucket: str, src_prefix: str, prefix: str) -> list[S3Object]:
+    """The source's objects (hidden path parts left out, as for a directory), or a ToolError
+    naming what a model directory lacks."""
+    objects = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                              Prefix=src_prefix + "/"):
+        for o in page.get("Contents", []):
+            rel = o["Key"][len(src_prefix) + 1:]
+            if not rel or rel.endswith("/") or any(p.startswith(".") for p in rel.split("/")):
+                continue
+            objects.append(S3Object(o["Key"], f"{prefix}/{rel}", o["Size"], o["ETag"].strip('"')))
+    top = {o.dest.rsplit("/", 1)[1] for o in objects if o.dest.count("/") == prefix.count("/") + 1}
+    where = f"s3://{bucket}/{src_prefix}"
+    if not any(Path(n).match(WEIGHTS) for n in top):
+        raise ToolError.bad_input("model", where, f"a model prefix with {WEIGHTS} weights at "
+                                  "its top level")
+    for name in REQUIRED:
+        if name not in top:
+            raise ToolError.bad_input("model", where, f"a model prefix with {name} at its top "
+                                      "level")
+    return sorted(objects, key=lambda o: o.key)
+
+
+def _copied(s3: Any, bucket: str, obj: S3Object) -> bool:
+    """Whether `obj` was copied to its destination already (same size, same source tag)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        head = s3.head_object(Bucket=bucket, Key=obj.dest)
+    except ClientError as err:
+        if error_code(err) in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return head["ContentLength"] == obj.size and head.get("Metadata", {}).get(SOURCE_TAG) == \
+        obj.tag
+
+
+def copy_model(s3: Any, src_bucket: str, objects: list[S3Object], bucket: str, prefix: str,
+               opts: UploadOptions = UploadOptions(), *, show_progress: bool = True
+               ) -> UploadReport:
+    """Plan (skip what was copied from the same source objects), copy the rest inside S3 with
+    the transfer manager (multipart copies for large objects, S3 computing SHA-256 checksums),
+    then check every destination object."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    report = UploadReport(bucket, prefix, len(objects), sum(o.size for o in objects))
+    with ThreadPoolExecutor(opts.hash_workers) as pool:
+        done = dict(zip((o.dest for o in objects),
+                        pool.map(lambda o: _copied(s3, bucket, o), objects)))
+    todo = [o for o in objects if not done[o.dest]]
+    report.skipped = [o.dest for o in objects if done[o.dest]]
+    report.extra = _extra_objects(s3, bucket, prefix, {o.dest for o in objects})
+    if opts.dry_run:
+        report.uploaded = [o.dest for o in todo]
+        return report
+    config = TransferConfig(
+        multipart_threshold=opts.chunk_mib * MiB, multipart_chunksize=opts.chunk_mib * MiB,
+        max_concurrency=opts.concurrency, use_threads=True, preferred_transfer_client="classic")
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                        console=err_console, disable=not show_progress)
+    manager = create_transfer_manager(s3, config)
+    with progress:
+        task = progress.add_task("copy", total=sum(o.size for o in todo))
+        futures = [(o, manager.copy({"Bucket": src_bucket, "Key": o.key}, bucket, o.dest,
+                                    extra_args={"ChecksumAlgorithm": CHECKSUM,
+                                                "Metadata": {SOURCE_TAG: o.tag},
+                                                "MetadataDirective": "REPLACE"},
+                                    source_client=s3)) for o in todo]
+        try:
+            for o, future in futures:
+                try:
+                    future.result()
+                    report.uploaded.append(o.dest)
+                except Exception as exc:   # one object's failure must not hide the others'
+                    report.failed[o.dest] = f"{type(exc).__name__}: {exc}"
+                progress.advance(task, o.size)
+        except KeyboardInterrupt:
+            manager.shutdown(cancel=True, cancel_msg="interrupted")
+            raise ToolError(f"interrupted after {len(report.uploaded)} of {len(todo)} objects; "
+                            "run the same command again to resume", exit_code=130) from None
+    manager.shutdown()
+    for o in objects:
+        if o.dest not in report.failed and not _copied(s3, bucket, o):
+            report.failed[o.dest] = "not in the bucket as copied from its source after the copy"
+    report.verified = len(objects) - len(report.failed)
+    return report
+
+
+def record_s3_config(s3: Any, src_bucket: str, src_prefix: str, prefix: str,
+                     dry_run: bool) -> str:
+    """record_model_config for a model in S3: its config.json read from the source."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        s3.download_file(src_bucket, f"{src_prefix}/config.json", f"{tmp}/config.json")
+        return record_model_config(Path(tmp), prefix, RECORD_ROOT, dry_run)
+
+
 # --------------------------------------------------------------------------- the model's shape
 
 RECORD_ROOT = ROOT   # the repository whose models/ folder receives the records (tests: a copy)
@@ -364,10 +499,11 @@ def record_model_config(model_dir: Path, prefix: str, root: Path, dry_run: bool 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "upload-model", main, "copy a model (a local directory, ModelScope or "
-                    "Hugging Face) to the model bucket", __doc__)
+    p = add_command(sub, "upload-model", main, "copy a model (a local directory, ModelScope, "
+                    "Hugging Face or S3) to the model bucket", __doc__)
     p.add_argument("model_dir", metavar="MODEL", help="local directory (*.safetensors, "
-                   "config.json, tokenizer files), modelscope:ORG/NAME or hf:ORG/NAME")
+                   "config.json, tokenizer files), modelscope:ORG/NAME, hf:ORG/NAME or "
+                   "s3://BUCKET/PREFIX (copied inside S3)")
     p.add_argument("--revision", help="with a hub model: the tag or commit to take (a commit "
                    "on the Hugging Face Hub)")
     p.add_argument("--include", nargs="+", default=(), metavar="GLOB",
@@ -405,6 +541,8 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
     else:
         prefix = pick_endpoint(cfg, load_endpoints(cfg), args.endpoint).model_location
     source = str(args.model_dir)
+    if (s3_source := parse_s3_source(source)) is not None:
+        return main_s3(args, cfg, s3_source, prefix, aws)
     hub = HubModel.parse(source, getattr(args, "revision", None), getattr(
         args, "hub_endpoint", None), getattr(args, "include", ()))
     if hub is not None:
@@ -440,6 +578,30 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
     report = upload_model(s3, files, bucket, prefix, UploadOptions(
         chunk_mib=args.chunk_mib, concurrency=args.concurrency, dry_run=args.dry_run))
     return print_report(report, args.dry_run)
+
+
+def main_s3(args: argparse.Namespace, cfg: Any, source: tuple[str, str], prefix: str,
+            aws: Aws | None) -> int:
+    """upload-model from `s3://BUCKET/PREFIX`: a copy inside S3 (the account's credentials)."""
+    from botocore.exceptions import NoCredentialsError
+
+    if any(getattr(args, a, None) for a in ("revision", "sha256", "hashes", "include")):
+        raise ToolError.bad_input("--revision/--sha256/--hashes/--include", args.model_dir,
+                                  "modelscope:ORG/NAME or hf:ORG/NAME (a hub model)")
+    src_bucket, src_prefix = source
+    aws = aws or Aws(cfg, args.profile)
+    try:
+        bucket = args.bucket or aws.stack_output("Storage", "ModelBucketName")
+        s3 = aws.client("s3")
+        check_bucket(s3, bucket, cfg.region)
+        objects = scan_s3_model(s3, src_bucket, src_prefix, prefix)
+    except NoCredentialsError:
+        raise ToolError(f"{args.model_dir}: an S3 source is read with the account's "
+                        "credentials, also for --dry-run (none found)") from None
+    out_console.print(record_s3_config(s3, src_bucket, src_prefix, prefix, args.dry_run))
+    report = copy_model(s3, src_bucket, objects, bucket, prefix, UploadOptions(
+        chunk_mib=args.chunk_mib, concurrency=args.concurrency, dry_run=args.dry_run))
+    return print_report(report, args.dry_run, verb="copied", what="source tag")
 
 
 def fetch_hub_model(args: argparse.Namespace, cfg: Any, hub: "HubModel", prefix: str,
@@ -485,23 +647,26 @@ def fetch_hub_model(args: argparse.Namespace, cfg: Any, hub: "HubModel", prefix:
     return dest, aws
 
 
-def print_report(report: UploadReport, dry_run: bool = False) -> int:
+def print_report(report: UploadReport, dry_run: bool = False, verb: str = "uploaded",
+                 what: str = "SHA-256") -> int:
+    """The summary line (`verb`: uploaded or copied; `what` the verification used)."""
     where = f"s3://{report.bucket}/{report.prefix}/"
     gib = report.bytes_total / 1024**3
+    action = {"uploaded": "upload", "copied": "copy"}[verb]
     if dry_run:
-        out_console.print(f"{where}: {len(report.uploaded)} of {report.files} files to upload, "
-                          f"{len(report.skipped)} already there")
+        out_console.print(f"{where}: {len(report.uploaded)} of {report.files} files to "
+                          f"{action}, {len(report.skipped)} already there")
         for key in report.uploaded:
-            out_console.print(f"  upload {key}")
+            out_console.print(f"  {action} {key}")
     else:
         out_console.print(f"{where}: {report.files} files ({gib:.2f} GiB): "
-                          f"{len(report.uploaded)} uploaded, {len(report.skipped)} already there, "
-                          f"{report.verified} verified (SHA-256)")
+                          f"{len(report.uploaded)} {verb}, {len(report.skipped)} already there, "
+                          f"{report.verified} verified ({what})")
     for key in report.extra:
         err_console.print(f"warning: s3://{report.bucket}/{key} is not in the model directory "
                           "(a stale file? workers sync the whole prefix)")
     if report.failed:
         first = next(iter(report.failed.items()))
-        raise ToolError(f"{len(report.failed)} of {report.files} files not uploaded "
+        raise ToolError(f"{len(report.failed)} of {report.files} files not {verb} "
                         f"({first[0]}: {first[1]}); run the same command again to resume")
     return 0

@@ -24,6 +24,7 @@ from config.models import (
     FAMILIES, RECORDED, ModelShape, known_model, shape_from_config, shape_from_config_json,
 )
 from config.hyperpod_fields import FIELDS, ignored
+from config import pod_fields
 from config.notices import changed
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
@@ -66,6 +67,10 @@ class AutoScaling:
     scale_down_stabilization: int = 300
     triggers: tuple[PrometheusTrigger, ...] = ()
 
+
+# How long a worker may take to load weights and start, unless maxDeployTimeInSeconds says
+DEFAULT_STARTUP_S = 1800
+MIN_STARTUP_S, MAX_STARTUP_S = 120, 86400
 
 # Default trigger when the file has none: waiting requests per worker (vLLM's own queue).
 DEFAULT_WAITING_PER_WORKER = 4.0
@@ -116,6 +121,11 @@ class EndpointSpec:
     model: ModelShape | None = None   # modelShape, or the shape modelName names; None: unknown
     tls_certificate_arn: str | None = None
     autoscaling: AutoScaling | None = None
+    # Pod-level fields (config/pod_fields.py), checked against node groups in fit_endpoint
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_affinity: Mapping[str, Any] | None = None
+    pod: pod_fields.PodExtras = pod_fields.PodExtras()
+    startup_budget_s: int = DEFAULT_STARTUP_S   # maxDeployTimeInSeconds: the startup probe's
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -429,7 +439,25 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                          + ", ".join(RESERVED_MOUNTS) + " and their parents")
     mount.done(warnings)
     _check_args(worker, args, port, mount_path, warnings)
+    model_volume = mount.data.get("name", "model-weights")
     worker.done(warnings)
+
+    def fail(path: str, value: Any, allowed: Any) -> ConfigError:
+        return ConfigError(env, f"{file}: {path}", value, allowed)
+
+    tolerations = pod_fields.tolerations(spec.get("tolerations", list, []), "spec.tolerations",
+                                         fail)
+    affinity = None
+    if "nodeAffinity" in spec.data:
+        affinity = pod_fields.node_affinity(
+            spec.get("nodeAffinity", Mapping), "spec.nodeAffinity", fail,
+            pod_fields.served_type(instance_type_map or {}))
+    pod = _pod_extras(spec, fail, warnings, model_volume)
+    startup = spec.get("maxDeployTimeInSeconds", int, DEFAULT_STARTUP_S)
+    if not MIN_STARTUP_S <= startup <= MAX_STARTUP_S:
+        raise spec.fail("maxDeployTimeInSeconds", startup, f"{MIN_STARTUP_S} to {MAX_STARTUP_S} "
+                        "seconds (the workers' startup budget)")
+    _data_capture(spec)
     spec.done(warnings)
 
     return EndpointSpec(
@@ -441,8 +469,46 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
-        tls_certificate_arn=tls_arn, autoscaling=autoscaling, warnings=tuple(warnings),
+        tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
+        node_affinity=affinity, pod=pod, startup_budget_s=startup, warnings=tuple(warnings),
     )
+
+
+def _pod_extras(spec: _Doc, fail, warnings: list[str], model_volume: str
+                ) -> pod_fields.PodExtras:
+    """spec.kubernetes: what the file adds to the worker pod (config/pod_fields.py)."""
+    kube = spec.child("kubernetes", {})
+    file, where = spec.file, "spec.kubernetes"
+    vols = pod_fields.volumes(kube.get("volumes", list, []), f"{where}.volumes", fail, warnings,
+                              file, model_volume, pod_fields.OUR_VOLUMES)
+    inits = pod_fields.init_containers(
+        kube.get("initContainers", list, []), f"{where}.initContainers", fail, warnings, file,
+        model_volume, {v["name"] for v in vols}, pod_fields.OUR_INIT_CONTAINERS)
+    account = kube.get("serviceAccountName", str, None)
+    if account is not None:
+        account = pod_fields.service_account(account, f"{where}.serviceAccountName", fail)
+    notes = pod_fields.annotations(kube.get("podTemplateAnnotations", Mapping, {}),
+                                   f"{where}.podTemplateAnnotations", fail, warnings, file)
+    kube.done(warnings)
+    return pod_fields.PodExtras(init_containers=inits, volumes=vols, service_account=account,
+                                annotations=notes)
+
+
+_CAPTURE_TIERS = ("loadBalancer", "modelPod", "sagemakerEndpoint")
+
+
+def _data_capture(spec: _Doc) -> None:
+    """dataCapture: refused where a tier is on (docs/serving.md says why and what instead)."""
+    capture = spec.child("dataCapture", {})
+    for tier in _CAPTURE_TIERS:
+        if tier in capture.data:
+            t = capture.child(tier)
+            if t.get("enabled", bool, False):
+                raise t.fail("enabled", True, "false: requests and answers are not captured "
+                             "here (prompts are customer data, and the router front logs no "
+                             "bodies); capture in the client, with its own KMS key and bucket")
+            t.used |= set(t.data)
+    capture.used |= set(capture.data)
 
 
 MIN_PREFIX_TOKENS, MAX_PREFIX_TOKENS = 256, 1 << 20

@@ -104,6 +104,13 @@ class WorkerProps:
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
     api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
+    # The file's pod-level fields (config/pod_fields.py), already checked and resolved:
+    tolerations: tuple[Mapping[str, Any], ...] = ()     # beside ours
+    node_affinity: Mapping[str, Any] | None = None      # beside our node selector
+    pod_annotations: tuple[tuple[str, str], ...] = ()
+    extra_init: tuple[Mapping[str, Any], ...] = ()      # after ours; images resolved
+    extra_volumes: tuple[Mapping[str, Any], ...] = ()
+    startup_budget_s: int = 1800      # the startup probe's window (maxDeployTimeInSeconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,6 +536,26 @@ elif now - last["since"] > stall_s:
 """
 
 
+STARTUP_PERIOD_S = 10
+
+
+def startup_failures(p: "WorkerProps") -> int:
+    """Startup probe failures allowed: the startup budget in probe periods, rounded up."""
+    return -(-p.startup_budget_s // STARTUP_PERIOD_S)
+
+
+def file_init_container(c: Mapping[str, Any]) -> dict:
+    """A file's init container under our hardening: its securityContext may only narrow ours
+    (config/pod_fields.py refused the rest), and it gets bounded resources where it names
+    none."""
+    out = dict(c)
+    out["securityContext"] = {**hardened(run_as_user=WORKER_UID), **c.get("securityContext", {})}
+    out.setdefault("imagePullPolicy", "IfNotPresent")
+    out.setdefault("resources", {"requests": {"cpu": "500m", "memory": "512Mi"},
+                                 "limits": {"cpu": "2", "memory": "2Gi"}})
+    return out
+
+
 def liveness_probe(p: "WorkerProps", http_check: dict) -> dict:
     """The vLLM container's livenessProbe: the stall check (above) where the image's python is
     known, else ``http_check``; six failures 10 s apart restart it."""
@@ -683,6 +710,7 @@ class WorkersChart(Chart):
             config_file = "/run/lmcache/lmcache.yaml"
         if p.api_key:
             init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
+        init += [file_init_container(c) for c in p.extra_init]
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -712,7 +740,8 @@ class WorkersChart(Chart):
             "resources": {
                 "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
                 "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
-            "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
+            # the startup budget (default 30 min) to load weights and start
+            "startupProbe": {**health, "failureThreshold": startup_failures(p)},
             "readinessProbe": {**health, "failureThreshold": 3},
             "livenessProbe": liveness_probe(p, health),
             "lifecycle": {"preStop": pre_stop(p)},
@@ -732,14 +761,18 @@ class WorkersChart(Chart):
         if p.working_dir:
             worker["workingDir"] = p.working_dir
         pod = {
-            "metadata": {"labels": labels},
+            "metadata": {"labels": labels,
+                         **({"annotations": dict(p.pod_annotations)} if p.pod_annotations
+                            else {})},
             "spec": {
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
                 "securityContext": pod_security(WORKER_UID),
                 "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group},
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
-                                 "effect": "NoSchedule"}],
+                                 "effect": "NoSchedule"}, *map(dict, p.tolerations)],
+                **({"affinity": {"nodeAffinity": dict(p.node_affinity)}}
+                   if p.node_affinity else {}),
                 "topologySpreadConstraints": zone_spread(sel),
                 "terminationGracePeriodSeconds": termination_grace_s(p),
                 "initContainers": init, "containers": [worker],
@@ -753,7 +786,8 @@ class WorkersChart(Chart):
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
                                                              "sizeLimit": "1Mi"}},
-                    *(API_KEY_VOLUMES if p.api_key else [])],
+                    *(API_KEY_VOLUMES if p.api_key else []),
+                    *map(dict, p.extra_volumes)],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
         if p.stateful:

@@ -48,7 +48,7 @@ class ServingStack(Stack):
         accounts = {}
         identities: dict[str, PodIdentityRole] = {}   # service account -> its Pod Identity
         for spec in endpoints:
-            sa = worker_service_account(spec.name)
+            sa = worker_service_account(spec.name, spec.pod.service_account)
             accounts[spec.name] = sa
             identities[sa] = PodIdentityRole(
                 self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(

@@ -45,12 +45,17 @@ REFUSED = {
     # from its limit, so which one was meant is the user's to say (an unmerged sample).
     "hpcli-pr413-sample-llama70b-l1-l2-tieredstorage.yaml": (
         "spec.worker.resources.requests.nvidia.com/gpu", "only equal to limits"),
+    # Its required node affinity names zones of us-east-2: no node of the environment has one,
+    # so its workers would wait Pending forever (as on HyperPod outside us-east-2).
+    "hpcli-pr413-sample-qwen3-8b-node-affinity.yaml": (
+        "spec.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        "topology.kubernetes.io/zone=us-west-2a"),
 }
 SERVED = [f for f in FILES if f.name not in REFUSED]
 
 # Placeholders a reader must fill for the file to mean anything: names, the model's place, the
-# L2 URL, the image. Placeholders in fields we ignore (bucketName, tlsConfig's S3 URI, the
-# namespace, spec.kubernetes) stay as published. Endpoint names are made per file.
+# L2 URL, the image, the service account. Placeholders in fields we ignore or replace
+# (bucketName, tlsConfig's S3 URI, the namespace, a model loader's script) stay as published. Endpoint names are made per file.
 FILLS = {
     "S3_MODEL_LOCATION": "models/my-model", "MODEL_LOCATION": "models/my-model",
     "LOCATION_OF_MODEL_WITHIN_S3": "models/my-model",
@@ -60,6 +65,7 @@ FILLS = {
     "YOUR_LMCACHE_IMAGE": "lmcache/vllm-openai:v0.3.7",
 }
 _NAME_VARS = ("SAGEMAKER_ENDPOINT_NAME", "MY_DEPLOYMENT_NAME")
+_ACCOUNT_VARS = ("YOUR_SERVICE_ACCOUNT",)   # the reader's own account, one per endpoint
 _PLACEHOLDER = re.compile(r"\\?\$\{?([A-Z][A-Z0-9_]*)\}?|<([A-Z][A-Z0-9_]*)>")
 
 # The corpus's instance types served on node groups each variant has (g5 exists in both).
@@ -83,6 +89,8 @@ def filled(path: Path) -> tuple[str, bool]:
         name = match.group(1) or match.group(2)
         if name in _NAME_VARS:
             return stem
+        if name in _ACCOUNT_VARS:
+            return f"{stem}-sa"
         return FILLS.get(name, match.group(0))
 
     out = _PLACEHOLDER.sub(fill, body)

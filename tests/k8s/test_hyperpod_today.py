@@ -1,0 +1,208 @@
+"""A file for today's HyperPod operator (v3.7) deploys in every environment, and its pod-level
+fields (tolerations, nodeAffinity, spec.kubernetes, maxDeployTimeInSeconds) do on EKS what they
+do on HyperPod, under the gates our own pods pass (config/pod_fields.py)."""
+from __future__ import annotations
+
+import math
+
+import cdk8s
+import kubernetes_validate
+import pytest
+import yaml
+
+from config import ConfigError, resolve_environment
+from config.contracts import GPU_TAINT_KEY
+from config.hyperpod_fields import FIELDS
+from config.pod_fields import OUR_INIT_CONTAINERS, OUR_VOLUMES
+from k8s.serving import build_charts, load_endpoints, placeholder_facts
+from tests.conftest import ROOT
+from tests.k8s.test_hyperpod_corpus import _corpus_env
+
+EVERY_FIELD = ROOT / "tests" / "fixtures" / "hyperpod-today" / "every-field.yaml"
+# Rows the file leaves out: another issue's (pdSpec), one place of two (autoScalingSpec), and
+# this project's own apiVersion/kind/metadata rows it writes under other names.
+NOT_IN_FILE = {"spec.pdSpec", "spec.intelligentRoutingSpec.autoScalingSpec"}
+
+
+def _paths(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            path = f"{prefix}.{k}" if prefix else k
+            yield path
+            yield from _paths(v, path)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _paths(v, prefix + "[]")
+
+
+def test_the_file_sets_every_row_of_the_table():
+    paths = set(_paths(yaml.safe_load(EVERY_FIELD.read_text())))
+    missing = [row for row in FIELDS if row not in NOT_IN_FILE
+               and not any(p == row or p.startswith(row + ".") or p.startswith(row + "[")
+                           for p in paths)]
+    assert missing == []
+
+
+def _load(tmp_path, variant, raw=None):
+    name = EVERY_FIELD.name
+    ctx = _corpus_env(tmp_path, variant, [EVERY_FIELD])
+    if raw is not None:
+        (tmp_path / name).write_text(yaml.safe_dump(raw))
+    cfg = resolve_environment(ctx)
+    specs = load_endpoints(cfg, tmp_path)
+    return cfg, specs
+
+
+def _raw():
+    return yaml.safe_load(EVERY_FIELD.read_text())
+
+
+@pytest.fixture(scope="module", params=["dev", "china"])
+def rendered(request, tmp_path_factory):
+    cfg, specs = _load(tmp_path_factory.mktemp(request.param), request.param)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs))
+            for d in c.to_json()]
+    return cfg, specs[0], docs
+
+
+def _workers(docs):
+    return next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                and d["metadata"]["name"] == "every-field-workers")
+
+
+def test_every_field_file_synthesizes_with_strict_schemas(rendered):
+    cfg, spec, docs = rendered
+    for doc in docs:
+        if "." not in doc["apiVersion"].split("/")[0] or doc["apiVersion"].startswith(
+                ("apps/", "policy/", "networking.k8s.io/", "rbac.authorization.k8s.io/")):
+            kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+    ignored = [w for w in spec.warnings if ": ignored:" in w]
+    assert ignored and all(w.startswith("every-field.yaml: ") for w in ignored)
+
+
+def test_tolerations_affinity_and_annotations_reach_the_worker_pod(rendered):
+    cfg, spec, docs = rendered
+    pod = _workers(docs)["spec"]["template"]
+    tolerations = pod["spec"]["tolerations"]
+    assert tolerations[0]["key"] == GPU_TAINT_KEY                  # ours first, then the file's
+    assert {"key": "example.com/dedicated", "operator": "Equal", "value": "search",
+            "effect": "NoSchedule"} in tolerations
+    # a toleration for a taint no node group has: said, and harmless
+    assert any("tolerations[1]" in w and "matches no node group's taint" in w
+               for w in spec.warnings)
+    assert not any("tolerations[0]" in w for w in spec.warnings)
+    term = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    # HyperPod's ml. type reads as the EC2 type the environment serves it on
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [spec.instance_type]
+    assert pod["metadata"]["annotations"] == {"example.com/cost-center": "search"}
+    assert any("safe-to-evict: not rendered" in w for w in spec.warnings)
+
+
+def test_the_files_init_container_volumes_and_account_run_under_our_gates(rendered):
+    cfg, spec, docs = rendered
+    pod = _workers(docs)["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["initContainers"]]
+    assert names[0] == "stage-model" and names[-1] == "warm-scratch"   # weights first
+    theirs = pod["initContainers"][-1]
+    ctx = theirs["securityContext"]
+    assert ctx["runAsUser"] == 1000 and ctx["runAsNonRoot"] and not ctx["allowPrivilegeEscalation"]
+    assert ctx["capabilities"] == {"drop": ["ALL"]} and theirs["resources"]["limits"]
+    if cfg.facts.china:   # mirrored like the worker image
+        assert theirs["image"].startswith(f"{cfg.account}.dkr.ecr.{cfg.region}.amazonaws.com.cn/")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["scratch"] == {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
+    assert volumes["nvme-cache"] == {"name": "nvme-cache", "emptyDir": {}}   # not hostPath
+    assert any("nvme-cache is an emptyDir" in w for w in spec.warnings)
+    # the file's account is the workers' and the ServiceAccount object we make
+    assert pod["serviceAccountName"] == "every-field-reader"
+    assert any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "every-field-reader"
+               for d in docs)
+    # the names we give ourselves are the ones config/pod_fields.py keeps files from taking
+    assert {v for v in volumes if v not in ("scratch", "nvme-cache")} <= set(OUR_VOLUMES)
+    assert set(names[:-1]) <= set(OUR_INIT_CONTAINERS)
+
+
+def test_max_deploy_time_is_the_startup_budget(rendered):
+    _, spec, docs = rendered
+    container = _workers(docs)["spec"]["template"]["spec"]["containers"][0]
+    probe = container["startupProbe"]
+    assert spec.startup_budget_s == 2400
+    assert probe["failureThreshold"] * probe["periodSeconds"] == 2400
+    assert math.ceil(spec.startup_budget_s / probe["periodSeconds"]) == probe["failureThreshold"]
+
+
+@pytest.mark.parametrize("change, field, allowed", [
+    (lambda s: s["kubernetes"]["initContainers"][0].setdefault("securityContext", {}).update(
+        privileged=True),
+     "spec.kubernetes.initContainers[warm-scratch].securityContext.privileged",
+     "restricted pod security"),
+    (lambda s: s["kubernetes"]["initContainers"][0]["securityContext"].update(runAsUser=0),
+     "spec.kubernetes.initContainers[warm-scratch].securityContext.runAsUser", "non-zero"),
+    (lambda s: s["kubernetes"]["initContainers"][0].update(image="busybox:latest"),
+     "spec.kubernetes.initContainers[warm-scratch].image", "pinned"),
+    (lambda s: s["kubernetes"]["volumes"].append({"name": "sock", "nfs": {"server": "x"}}),
+     "spec.kubernetes.volumes[2].nfs", "restricted pod security"),
+    (lambda s: s["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"].append(
+            {"key": "node.kubernetes.io/instance-type", "operator": "In",
+             "values": ["ml.p5.48xlarge"]}),
+     "spec.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution", "g5.24xlarge"),
+    (lambda s: s["dataCapture"]["modelPod"].update(enabled=True),
+     "spec.dataCapture.modelPod.enabled", "not captured"),
+    (lambda s: s["tolerations"].append({"key": "a", "operator": "Exists", "value": "b"}),
+     "spec.tolerations[2].value", "Exists"),
+], ids=["privileged-init", "root-init", "latest-image", "nfs-volume", "affinity-no-group",
+        "data-capture", "bad-toleration"])
+def test_what_the_namespace_or_the_nodes_would_refuse_is_one_line_at_synth(
+        tmp_path, change, field, allowed):
+    raw = _raw()
+    change(raw["spec"])
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, "dev", raw)
+    assert info.value.field == f"{EVERY_FIELD.name}: {field}"
+    assert allowed in str(info.value.allowed) and "\n" not in str(info.value)
+
+
+def test_a_loader_of_the_model_volume_is_replaced_by_our_staging(tmp_path):
+    raw = _raw()
+    raw["spec"]["kubernetes"]["volumes"].append(
+        {"name": "model-weights", "hostPath": {"path": "/opt/dlami/nvme/m"}})
+    raw["spec"]["kubernetes"]["initContainers"].append(
+        {"name": "smart-loader", "image": "public.ecr.aws/aws-cli/aws-cli:2.22.0",
+         "volumeMounts": [{"name": "model-weights", "mountPath": "/model"}]})
+    _, (spec,) = _load(tmp_path, "dev", raw)
+    assert [c["name"] for c in spec.pod.init_containers] == ["warm-scratch"]
+    assert [v["name"] for v in spec.pod.volumes] == ["scratch", "nvme-cache"]
+    assert any("smart-loader" in w and "stages the weights" in w for w in spec.warnings)
+
+
+def test_a_service_account_two_endpoints_share_is_refused(tmp_path):
+    raw = _raw()
+    raw["spec"]["kubernetes"]["serviceAccountName"] = "every-field-router"
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, "dev", raw)
+    assert info.value.field == f"{EVERY_FIELD.name}: spec.kubernetes.serviceAccountName"
+
+
+@pytest.mark.parametrize("variant", ["dev", "china"])
+def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
+    """The CDK app too: the file's service account gets the worker role's Pod Identity, and
+    cdk-nag and CDK's validation pass."""
+    import json
+
+    import aws_cdk as cdk
+
+    from stacks.app_builder import build
+    ctx = _corpus_env(tmp_path, variant, [EVERY_FIELD])
+    cfg = resolve_environment(ctx)
+    specs = load_endpoints(cfg, tmp_path)
+    app = cdk.App(context=ctx, outdir=str(tmp_path / "cdk.out"))
+    stacks = build(app, cfg, specs)
+    out = tmp_path / "cdk.out"
+    app.synth()
+    report = json.loads((out / "validation-report.json").read_text())
+    assert all(r["conclusion"] == "success" for r in report["pluginReports"])
+    template = json.loads((out / f"{stacks.serving.artifact_id}.template.json").read_text())
+    accounts = {r["Properties"]["ServiceAccount"] for r in template["Resources"].values()
+                if r["Type"] == "AWS::EKS::PodIdentityAssociation"}
+    assert "every-field-reader" in accounts

@@ -55,6 +55,25 @@ class PrometheusTrigger:
 
 
 @dataclass(frozen=True)
+class CloudWatchTrigger:
+    """HyperPod `cloudWatchTrigger`: KEDA's aws-cloudwatch scaler, as the KEDA operator's Pod
+    Identity (cloudwatch:GetMetricData)."""
+
+    name: str
+    namespace: str
+    metric_name: str
+    target_value: float
+    dimensions: tuple[tuple[str, str], ...] = ()
+    activation_target_value: float = 0.0
+    min_value: float = 0.0
+    metric_stat: str = "Average"
+    period_s: int = 300              # metricCollectionPeriod: the statistic's period
+    start_s: int = 300               # metricCollectionStartTime: how far back to query
+    metric_type: str = "AverageValue"
+    use_cached: bool = True          # useCachedMetrics: KEDA's cache between polls
+
+
+@dataclass(frozen=True)
 class AutoScaling:
     """HyperPod `autoScalingSpec` (KEDA) with its defaults; rendered as a ScaledObject."""
 
@@ -66,10 +85,12 @@ class AutoScaling:
     scale_up_stabilization: int = 0
     scale_down_stabilization: int = 300
     triggers: tuple[PrometheusTrigger, ...] = ()
+    cloudwatch: tuple[CloudWatchTrigger, ...] = ()
 
 
 # How long a worker may take to load weights and start, unless maxDeployTimeInSeconds says
 DEFAULT_STARTUP_S = 1800
+DEFAULT_SCRAPE_S = 15    # HyperPod's default, and k8s/monitoring.py SCRAPE_INTERVAL
 MIN_STARTUP_S, MAX_STARTUP_S = 120, 86400
 
 # Default trigger when the file has none: waiting requests per worker (vLLM's own queue).
@@ -126,6 +147,7 @@ class EndpointSpec:
     node_affinity: Mapping[str, Any] | None = None
     pod: pod_fields.PodExtras = pod_fields.PodExtras()
     startup_budget_s: int = DEFAULT_STARTUP_S   # maxDeployTimeInSeconds: the startup probe's
+    scrape_interval_s: int = 15     # metrics.metricsScrapeIntervalSeconds (k8s/monitoring.py)
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -322,6 +344,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
 
     metrics = spec.child("metrics", {})
     metrics_enabled = metrics.get("enabled", bool, True)
+    scrape_s = metrics.get("metricsScrapeIntervalSeconds", int, DEFAULT_SCRAPE_S)
+    if not 5 <= scrape_s <= 300:
+        raise metrics.fail("metricsScrapeIntervalSeconds", scrape_s, "5 to 300 seconds")
     model_metrics = metrics.child("modelMetrics", {})
     for key, expected in (("port", port), ("path", "/metrics")):
         value = model_metrics.get(key, type(expected), expected)
@@ -470,7 +495,8 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
         tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
-        node_affinity=affinity, pod=pod, startup_budget_s=startup, warnings=tuple(warnings),
+        node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
+        warnings=tuple(warnings),
     )
 
 
@@ -712,8 +738,9 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
             metric_type="AverageValue" if metric_type == "Average" else "Value",
             name=t.get("name", str, f"trigger-{i}")))
         t.done(warnings)
+    cloudwatch = _cloudwatch_triggers(doc, warnings)
     scaling = AutoScaling(
-        min_replicas=lo, max_replicas=hi,
+        min_replicas=lo, max_replicas=hi, cloudwatch=cloudwatch,
         polling_interval=seconds("pollingInterval", 30),
         cooldown_period=seconds("cooldownPeriod", 300),
         initial_cooldown_period=seconds("initialCooldownPeriod", 300),
@@ -722,6 +749,56 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
         triggers=tuple(triggers))
     doc.done(warnings)
     return scaling
+
+
+_CW_STATS = re.compile(r"(SampleCount|Average|Sum|Minimum|Maximum|p\d{1,2}(\.\d+)?)")
+
+
+def _cloudwatch_triggers(doc: _Doc, warnings: list[str]) -> tuple[CloudWatchTrigger, ...]:
+    """cloudWatchTriggerList (which HyperPod prefers) or cloudWatchTrigger."""
+    if "cloudWatchTriggerList" in doc.data:
+        raw = [(f"cloudWatchTriggerList[{i}]", t) for i, t in
+               enumerate(doc.get("cloudWatchTriggerList", list))]
+        doc.used.add("cloudWatchTrigger")
+    elif "cloudWatchTrigger" in doc.data:
+        raw = [("cloudWatchTrigger", doc.get("cloudWatchTrigger", Mapping))]
+    else:
+        return ()
+    out = []
+    for i, (key, item) in enumerate(raw):
+        t = _Doc(doc.env, doc.file, item, doc.p(key))
+        number = (int, float)
+        target = t.get("targetValue", number, allowed="a number")
+        if target <= 0:
+            raise t.fail("targetValue", target, "a positive number")
+        dims = []
+        for j, d in enumerate(t.get("dimensions", list, [])):
+            if not (isinstance(d, Mapping) and set(d) == {"name", "value"}
+                    and all(isinstance(d[k], str) and d[k] and ";" not in d[k]
+                            for k in ("name", "value"))):
+                raise t._err(f"{t.p('dimensions')}[{j}]", d, "{name, value}: strings without ';'")
+            dims.append((d["name"], d["value"]))
+        stat = t.get("metricStat", str, "Average")
+        if not _CW_STATS.fullmatch(stat):
+            raise t.fail("metricStat", stat, "SampleCount, Average, Sum, Minimum, Maximum or pNN")
+        metric_type = t.get("metricType", str, "Average")
+        if metric_type not in ("Average", "Value"):
+            raise t.fail("metricType", metric_type, ("Average", "Value"))
+        period = t.get("metricCollectionPeriod", int, 300)
+        start = t.get("metricCollectionStartTime", int, 300)
+        if not 1 <= period <= start <= 86400:
+            raise t.fail("metricCollectionStartTime", start, f"at least metricCollectionPeriod "
+                         f"({period}) and at most 86400 seconds")
+        name = t.get("name", str, f"cloudwatch-{i}")
+        out.append(CloudWatchTrigger(
+            name=name, namespace=t.get("namespace", str), metric_name=t.get("metricName", str),
+            target_value=float(target), dimensions=tuple(dims),
+            activation_target_value=float(t.get("activationTargetValue", number, 0)),
+            min_value=float(t.get("minValue", number, 0)), metric_stat=stat, period_s=period,
+            start_s=start, metric_type="AverageValue" if metric_type == "Average" else "Value",
+            use_cached=t.get("useCachedMetrics", bool, True)))
+        t.done(warnings)
+    return tuple(out)
 
 
 def _gib(quantity: str) -> float:

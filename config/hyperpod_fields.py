@@ -147,17 +147,21 @@ _ROWS = (
           "as prometheusTrigger"),
     Field("spec.autoScalingSpec.prometheusTriggerList[].useCachedMetrics", IGNORED,
           "as prometheusTrigger"),
-    Field("spec.autoScalingSpec.cloudWatchTrigger", IGNORED, "worker metrics live in AMP or "
-          "the in-cluster Prometheus (China has no AMP): the default trigger on waiting "
-          "requests applies instead"),
-    Field("spec.autoScalingSpec.cloudWatchTriggerList", IGNORED, "as cloudWatchTrigger"),
+    Field("spec.autoScalingSpec.cloudWatchTrigger", USED, "a KEDA aws-cloudwatch trigger "
+          "in the environment's region, read as the KEDA operator's Pod Identity "
+          "(cloudwatch:GetMetricData); beside the Prometheus triggers (KEDA scales to the "
+          "largest)"),
+    Field("spec.autoScalingSpec.cloudWatchTriggerList", USED, "as cloudWatchTrigger, one "
+          "trigger each (it wins over cloudWatchTrigger, as on HyperPod)"),
     # Metrics and load balancer
     Field("spec.metrics.enabled", USED, "false: the workers are not scraped"),
     Field("spec.metrics.modelMetrics.port", USED, "must be the worker port: vLLM serves "
           "/metrics there (another port is a warning)"),
     Field("spec.metrics.modelMetrics.path", USED, "/metrics is scraped (another path is a "
           "warning)"),
-    Field("spec.metrics.metricsScrapeIntervalSeconds", IGNORED, "scraped every 15 s"),
+    Field("spec.metrics.metricsScrapeIntervalSeconds", USED, "how often Prometheus scrapes "
+          "the endpoint's workers and router (default 15 s); series keep their usual job "
+          "label"),
     Field("spec.loadBalancer.healthCheckPath", USED, "the workers' probes and the router's "
           "health checks"),
     Field("spec.loadBalancer.idleTimeoutSeconds", IGNORED, "the router's network load "

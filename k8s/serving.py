@@ -429,7 +429,7 @@ def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | 
     if s.routing_strategy == "kvaware" or s.autoscaling is None:
         return None
     spec = s.autoscaling
-    if not spec.triggers:
+    if not spec.triggers and not spec.cloudwatch:   # the file's CloudWatch triggers alone
         spec = replace(spec, triggers=(default_trigger(s.model_name),))
     return spec
 

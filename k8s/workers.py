@@ -805,6 +805,7 @@ class WorkersChart(Chart):
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})
         if p.scaling:
+            self.region = p.region
             self._scaled_object(name, kind, labels, p.scaling)
         # Headless: stable per-pod DNS (StatefulSet) and a scrape target list for Prometheus.
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
@@ -815,7 +816,7 @@ class WorkersChart(Chart):
     def _scaled_object(self, name: str, kind: str, labels: dict, scaling: WorkerScaling) -> None:
         s, src, ns = scaling.spec, scaling.source, self.namespace
         auth = None
-        if src.aws_region:
+        if src.aws_region or s.cloudwatch:
             auth = f"{name}-aws"
             k8s_object(self, "TriggerAuthentication", api_version="keda.sh/v1alpha1",
                        kind="TriggerAuthentication", name=auth, namespace=ns, labels=labels,
@@ -833,6 +834,19 @@ class WorkersChart(Chart):
                 meta["awsRegion"] = src.aws_region
                 trigger["authenticationRef"] = {"name": auth}
             triggers.append(trigger)
+        for c in s.cloudwatch:   # as the KEDA operator's Pod Identity (cloudwatch:GetMetricData)
+            meta = {"namespace": c.namespace, "metricName": c.metric_name,
+                    "targetMetricValue": _num(c.target_value),
+                    "activationTargetMetricValue": _num(c.activation_target_value),
+                    "minMetricValue": _num(c.min_value), "metricStat": c.metric_stat,
+                    "metricStatPeriod": str(c.period_s), "metricCollectionTime": str(c.start_s),
+                    "awsRegion": self.region}
+            if c.dimensions:
+                meta["dimensionName"] = ";".join(n for n, _ in c.dimensions)
+                meta["dimensionValue"] = ";".join(v for _, v in c.dimensions)
+            triggers.append({"type": "aws-cloudwatch", "name": c.name,
+                             "metricType": c.metric_type, "useCachedMetrics": c.use_cached,
+                             "metadata": meta, "authenticationRef": {"name": auth}})
         k8s_object(self, "ScaledObject", api_version="keda.sh/v1alpha1", kind="ScaledObject",
                    name=name, namespace=ns, labels=labels, body={"spec": {
                        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": name},

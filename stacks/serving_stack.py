@@ -12,7 +12,9 @@ from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from k8s.router import router_name
-from k8s.serving import ServingFacts, build_charts, reads_managed_l2, worker_service_account
+from k8s.serving import (
+    ServingFacts, build_charts, effective_scaling, reads_managed_l2, worker_service_account,
+)
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
@@ -25,7 +27,8 @@ class ServingStack(Stack):
                  endpoints: tuple[EndpointSpec, ...], cluster: eks.ICluster,
                  model_bucket: s3.IBucket, model_key: kms.IKey | None,
                  l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
-                 metrics: MetricsSource, **kwargs) -> None:
+                 metrics: MetricsSource, keda_role: iam.IRole | None = None,
+                 **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         # Built and pushed to the account's ECR by `python -m tools mirror` (images/router/
         # lock.json), before this stack deploys: nothing is built or fetched at deploy time.
@@ -81,6 +84,15 @@ class ServingStack(Stack):
             acknowledge(role, {wildcard(f"{bucket_arn}/{prefix}"):
                               "Objects under the endpoint's own model prefix only."})
         managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
+        if keda_role is not None and any(
+                (scaling := effective_scaling(cfg, s)) and scaling.cloudwatch
+                for s in endpoints):
+            # autoScalingSpec.cloudWatchTrigger: KEDA reads the metrics as its operator. Here,
+            # not in the cluster stack, so a model change never touches that stack.
+            reads = iam.Policy(self, "KedaCloudWatchReads", roles=[keda_role], statements=[
+                iam.PolicyStatement(actions=["cloudwatch:GetMetricData"], resources=["*"])])
+            acknowledge(reads, {wildcard("*"): "cloudwatch:GetMetricData has no resource-level "
+                                "permissions; the files' CloudWatch triggers name the metrics."})
         self.facts = ServingFacts(router_image=router_image,
                                   model_bucket=model_bucket.bucket_name,
                                   managed_l2=managed_l2, service_account=accounts,

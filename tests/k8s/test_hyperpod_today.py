@@ -16,6 +16,7 @@ from config.hyperpod_fields import FIELDS
 from config.pod_fields import OUR_INIT_CONTAINERS, OUR_VOLUMES
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.conftest import ROOT
+from tests.k8s.crds import is_custom_resource, validate_custom_resources
 from tests.k8s.test_hyperpod_corpus import _corpus_env
 
 EVERY_FIELD = ROOT / "tests" / "fixtures" / "hyperpod-today" / "every-field.yaml"
@@ -73,9 +74,9 @@ def _workers(docs):
 def test_every_field_file_synthesizes_with_strict_schemas(rendered):
     cfg, spec, docs = rendered
     for doc in docs:
-        if "." not in doc["apiVersion"].split("/")[0] or doc["apiVersion"].startswith(
-                ("apps/", "policy/", "networking.k8s.io/", "rbac.authorization.k8s.io/")):
+        if not is_custom_resource(doc):
             kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+    validate_custom_resources([d for d in docs if is_custom_resource(d)])
     ignored = [w for w in spec.warnings if ": ignored:" in w]
     assert ignored and all(w.startswith("every-field.yaml: ") for w in ignored)
 
@@ -120,6 +121,22 @@ def test_the_files_init_container_volumes_and_account_run_under_our_gates(render
     # the names we give ourselves are the ones config/pod_fields.py keeps files from taking
     assert {v for v in volumes if v not in ("scratch", "nvme-cache")} <= set(OUR_VOLUMES)
     assert set(names[:-1]) <= set(OUR_INIT_CONTAINERS)
+
+
+def test_cloudwatch_triggers_are_kedas_aws_cloudwatch_scaler_with_pod_identity(rendered):
+    cfg, spec, docs = rendered
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
+    by_type = {}
+    for t in scaled["spec"]["triggers"]:
+        by_type.setdefault(t["type"], []).append(t)
+    (cw,) = by_type["aws-cloudwatch"]          # the list wins over the single trigger
+    assert cw["metadata"]["awsRegion"] == cfg.region
+    assert (cw["metadata"]["namespace"], cw["metadata"]["metricName"],
+            cw["metadata"]["targetMetricValue"]) == ("AWS/SageMaker", "ModelLatency", "500")
+    auth = next(d for d in docs if d["kind"] == "TriggerAuthentication"
+                and d["metadata"]["name"] == cw["authenticationRef"]["name"])
+    assert auth["spec"]["podIdentity"]["provider"] == "aws"
+    assert len(by_type["prometheus"]) == 1     # the file's Prometheus list, beside it
 
 
 def test_max_deploy_time_is_the_startup_budget(rendered):
@@ -206,3 +223,38 @@ def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
     accounts = {r["Properties"]["ServiceAccount"] for r in template["Resources"].values()
                 if r["Type"] == "AWS::EKS::PodIdentityAssociation"}
     assert "every-field-reader" in accounts
+    # the KEDA operator may read CloudWatch: granted here, not in the cluster stack
+    statements = [st for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
+                  for st in r["Properties"]["PolicyDocument"]["Statement"]]
+    assert any(st["Action"] == "cloudwatch:GetMetricData" for st in statements)
+
+
+def test_an_endpoints_scrape_interval_gets_jobs_of_its_own():
+    """metricsScrapeIntervalSeconds: the endpoint's workers and router are scraped that often,
+    by jobs whose series keep the usual job label. (Debian's promtool is built without
+    Kubernetes discovery, so it cannot check these jobs; test_monitoring.py's shape checks
+    apply to them as to the others.)"""
+    from k8s.monitoring import scrape_configs
+    from observability.metrics import ROUTERS_JOB, WORKERS_JOB
+    from tests.k8s.test_monitoring import _relabel_keep
+
+    name_label = "__meta_kubernetes_service_label_app_kubernetes_io_instance"
+    jobs = scrape_configs(endpoints=("a", "b"), intervals={"a": 15, "b": 30})
+    by = {j["job_name"]: j for j in jobs}
+    for job in (WORKERS_JOB, ROUTERS_JOB):
+        own = by[f"{job}-30s"]
+        assert (own["scrape_interval"], by[job]["scrape_interval"]) == ("30s", "15s")
+        assert {"target_label": "job", "replacement": job} in own["relabel_configs"]
+        keep = [r for r in own["relabel_configs"] if r.get("source_labels") == [name_label]
+                and r.get("action") == "keep"]
+        assert [r["regex"] for r in keep] == ["b"]
+        usual = [r for r in by[job]["relabel_configs"]
+                 if r.get("source_labels") == [name_label] and r.get("action") == "keep"]
+        assert [r["regex"] for r in usual] == ["a"]
+    # every endpoint at its own interval: the usual jobs keep nothing
+    alone = {j["job_name"]: j for j in scrape_configs(endpoints=("b",), intervals={"b": 5})}
+    assert not _relabel_keep(alone[WORKERS_JOB], {name_label: "b"})
+    assert alone[f"{WORKERS_JOB}-5s"]["scrape_timeout"] == "5s"
+    # the default interval changes nothing
+    assert scrape_configs(endpoints=("a",), intervals={"a": 15}) == scrape_configs(
+        endpoints=("a",))

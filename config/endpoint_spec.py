@@ -148,6 +148,8 @@ class EndpointSpec:
     pod: pod_fields.PodExtras = pod_fields.PodExtras()
     startup_budget_s: int = DEFAULT_STARTUP_S   # maxDeployTimeInSeconds: the startup probe's
     scrape_interval_s: int = 15     # metrics.metricsScrapeIntervalSeconds (k8s/monitoring.py)
+    dns_zone_id: str | None = None  # dnsConfig.hostedZoneId: a Route 53 record for the router
+    domain_name: str | None = None  # tlsConfig.customCertificateConfig.domainName: its name
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -362,11 +364,15 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         raise lb.fail("healthCheckPath", health, "an absolute path such as /health")
     lb.done(warnings)
 
-    tls_arn = None
+    tls_arn = domain = None
     tls = spec.child("tlsConfig", {})
     if "customCertificateConfig" in tls.data:
         custom = tls.child("customCertificateConfig")
         tls_arn = custom.get("acmArn", str)
+        domain = custom.get("domainName", str, None)
+        if domain is not None and not re.fullmatch(
+                r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", domain.rstrip(".")):
+            raise custom.fail("domainName", domain, "a domain name, e.g. chat.example.com")
         if not _ACM_ARN.fullmatch(tls_arn):
             raise custom.fail("acmArn", tls_arn, "an ACM certificate ARN, "
                               "arn:<partition>:acm:<region>:<account>:certificate/<id>")
@@ -483,6 +489,13 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         raise spec.fail("maxDeployTimeInSeconds", startup, f"{MIN_STARTUP_S} to {MAX_STARTUP_S} "
                         "seconds (the workers' startup budget)")
     _data_capture(spec)
+    zone_id = None
+    if "dnsConfig" in spec.data:
+        dns = spec.child("dnsConfig")
+        zone_id = dns.get("hostedZoneId", str)
+        if not re.fullmatch(r"Z[A-Z0-9]{1,32}", zone_id):
+            raise dns.fail("hostedZoneId", zone_id, "a Route 53 hosted zone id (Z...)")
+        dns.done(warnings)
     spec.done(warnings)
 
     return EndpointSpec(
@@ -496,6 +509,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
         tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
         node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
+        dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None,
         warnings=tuple(warnings),
     )
 

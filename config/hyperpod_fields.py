@@ -53,8 +53,9 @@ _ROWS = (
     Field("spec.dataCapture", USED, "refused where a tier is enabled: requests and answers "
           "are not captured (prompts are customer data; the router front logs no bodies); "
           "capture in your client, or disable the tiers (enabled: false is accepted)"),
-    Field("spec.dnsConfig", IGNORED, "no Route 53 record is made: use the load balancer's "
-          "name or point your own record at it"),
+    Field("spec.dnsConfig", USED, "a Route 53 CNAME to the router's load balancer in that "
+          "hosted zone, which the environment must name (hostedZones; a warning otherwise); "
+          "named customCertificateConfig.domainName, else <endpoint>.<zone>"),
     Field("spec.nodeAffinity", USED, "added to the workers' placement on their GPU node "
           "group (ml. instance types read as instanceType is); a required term no node group "
           "of the environment satisfies is an error at synth, not a Pending pod"),
@@ -171,8 +172,8 @@ _ROWS = (
     Field("spec.tlsConfig.customCertificateConfig.acmArn", USED, "the certificate of the "
           "router load balancer's TLS listener where it is the environment's account and "
           "region; otherwise the environment's listener.certificateArn serves (a warning)"),
-    Field("spec.tlsConfig.customCertificateConfig.domainName", IGNORED, "no DNS record: point "
-          "the certificate's name at the load balancer"),
+    Field("spec.tlsConfig.customCertificateConfig.domainName", USED, "the name of the "
+          "dnsConfig record (without dnsConfig: point it at the load balancer yourself)"),
     Field("spec.tlsConfig.tlsCertificateOutputS3Uri", IGNORED, "no certificate is generated or "
           "written to S3: TLS terminates at the router's load balancer only with an ACM "
           "certificate (customCertificateConfig.acmArn or the environment's "

@@ -123,6 +123,19 @@ def placement_notices(cfg: EnvironmentConfig, s: EndpointSpec) -> list[str]:
             if not any(pod_fields.tolerates(t, taint) for taint in taints)]
 
 
+def dns_record(cfg: EnvironmentConfig, s: EndpointSpec):
+    """(the environment's hosted zone, the record's name) for dnsConfig, or None: the zone the
+    file names must be one the environment names; the name is customCertificateConfig's
+    domainName where it lies in the zone, else <endpoint>.<zone>."""
+    zone = next((z for z in cfg.hosted_zones if z.id == s.dns_zone_id), None)
+    if zone is None:
+        return None
+    name = s.domain_name
+    if not name or not (name == zone.name or name.endswith("." + zone.name)):
+        name = f"{s.name}.{zone.name}"
+    return zone, name
+
+
 def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     """What can only be judged with the environment; returns the spec with its warnings."""
     where = f"{s.source_file}: spec"
@@ -135,6 +148,11 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     if (fit := weights_fit_notice(s)) is not None:
         warnings.append(fit)
     warnings += placement_notices(cfg, s)
+    if s.dns_zone_id and dns_record(cfg, s) is None:
+        warnings.append(f"{where}.dnsConfig.hostedZoneId: {s.dns_zone_id} is not a zone the "
+                        "environment names (hostedZones: "
+                        + (", ".join(z.id for z in cfg.hosted_zones) or "none")
+                        + "): no record is made; clients use the load balancer's name")
     refusal = l2_refusal_for(s)
     if refusal and not s.l2_forced:
         warnings.append(changed(

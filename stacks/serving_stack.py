@@ -1,19 +1,22 @@
 from __future__ import annotations
 
 import cdk8s
-from aws_cdk import CfnOutput, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import CfnOutput, Duration, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import aws_route53 as route53
 from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
 
 from config import EnvironmentConfig
-from config.contracts import SERVING_NAMESPACE
+from config.contracts import NODE_START_MINUTES, SERVING_NAMESPACE
+from config.environment import HostedZone
 from constructs.naming import logical_id
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from k8s.router import router_name
 from k8s.serving import (
-    ServingFacts, build_charts, effective_scaling, reads_managed_l2, worker_service_account,
+    ServingFacts, build_charts, dns_record, effective_scaling, reads_managed_l2,
+    worker_service_account,
 )
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
@@ -101,6 +104,7 @@ class ServingStack(Stack):
         self.charts_app = cdk8s.App()
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None
+        manifests: dict[str, eks.KubernetesManifest] = {}
         for chart in self.charts:
             manifest = eks.KubernetesManifest(self, logical_id(chart.node.id), cluster=cluster,
                                               manifest=chart.to_json(), overwrite=True)
@@ -110,7 +114,27 @@ class ServingStack(Stack):
             # when the pod is created (as constructs/cluster_monitoring.py orders them).
             for account in sorted(_service_accounts(chart) & set(identities)):
                 manifest.node.add_dependency(identities[account])
-            previous = manifest
+            previous = manifests[chart.node.id] = manifest
+        for spec in endpoints:
+            if (record := dns_record(cfg, spec)) is not None:
+                self._dns_record(cluster, spec, *record, manifests[router_name(spec.name)])
+
+    def _dns_record(self, cluster: eks.ICluster, spec: EndpointSpec, zone: HostedZone,
+                    name: str, router: eks.KubernetesManifest) -> None:
+        """dnsConfig: a CNAME to the router's NLB, whose name the load balancer controller
+        writes to the Service's status once it made it (read back here, waiting for it)."""
+        host = eks.KubernetesObjectValue(
+            self, f"{logical_id(spec.name)}RouterHost", cluster=cluster, object_type="service",
+            object_name=router_name(spec.name), object_namespace=SERVING_NAMESPACE,
+            json_path=".status.loadBalancer.ingress[0].hostname",
+            timeout=Duration.minutes(NODE_START_MINUTES))
+        host.node.add_dependency(router)
+        route53.CnameRecord(
+            self, f"{logical_id(spec.name)}Dns", record_name=name, domain_name=host.value,
+            ttl=Duration.minutes(5), zone=route53.HostedZone.from_hosted_zone_attributes(
+                self, f"{logical_id(spec.name)}Zone", hosted_zone_id=zone.id,
+                zone_name=zone.name))
+        CfnOutput(self, f"{logical_id(spec.name)}DnsName", value=name)
 
 
 def _service_accounts(chart: cdk8s.Chart) -> set[str]:

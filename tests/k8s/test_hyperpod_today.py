@@ -139,6 +139,12 @@ def test_cloudwatch_triggers_are_kedas_aws_cloudwatch_scaler_with_pod_identity(r
     assert len(by_type["prometheus"]) == 1     # the file's Prometheus list, beside it
 
 
+def test_a_zone_the_environment_does_not_name_gets_no_record_and_a_warning(rendered):
+    _, spec, _ = rendered
+    assert any("dnsConfig.hostedZoneId: Z0123456789ABCDEFGHIJ is not a zone the environment "
+               "names" in w for w in spec.warnings)
+
+
 def test_max_deploy_time_is_the_startup_budget(rendered):
     _, spec, docs = rendered
     container = _workers(docs)["spec"]["template"]["spec"]["containers"][0]
@@ -211,6 +217,8 @@ def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
 
     from stacks.app_builder import build
     ctx = _corpus_env(tmp_path, variant, [EVERY_FIELD])
+    ctx["environments"][variant]["hostedZones"] = [{"id": "Z0123456789ABCDEFGHIJ",
+                                                    "name": "example.com"}]
     cfg = resolve_environment(ctx)
     specs = load_endpoints(cfg, tmp_path)
     app = cdk.App(context=ctx, outdir=str(tmp_path / "cdk.out"))
@@ -227,6 +235,16 @@ def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
     statements = [st for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
                   for st in r["Properties"]["PolicyDocument"]["Statement"]]
     assert any(st["Action"] == "cloudwatch:GetMetricData" for st in statements)
+    # dnsConfig: a CNAME named as the certificate, in the zone the environment names, to the
+    # hostname the load balancer controller writes on the router's Service
+    (record,) = [r["Properties"] for r in template["Resources"].values()
+                 if r["Type"] == "AWS::Route53::RecordSet"]
+    assert (record["Name"], record["Type"], record["HostedZoneId"]) == (
+        "every-field.example.com.", "CNAME", "Z0123456789ABCDEFGHIJ")
+    (lookup,) = [r["Properties"] for r in template["Resources"].values()
+                 if r["Type"] == "Custom::AWSCDK-EKS-KubernetesObjectValue"]
+    assert (lookup["ObjectName"], lookup["JsonPath"]) == (
+        "every-field-router", ".status.loadBalancer.ingress[0].hostname")
 
 
 def test_an_endpoints_scrape_interval_gets_jobs_of_its_own():
@@ -258,3 +276,11 @@ def test_an_endpoints_scrape_interval_gets_jobs_of_its_own():
     # the default interval changes nothing
     assert scrape_configs(endpoints=("a",), intervals={"a": 15}) == scrape_configs(
         endpoints=("a",))
+
+
+def test_a_hosted_zone_of_the_environment_is_checked_where_it_is_read(tmp_path):
+    ctx = _corpus_env(tmp_path, "dev", [EVERY_FIELD])
+    ctx["environments"]["dev"]["hostedZones"] = [{"id": "zone-1", "name": "example.com"}]
+    with pytest.raises(ConfigError) as info:
+        resolve_environment(ctx)
+    assert info.value.field == "hostedZones[0]" and "Z..." in str(info.value.allowed)

@@ -55,6 +55,16 @@ class PrometheusTrigger:
 
 
 @dataclass(frozen=True)
+class HubModel:
+    """modelSourceConfig.huggingFaceModel: staged from the Hugging Face Hub before vLLM starts,
+    with the environment's Hub token from Secrets Manager where the file names a token."""
+
+    model_id: str
+    revision: str | None = None      # commitSHA; None: main, as on HyperPod
+    token: bool = False              # tokenSecretRef set: a gated or private model
+
+
+@dataclass(frozen=True)
 class CloudWatchTrigger:
     """HyperPod `cloudWatchTrigger`: KEDA's aws-cloudwatch scaler, as the KEDA operator's Pod
     Identity (cloudwatch:GetMetricData)."""
@@ -150,6 +160,7 @@ class EndpointSpec:
     scrape_interval_s: int = 15     # metrics.metricsScrapeIntervalSeconds (k8s/monitoring.py)
     dns_zone_id: str | None = None  # dnsConfig.hostedZoneId: a Route 53 record for the router
     domain_name: str | None = None  # tlsConfig.customCertificateConfig.domainName: its name
+    hub: HubModel | None = None     # huggingFaceModel: staged from the Hub (global regions)
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -269,10 +280,17 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if not re.fullmatch(r"[A-Za-z0-9._\-/]+", location) or ".." in location:
         raise source.fail("modelLocation", location, "an S3 key prefix of letters, digits, "
                           "'.', '_', '-' and '/'")
-    if source_type != "s3":
+    hub = None
+    if source_type == "huggingface" and "huggingFaceModel" in source.data:
+        hub = _hub_model(source.child("huggingFaceModel"), warnings)
+    elif source_type != "s3":
         warnings.append(f"{file}: spec.modelSourceConfig.modelSourceType: {source_type} is "
                         "not mounted: the weights are staged from the environment's model "
                         f"bucket at <bucket>/{location}/ (python -m tools upload-model)")
+    if hub is None and "huggingFaceModel" in source.data:
+        source.used.add("huggingFaceModel")
+        warnings.append(f"{file}: spec.modelSourceConfig.huggingFaceModel: ignored: "
+                        f"modelSourceType is {source_type}")
     source.done(warnings)
 
     kv = spec.child("kvCacheSpec", {})
@@ -509,7 +527,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
         tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
         node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
-        dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None,
+        dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None, hub=hub,
         warnings=tuple(warnings),
     )
 
@@ -532,6 +550,20 @@ def _pod_extras(spec: _Doc, fail, warnings: list[str], model_volume: str
     kube.done(warnings)
     return pod_fields.PodExtras(init_containers=inits, volumes=vols, service_account=account,
                                 annotations=notes)
+
+
+def _hub_model(doc: _Doc, warnings: list[str]) -> HubModel:
+    model_id = doc.get("modelId", str)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", model_id):
+        raise doc.fail("modelId", model_id, "a Hub model id, org/model")
+    revision = doc.get("commitSHA", str, None)
+    if revision is not None and not re.fullmatch(r"[0-9a-f]{40}", revision):
+        raise doc.fail("commitSHA", revision, "a full 40-character lowercase hex commit")
+    token = "tokenSecretRef" in doc.data
+    if token:
+        doc.get("tokenSecretRef", Mapping)
+    doc.done(warnings)
+    return HubModel(model_id, revision, token)
 
 
 _CAPTURE_TIERS = ("loadBalancer", "modelPod", "sagemakerEndpoint")

@@ -89,8 +89,10 @@ _ROWS = (
     Field("spec.modelSourceConfig.s3Storage", IGNORED, "bucketName and region: the "
           "environment's own model bucket in its region is used"),
     Field("spec.modelSourceConfig.fsxStorage", IGNORED, "FSx for Lustre is not mounted"),
-    Field("spec.modelSourceConfig.huggingFaceModel", IGNORED, "the Hugging Face Hub is not "
-          "reached (it is not in China); the token secret is not read"),
+    Field("spec.modelSourceConfig.huggingFaceModel", USED, "global regions: staged from the "
+          "Hub before vLLM starts (modelId at commitSHA, else main), with the token from the "
+          "environment's Secrets Manager secret where tokenSecretRef is set; China (no Hub): "
+          "staged from the model bucket, put there with python -m tools upload-model"),
     Field("spec.modelSourceConfig.prefetchEnabled", IGNORED, "weights are always staged to "
           "the pod's disk before vLLM starts (what prefetch does on HyperPod); vLLM reads them "
           "from there"),

@@ -235,8 +235,9 @@ OWN_ANNOTATION_PREFIXES = ("kvcache.io/",)
 # What the workers chart (k8s/workers.py) names itself: a file's volume or init container may
 # not take these names (a test holds the chart to them).
 OUR_VOLUMES = ("model-weights", "dshm", "home", "tmp", "prometheus", "lmcache-base",
-               "lmcache-runtime", "api-key", "fetch-tmp")
-OUR_INIT_CONTAINERS = ("stage-model", "fetch-l2-secret", "fetch-api-key", "vllm")
+               "lmcache-runtime", "api-key", "fetch-tmp", "hub-token")
+OUR_INIT_CONTAINERS = ("stage-model", "fetch-l2-secret", "fetch-api-key", "fetch-hub-token",
+                       "vllm")
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,17 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     if (fit := weights_fit_notice(s)) is not None:
         warnings.append(fit)
     warnings += placement_notices(cfg, s)
+    if s.hub and cfg.facts.china:
+        warnings.append(f"{where}.modelSourceConfig.huggingFaceModel: the Hugging Face Hub is "
+                        "not reachable from China: the weights are staged from the model "
+                        f"bucket at <bucket>/{s.model_location}/; put them there with "
+                        f"python -m tools upload-model (from a copy of {s.hub.model_id})")
+        s = replace(s, hub=None)
+    elif s.hub and s.hub.token:
+        warnings.append(f"{where}.modelSourceConfig.huggingFaceModel.tokenSecretRef: the Hub "
+                        "token is read from Secrets Manager (the serving stack's "
+                        "HuggingFaceTokenSecretArn output: put the token there), not from a "
+                        "Kubernetes Secret")
     if s.dns_zone_id and dns_record(cfg, s) is None:
         warnings.append(f"{where}.dnsConfig.hostedZoneId: {s.dns_zone_id} is not a zone the "
                         "environment names (hostedZones: "
@@ -478,6 +489,7 @@ class ServingFacts:
     metrics: MetricsSource            # what KEDA queries
     api_key_secret_arn: str | None = None   # the endpoints' API key (Secrets Manager)
     load_balancer_subnets: str | None = None   # the public subnet ids, comma-separated
+    hub_token_secret_arn: str | None = None    # the Hugging Face Hub token (Secrets Manager)
 
 
 def worker_service_account(endpoint: str, given: str | None = None) -> str:
@@ -501,7 +513,14 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
                          for s in specs},
         metrics=(MetricsSource(token("AMP_QUERY_URL"), cfg.region)
                  if cfg.observability == "managed" else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        api_key_secret_arn=token("API_KEY_SECRET_ARN"), load_balancer_subnets=lb_subnets)
+        api_key_secret_arn=token("API_KEY_SECRET_ARN"), load_balancer_subnets=lb_subnets,
+        hub_token_secret_arn=token("HUB_TOKEN_SECRET_ARN") if needs_hub_token(specs) else None)
+
+
+def needs_hub_token(specs: tuple[EndpointSpec, ...]) -> bool:
+    """An endpoint stages a gated or private model from the Hub (fit_endpoint dropped the Hub
+    in China)."""
+    return any(s.hub and s.hub.token for s in specs)
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
@@ -562,7 +581,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             pod_annotations=s.pod.annotations, extra_volumes=s.pod.volumes,
             extra_init=tuple({**c, "image": images.resolve(image_for(c["image"]))}
                              for c in s.pod.init_containers),
-            startup_budget_s=s.startup_budget_s)
+            startup_budget_s=s.startup_budget_s, hub=s.hub,
+            hub_token_arn=facts.hub_token_secret_arn if s.hub and s.hub.token else None)
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,

@@ -20,13 +20,14 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
     NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
 )
-from config.endpoint_spec import AutoScaling, arg_value, named_model
+from config.endpoint_spec import AutoScaling, HubModel, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
 from k8s.secret_fetch import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+    fetch_secret_container,
 )
 
 COMPONENT = "vllm-worker"
@@ -111,6 +112,8 @@ class WorkerProps:
     extra_init: tuple[Mapping[str, Any], ...] = ()      # after ours; images resolved
     extra_volumes: tuple[Mapping[str, Any], ...] = ()
     startup_budget_s: int = 1800      # the startup probe's window (maxDeployTimeInSeconds)
+    hub: HubModel | None = None       # staged from the Hugging Face Hub instead of the bucket
+    hub_token_arn: str | None = None  # Secrets Manager secret holding the Hub token
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,6 +540,43 @@ elif now - last["since"] > stall_s:
 
 
 STARTUP_PERIOD_S = 10
+HUB_TOKEN_FILE = "/run/hub-token/token"
+# (fetch-tmp is the aws CLI's scratch, shared with the API key's fetch where both run)
+HUB_TOKEN_VOLUMES = [{"name": "hub-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+# huggingface_hub's own download (the worker image carries it beside vLLM): resumable, checks
+# what it fetched, reads the token from the file only.
+HUB_DOWNLOAD = (
+    "import os\n"
+    "from huggingface_hub import snapshot_download\n"
+    "path = os.environ.get('HUB_TOKEN_FILE', '')\n"
+    "token = open(path).read().strip() if path and os.path.exists(path) else None\n"
+    "snapshot_download(repo_id=os.environ['HUB_MODEL_ID'],\n"
+    "                  revision=os.environ.get('HUB_REVISION') or None,\n"
+    "                  local_dir=os.environ['TARGET'], token=token or False)\n")
+
+
+def hub_stage_container(p: "WorkerProps", model_dir: str) -> dict:
+    """huggingFaceModel (global regions): the model from the Hub into the model volume, with
+    the worker image's own python and huggingface_hub, before vLLM starts."""
+    assert p.hub is not None
+    python = p.family.python if p.family else "python3"
+    env = [{"name": "HUB_MODEL_ID", "value": p.hub.model_id},
+           {"name": "TARGET", "value": model_dir},
+           {"name": "HF_HOME", "value": "/tmp/hf"},
+           {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, *SCRATCH_ENV]
+    if p.hub.revision:
+        env.append({"name": "HUB_REVISION", "value": p.hub.revision})
+    mounts = [{"name": "model-weights", "mountPath": MODELS_DIR},
+              {"name": "home", "mountPath": WORKER_HOME}, {"name": "tmp", "mountPath": "/tmp"}]
+    if p.hub_token_arn:
+        env.append({"name": "HUB_TOKEN_FILE", "value": HUB_TOKEN_FILE})
+        mounts.append({"name": "hub-token", "mountPath": HUB_TOKEN_FILE.rsplit("/", 1)[0],
+                       "readOnly": True})
+    return {"name": "stage-model", "image": p.image, "imagePullPolicy": "IfNotPresent",
+            "command": [python, "-c", HUB_DOWNLOAD], "env": env, "volumeMounts": mounts,
+            "resources": {"requests": {"cpu": "2", "memory": "2Gi"},
+                          "limits": {"cpu": "4", "memory": "4Gi"}},
+            "securityContext": hardened(run_as_user=WORKER_UID)}
 
 
 def startup_failures(p: "WorkerProps") -> int:
@@ -677,7 +717,14 @@ class WorkersChart(Chart):
                           "limits": {"cpu": "4", "memory": "4Gi"}},
             "securityContext": hardened(run_as_user=WORKER_UID),
         }
+        if p.hub:
+            stage = hub_stage_container(p, model_dir)
         init = [stage]
+        if p.hub and p.hub_token_arn:   # the token only ever in this pod's memory volume
+            init.insert(0, fetch_secret_container(
+                name="fetch-hub-token", image=p.staging_image, region=p.region,
+                secret_arn=p.hub_token_arn, out_file=HUB_TOKEN_FILE, volume="hub-token",
+                run_as_user=WORKER_UID))
         config_file = f"{LMCACHE_DIR}/lmcache.yaml"
         if p.l2 and p.l2.secret_arn:
             # The password never leaves Secrets Manager except into this pod's memory volume.
@@ -787,6 +834,9 @@ class WorkersChart(Chart):
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
                                                              "sizeLimit": "1Mi"}},
                     *(API_KEY_VOLUMES if p.api_key else []),
+                    *(HUB_TOKEN_VOLUMES if p.hub and p.hub_token_arn else []),
+                    *(API_KEY_VOLUMES[1:] if p.hub and p.hub_token_arn and not p.api_key
+                      else []),
                     *map(dict, p.extra_volumes)],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}

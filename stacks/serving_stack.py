@@ -15,8 +15,8 @@ from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from k8s.router import router_name
 from k8s.serving import (
-    ServingFacts, build_charts, dns_record, effective_scaling, reads_managed_l2,
-    worker_service_account,
+    ServingFacts, build_charts, dns_record, effective_scaling, needs_hub_token,
+    reads_managed_l2, worker_service_account,
 )
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
@@ -46,6 +46,17 @@ class ServingStack(Stack):
             "A bearer key shared with clients: rotate by putting a new value and restarting "
             "the router and worker pods (they read it at start).")})
         CfnOutput(self, "ApiKeySecretArn", value=api_key.secret_arn)  # ${API_KEY_SECRET_ARN}
+        hub_token = None
+        if needs_hub_token(endpoints):
+            # huggingFaceModel.tokenSecretRef: the operator puts the Hub token here (HyperPod
+            # reads a Kubernetes Secret; here no token is in a manifest or the cluster's etcd).
+            hub_token = sm.Secret(self, "HuggingFaceToken", description="Hugging Face Hub "
+                                  "token for gated models (put the value after deploy)",
+                                  removal_policy=removal_policy(cfg))
+            acknowledge(hub_token, {"AwsSolutions::AwsSolutions-SMG4": (
+                "A token issued by the Hugging Face Hub: rotate it there and put the new value; "
+                "workers read it when they start.")})
+            CfnOutput(self, "HuggingFaceTokenSecretArn", value=hub_token.secret_arn)
         # The router NLBs' subnets, where no pod has an address: the created VPC's public
         # ones, or those the existing VPC's environment names.
         lb_subnets = (",".join(s.subnet_id for s in cfg.network.load_balancer_subnets)
@@ -71,6 +82,8 @@ class ServingStack(Stack):
             if model_key:
                 model_key.grant_decrypt(role)
             api_key.grant_read(role)
+            if hub_token is not None and spec.hub and spec.hub.token:
+                hub_token.grant_read(role)
             identities[router_name(spec.name)] = PodIdentityRole(
                 self, f"{logical_id(spec.name)}RouterIdentity", props=PodIdentityRoleProps(
                     cluster=cluster, namespace=SERVING_NAMESPACE,
@@ -100,7 +113,9 @@ class ServingStack(Stack):
                                   model_bucket=model_bucket.bucket_name,
                                   managed_l2=managed_l2, service_account=accounts,
                                   metrics=metrics, api_key_secret_arn=api_key.secret_arn,
-                                  load_balancer_subnets=lb_subnets)
+                                  load_balancer_subnets=lb_subnets,
+                                  hub_token_secret_arn=hub_token.secret_arn if hub_token
+                                  else None)
         self.charts_app = cdk8s.App()
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None

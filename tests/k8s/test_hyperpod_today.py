@@ -14,6 +14,7 @@ from config import ConfigError, resolve_environment
 from config.contracts import GPU_TAINT_KEY
 from config.hyperpod_fields import FIELDS
 from config.pod_fields import OUR_INIT_CONTAINERS, OUR_VOLUMES
+from k8s.placeholders import token
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.conftest import ROOT
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
@@ -103,7 +104,7 @@ def test_the_files_init_container_volumes_and_account_run_under_our_gates(render
     cfg, spec, docs = rendered
     pod = _workers(docs)["spec"]["template"]["spec"]
     names = [c["name"] for c in pod["initContainers"]]
-    assert names[0] == "stage-model" and names[-1] == "warm-scratch"   # weights first
+    assert names.index("stage-model") < names.index("warm-scratch") == len(names) - 1
     theirs = pod["initContainers"][-1]
     ctx = theirs["securityContext"]
     assert ctx["runAsUser"] == 1000 and ctx["runAsNonRoot"] and not ctx["allowPrivilegeEscalation"]
@@ -235,6 +236,10 @@ def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
     statements = [st for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
                   for st in r["Properties"]["PolicyDocument"]["Statement"]]
     assert any(st["Action"] == "cloudwatch:GetMetricData" for st in statements)
+    # the Hub's token secret where the Hub is staged from (global), none in China
+    secrets = [r for r in template["Resources"].values() if r["Type"] == "AWS::SecretsManager::Secret"
+               and "Hugging Face" in r["Properties"].get("Description", "")]
+    assert len(secrets) == (0 if cfg.facts.china else 1)
     # dnsConfig: a CNAME named as the certificate, in the zone the environment names, to the
     # hostname the load balancer controller writes on the router's Service
     (record,) = [r["Properties"] for r in template["Resources"].values()
@@ -284,3 +289,119 @@ def test_a_hosted_zone_of_the_environment_is_checked_where_it_is_read(tmp_path):
     with pytest.raises(ConfigError) as info:
         resolve_environment(ctx)
     assert info.value.field == "hostedZones[0]" and "Z..." in str(info.value.allowed)
+
+
+def _hub_file(tmp_path, variant):
+    raw = _raw()
+    source = raw["spec"]["modelSourceConfig"]
+    source["modelSourceType"] = "huggingface"
+    source["huggingFaceModel"] = {"modelId": "org/m", "commitSHA": "a" * 40,
+                                  "tokenSecretRef": {"name": "hf", "key": "token"}}
+    cfg, specs = _load(tmp_path, variant, raw)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs))
+            for d in c.to_json()]
+    return specs[0], _workers(docs)["spec"]["template"]["spec"]
+
+
+class _FakeHub:
+    """The Hub's download API as huggingface_hub calls it (model info, tree, resolve), on
+    127.0.0.1; it records what it was asked and with which Authorization."""
+
+    FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"w" * 4096}
+
+    def __init__(self, sha):
+        import hashlib
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        hub, self.calls = self, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, head):
+                hub.calls.append((self.path, self.headers.get("Authorization")))
+                extra, body = [], None
+                if "/tree/" in self.path:
+                    body = json.dumps([{"type": "file", "path": f, "size": len(d),
+                                        "oid": hashlib.sha1(d).hexdigest()}
+                                       for f, d in hub.FILES.items()]).encode()
+                elif self.path.startswith("/api/models/"):
+                    body = json.dumps({"id": "org/m", "sha": sha, "siblings": [
+                        {"rfilename": f} for f in hub.FILES]}).encode()
+                elif "/resolve/" in self.path and self.path.rsplit("/", 1)[1] in hub.FILES:
+                    body = hub.FILES[self.path.rsplit("/", 1)[1]]
+                    extra = [("X-Repo-Commit", sha),
+                             ("ETag", f'"{hashlib.sha1(body).hexdigest()}"')]
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                for k, v in extra:
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def do_GET(self):
+                self._answer(False)
+
+            def do_HEAD(self):
+                self._answer(True)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_hub_model_is_staged_from_the_hub_with_the_token_from_secrets_manager(tmp_path):
+    """Global regions: the rendered staging container, run here with huggingface_hub against
+    a loopback Hub, fetches the pinned revision into the model directory, sending the token
+    it reads from the file the fetch-hub-token container writes (never an env var or arg)."""
+    import subprocess
+    import sys
+
+    spec, pod = _hub_file(tmp_path, "dev")
+    names = [c["name"] for c in pod["initContainers"]]
+    assert names.index("fetch-hub-token") < names.index("stage-model")
+    fetch = pod["initContainers"][names.index("fetch-hub-token")]
+    assert {"name": "SECRET_ARN", "value": token("HUB_TOKEN_SECRET_ARN")} in fetch["env"]
+    stage = pod["initContainers"][names.index("stage-model")]
+    assert "s3" not in " ".join(stage["command"])
+    env = {e["name"]: e["value"] for e in stage["env"]}
+    assert env["HUB_REVISION"] == "a" * 40 and "HF_TOKEN" not in env
+    hub = _FakeHub("a" * 40)
+    try:
+        (tmp_path / "token").write_text("hf_test_token\n")
+        run_env = {**env, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"),
+                   "HOME": str(tmp_path), "TARGET": str(tmp_path / "model"),
+                   "HUB_TOKEN_FILE": str(tmp_path / "token"), "PATH": "/usr/bin:/bin"}
+        # the image's python, here the suite's (huggingface_hub's snapshot_download with these
+        # arguments is the same since 0.14)
+        proc = subprocess.run([sys.executable, *stage["command"][1:]], env=run_env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        hub.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name, data in _FakeHub.FILES.items():
+        assert (tmp_path / "model" / name).read_bytes() == data
+    resolved = [(p, auth) for p, auth in hub.calls if "/resolve/" in p]
+    assert resolved and all(f"/resolve/{'a' * 40}/" in p for p, _ in resolved)
+    assert {auth for _, auth in resolved} == {"Bearer hf_test_token"}
+
+
+def test_a_hub_model_in_china_is_one_line_pointing_at_upload_model(tmp_path):
+    spec, pod = _hub_file(tmp_path, "china")
+    stage = next(c for c in pod["initContainers"] if c["name"] == "stage-model")
+    assert stage["command"][:3] == ["aws", "s3", "sync"]
+    assert "fetch-hub-token" not in [c["name"] for c in pod["initContainers"]]
+    (line,) = [w for w in spec.warnings if "huggingFaceModel" in w]
+    assert "not reachable from China" in line and "upload-model" in line

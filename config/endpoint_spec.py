@@ -280,6 +280,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if not re.fullmatch(r"[A-Za-z0-9._\-/]+", location) or ".." in location:
         raise source.fail("modelLocation", location, "an S3 key prefix of letters, digits, "
                           "'.', '_', '-' and '/'")
+    source.get("prefetchEnabled", bool, False)   # staged before start either way (the table)
     hub = None
     if source_type == "huggingface" and "huggingFaceModel" in source.data:
         hub = _hub_model(source.child("huggingFaceModel"), warnings)

@@ -93,9 +93,9 @@ _ROWS = (
           "Hub before vLLM starts (modelId at commitSHA, else main), with the token from the "
           "environment's Secrets Manager secret where tokenSecretRef is set; China (no Hub): "
           "staged from the model bucket, put there with python -m tools upload-model"),
-    Field("spec.modelSourceConfig.prefetchEnabled", IGNORED, "weights are always staged to "
-          "the pod's disk before vLLM starts (what prefetch does on HyperPod); vLLM reads them "
-          "from there"),
+    Field("spec.modelSourceConfig.prefetchEnabled", USED, "true or false, the weights are "
+          "staged to the pod's local disk before vLLM starts (prefetch's effect: no load from "
+          "a remote mount), and vLLM reads them from there"),
     # KV cache
     Field("spec.kvCacheSpec.enableL1Cache", USED, "LMCache local_cpu (L1 in the worker's CPU "
           "memory)"),

@@ -63,6 +63,7 @@ FILLS = {
     "PLACEHOLDER_L2_CACHE_LOCAL_URL": "redis://redis.ns-team-a.svc.cluster.local:6379",
     "ACCOUNT_ID": "111111111111", "REGION": "us-west-2",
     "YOUR_LMCACHE_IMAGE": "lmcache/vllm-openai:v0.3.7",
+    "YOUR_HYPERPOD_NODE": "ip-10-0-1-23.compute.internal",   # a node of the reader's cluster
 }
 _NAME_VARS = ("SAGEMAKER_ENDPOINT_NAME", "MY_DEPLOYMENT_NAME")
 _ACCOUNT_VARS = ("YOUR_SERVICE_ACCOUNT",)   # the reader's own account, one per endpoint

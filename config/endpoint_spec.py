@@ -230,10 +230,8 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}", re.A)
 # Kubernetes 1.35 env var names (RelaxedEnvironmentVariableValidation, GA): printable ASCII but
 # '=', at least one character.
 _ENV_NAME = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
-# Variables that hold a credential (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...): written
-# as a literal, it would be in the CloudFormation template and the GitOps YAML.
-_CREDENTIAL_VAR = re.compile(r"(?:.*_)?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
-                             r"PRIVATE_KEY)", re.I | re.A)
+# Variables that hold a credential: never a literal (config/pod_fields.py CREDENTIAL_VAR)
+_CREDENTIAL_VAR = pod_fields.CREDENTIAL_VAR
 
 
 def parse_endpoint(env: str, file: str, raw: Any, *,

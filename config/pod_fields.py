@@ -28,6 +28,11 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _ANNOTATION_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
                              r"[A-Za-z0-9])?")
 
+# Variables that hold a credential (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...): written
+# as a literal, it would be in the CloudFormation template and the GitOps YAML.
+CREDENTIAL_VAR = re.compile(r"(?:.*_)?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
+                             r"PRIVATE_KEY)", re.I | re.A)
+
 # --- tolerations -----------------------------------------------------------------------------
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -78,9 +83,12 @@ def tolerates(toleration: Mapping[str, Any], taint: tuple[str, str, str]) -> boo
 # --- node affinity ---------------------------------------------------------------------------
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 INSTANCE_TYPE_KEYS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+# A node's own name: node groups start and replace nodes on demand, so no name is known before
+# deploy, and a term requiring one is never met by a node the group starts.
+NODE_NAME_KEY = "kubernetes.io/hostname"
 # Labels every node has with a value nobody knows at synth: a requirement on them is taken as
 # satisfiable (the scheduler decides).
-PER_NODE_KEYS = ("kubernetes.io/hostname", "eks.amazonaws.com/nodegroup",
+PER_NODE_KEYS = ("eks.amazonaws.com/nodegroup",
                  "eks.amazonaws.com/nodegroup-image", "eks.amazonaws.com/sourceLaunchTemplateId",
                  "eks.amazonaws.com/sourceLaunchTemplateVersion", "topology.k8s.aws/zone-id",
                  "topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
@@ -188,6 +196,8 @@ def other_groups() -> tuple[NodeGroupFacts, ...]:
 def _may_match(req: Mapping[str, Any], group: NodeGroupFacts) -> bool:
     """Whether some node of `group` may satisfy `req` (unknown per-node values: yes)."""
     key, op, values = req["key"], req["operator"], req.get("values", [])
+    if key == NODE_NAME_KEY:
+        return op in ("NotIn", "Exists")
     if key in PER_NODE_KEYS:
         return True
     have = group.labels.get(key)
@@ -379,6 +389,15 @@ def init_containers(raw: Any, where: str, fail: Fail, warnings: list[str], file:
         if not pinned:
             raise fail(f"{at}.image", image, "an image with a pinned tag or digest (not "
                        "latest): what runs must be what was reviewed and mirrored")
+        env = c.get("env") or []
+        if not isinstance(env, list) or not all(isinstance(e, Mapping) and isinstance(
+                e.get("name"), str) for e in env):
+            raise fail(f"{at}.env", env, "a list of {name, value} or {name, valueFrom}")
+        for e in env:
+            if e.get("value") not in (None, "") and CREDENTIAL_VAR.fullmatch(e["name"]):
+                raise fail(f"{at}.env.{e['name']}", "<a literal credential>", "valueFrom."
+                           "secretKeyRef (a Secret in kvcache-serving): a literal would be in "
+                           "the CloudFormation template and the GitOps YAML")
         out.append({**{k: c[k] for k in CONTAINER_KEYS if k in c},
                     "securityContext": security})
     return tuple(out)

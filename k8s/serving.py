@@ -115,7 +115,8 @@ def placement_notices(cfg: EnvironmentConfig, s: EndpointSpec) -> list[str]:
         raise ConfigError(cfg.name, f"{where}.nodeAffinity.requiredDuringSchedulingIgnored"
                           "DuringExecution", "no term the workers' node group satisfies",
                           f"a term the {group.name} node group's nodes satisfy (the workers "
-                          f"run on {s.instance_type} there; its nodes' labels: {labels})")
+                          f"run on {s.instance_type} there; its nodes' labels: {labels}; "
+                          "node names are not known before deploy)")
     taints = {t for g in (*node_groups(cfg), *pod_fields.other_groups()) for t in g.taints}
     return [f"{where}.tolerations[{i}]: {t} matches no node group's taint "
             f"({', '.join(f'{k}={v}:{e}' for k, v, e in sorted(taints))}): it changes nothing"

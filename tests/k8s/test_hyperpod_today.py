@@ -175,8 +175,11 @@ def test_max_deploy_time_is_the_startup_budget(rendered):
      "spec.dataCapture.modelPod.enabled", "not captured"),
     (lambda s: s["tolerations"].append({"key": "a", "operator": "Exists", "value": "b"}),
      "spec.tolerations[2].value", "Exists"),
+    (lambda s: s["kubernetes"]["initContainers"][0].update(
+        env=[{"name": "HF_TOKEN", "value": "hf_abc"}]),
+     "spec.kubernetes.initContainers[warm-scratch].env.HF_TOKEN", "secretKeyRef"),
 ], ids=["privileged-init", "root-init", "latest-image", "nfs-volume", "affinity-no-group",
-        "data-capture", "bad-toleration"])
+        "data-capture", "bad-toleration", "literal-token"])
 def test_what_the_namespace_or_the_nodes_would_refuse_is_one_line_at_synth(
         tmp_path, change, field, allowed):
     raw = _raw()
@@ -185,6 +188,7 @@ def test_what_the_namespace_or_the_nodes_would_refuse_is_one_line_at_synth(
         _load(tmp_path, "dev", raw)
     assert info.value.field == f"{EVERY_FIELD.name}: {field}"
     assert allowed in str(info.value.allowed) and "\n" not in str(info.value)
+    assert "hf_abc" not in str(info.value)
 
 
 def test_a_loader_of_the_model_volume_is_replaced_by_our_staging(tmp_path):
@@ -237,7 +241,8 @@ def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
                   for st in r["Properties"]["PolicyDocument"]["Statement"]]
     assert any(st["Action"] == "cloudwatch:GetMetricData" for st in statements)
     # the Hub's token secret where the Hub is staged from (global), none in China
-    secrets = [r for r in template["Resources"].values() if r["Type"] == "AWS::SecretsManager::Secret"
+    secrets = [r for r in template["Resources"].values()
+               if r["Type"] == "AWS::SecretsManager::Secret"
                and "Hugging Face" in r["Properties"].get("Description", "")]
     assert len(secrets) == (0 if cfg.facts.china else 1)
     # dnsConfig: a CNAME named as the certificate, in the zone the environment names, to the

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from config.contracts import (
-    ACCELERATOR_LABEL, CACHE_NODE_GROUP, CACHE_TAINT_KEY, GPU_TAINT_KEY, GPU_TAINT_VALUE,
+    ACCELERATOR_LABEL, CACHE_NODE_GROUP, CACHE_TAINT_KEY, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
+    GPU_TAINT_VALUE,
     NODE_GROUP_LABEL, NODE_ROLE_CACHE, NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
 from config.errors import ConfigError
@@ -183,6 +184,8 @@ def gpu_group_facts(name: str, instance_types: tuple[str, ...], ami_type: str, r
     }
     if accel := accelerator_label(instance_types[0]):
         labels[ACCELERATOR_LABEL] = (accel,)
+    if not ami_type.startswith("BOTTLEROCKET"):   # the device plugin DaemonSet's selector
+        labels[DEVICE_PLUGIN_LABEL] = ("daemonset",)
     return NodeGroupFacts(name, labels, ((GPU_TAINT_KEY, GPU_TAINT_VALUE, "NoSchedule"),))
 
 

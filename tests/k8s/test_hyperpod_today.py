@@ -233,6 +233,19 @@ def test_every_field_file_synthesizes_the_whole_app(tmp_path, variant):
     report = json.loads((out / "validation-report.json").read_text())
     assert all(r["conclusion"] == "success" for r in report["pluginReports"])
     template = json.loads((out / f"{stacks.serving.artifact_id}.template.json").read_text())
+    # the node groups carry the labels and taints the placement checks assume
+    from k8s.serving import node_groups
+    cluster = json.loads((out / f"{stacks.cluster.artifact_id}.template.json").read_text())
+    facts = {g.name: g for g in node_groups(cfg)}
+    gpu = [r["Properties"] for r in cluster["Resources"].values()
+           if r["Type"] == "AWS::EKS::Nodegroup"
+           and r["Properties"].get("Labels", {}).get("kvcache.io/node-role") == "gpu"]
+    assert gpu
+    for group in gpu:
+        have = facts[group["Labels"]["kvcache.io/node-group"]]
+        assert all(v in have.labels[k] for k, v in group["Labels"].items()), group["Labels"]
+        assert {(t["Key"], t["Value"], t["Effect"]) for t in group["Taints"]} == {
+            (k, v, e.upper().replace("NOSCHEDULE", "NO_SCHEDULE")) for k, v, e in have.taints}
     accounts = {r["Properties"]["ServiceAccount"] for r in template["Resources"].values()
                 if r["Type"] == "AWS::EKS::PodIdentityAssociation"}
     assert "every-field-reader" in accounts

@@ -855,15 +855,15 @@ class WorkersChart(Chart):
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})
         if p.scaling:
-            self.region = p.region
-            self._scaled_object(name, kind, labels, p.scaling)
+            self._scaled_object(name, kind, labels, p.scaling, p.region)
         # Headless: stable per-pod DNS (StatefulSet) and a scrape target list for Prometheus.
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "clusterIP": "None", "selector": sel, "ports": svc_ports,
                        "publishNotReadyAddresses": False}})
 
-    def _scaled_object(self, name: str, kind: str, labels: dict, scaling: WorkerScaling) -> None:
+    def _scaled_object(self, name: str, kind: str, labels: dict, scaling: WorkerScaling,
+                       region: str) -> None:
         s, src, ns = scaling.spec, scaling.source, self.namespace
         auth = None
         if src.aws_region or s.cloudwatch:
@@ -890,7 +890,7 @@ class WorkersChart(Chart):
                     "activationTargetMetricValue": _num(c.activation_target_value),
                     "minMetricValue": _num(c.min_value), "metricStat": c.metric_stat,
                     "metricStatPeriod": str(c.period_s), "metricCollectionTime": str(c.start_s),
-                    "awsRegion": self.region}
+                    "awsRegion": region}
             if c.dimensions:
                 meta["dimensionName"] = ";".join(n for n, _ in c.dimensions)
                 meta["dimensionValue"] = ";".join(v for _, v in c.dimensions)

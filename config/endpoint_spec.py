@@ -24,6 +24,7 @@ from config.models import (
     FAMILIES, RECORDED, ModelShape, known_model, shape_from_config, shape_from_config_json,
 )
 from config.hyperpod_fields import FIELDS, ignored
+from config import pod_fields
 from config.notices import changed
 
 API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
@@ -54,6 +55,35 @@ class PrometheusTrigger:
 
 
 @dataclass(frozen=True)
+class HubModel:
+    """modelSourceConfig.huggingFaceModel: staged from the Hugging Face Hub before vLLM starts,
+    with the environment's Hub token from Secrets Manager where the file names a token."""
+
+    model_id: str
+    revision: str | None = None      # commitSHA; None: main, as on HyperPod
+    token: bool = False              # tokenSecretRef set: a gated or private model
+
+
+@dataclass(frozen=True)
+class CloudWatchTrigger:
+    """HyperPod `cloudWatchTrigger`: KEDA's aws-cloudwatch scaler, as the KEDA operator's Pod
+    Identity (cloudwatch:GetMetricData)."""
+
+    name: str
+    namespace: str
+    metric_name: str
+    target_value: float
+    dimensions: tuple[tuple[str, str], ...] = ()
+    activation_target_value: float = 0.0
+    min_value: float = 0.0
+    metric_stat: str = "Average"
+    period_s: int = 300              # metricCollectionPeriod: the statistic's period
+    start_s: int = 300               # metricCollectionStartTime: how far back to query
+    metric_type: str = "AverageValue"
+    use_cached: bool = True          # useCachedMetrics: KEDA's cache between polls
+
+
+@dataclass(frozen=True)
 class AutoScaling:
     """HyperPod `autoScalingSpec` (KEDA) with its defaults; rendered as a ScaledObject."""
 
@@ -65,7 +95,13 @@ class AutoScaling:
     scale_up_stabilization: int = 0
     scale_down_stabilization: int = 300
     triggers: tuple[PrometheusTrigger, ...] = ()
+    cloudwatch: tuple[CloudWatchTrigger, ...] = ()
 
+
+# How long a worker may take to load weights and start, unless maxDeployTimeInSeconds says
+DEFAULT_STARTUP_S = 1800
+DEFAULT_SCRAPE_S = 15    # HyperPod's default, and k8s/monitoring.py SCRAPE_INTERVAL
+MIN_STARTUP_S, MAX_STARTUP_S = 120, 86400
 
 # Default trigger when the file has none: waiting requests per worker (vLLM's own queue).
 DEFAULT_WAITING_PER_WORKER = 4.0
@@ -116,6 +152,15 @@ class EndpointSpec:
     model: ModelShape | None = None   # modelShape, or the shape modelName names; None: unknown
     tls_certificate_arn: str | None = None
     autoscaling: AutoScaling | None = None
+    # Pod-level fields (config/pod_fields.py), checked against node groups in fit_endpoint
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_affinity: Mapping[str, Any] | None = None
+    pod: pod_fields.PodExtras = pod_fields.PodExtras()
+    startup_budget_s: int = DEFAULT_STARTUP_S   # maxDeployTimeInSeconds: the startup probe's
+    scrape_interval_s: int = 15     # metrics.metricsScrapeIntervalSeconds (k8s/monitoring.py)
+    dns_zone_id: str | None = None  # dnsConfig.hostedZoneId: a Route 53 record for the router
+    domain_name: str | None = None  # tlsConfig.customCertificateConfig.domainName: its name
+    hub: HubModel | None = None     # huggingFaceModel: staged from the Hub (global regions)
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -185,10 +230,8 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}", re.A)
 # Kubernetes 1.35 env var names (RelaxedEnvironmentVariableValidation, GA): printable ASCII but
 # '=', at least one character.
 _ENV_NAME = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
-# Variables that hold a credential (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...): written
-# as a literal, it would be in the CloudFormation template and the GitOps YAML.
-_CREDENTIAL_VAR = re.compile(r"(?:.*_)?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|"
-                             r"PRIVATE_KEY)", re.I | re.A)
+# Variables that hold a credential: never a literal (config/pod_fields.py CREDENTIAL_VAR)
+_CREDENTIAL_VAR = pod_fields.CREDENTIAL_VAR
 
 
 def parse_endpoint(env: str, file: str, raw: Any, *,
@@ -235,10 +278,18 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if not re.fullmatch(r"[A-Za-z0-9._\-/]+", location) or ".." in location:
         raise source.fail("modelLocation", location, "an S3 key prefix of letters, digits, "
                           "'.', '_', '-' and '/'")
-    if source_type != "s3":
+    source.get("prefetchEnabled", bool, False)   # staged before start either way (the table)
+    hub = None
+    if source_type == "huggingface" and "huggingFaceModel" in source.data:
+        hub = _hub_model(source.child("huggingFaceModel"), warnings)
+    elif source_type != "s3":
         warnings.append(f"{file}: spec.modelSourceConfig.modelSourceType: {source_type} is "
                         "not mounted: the weights are staged from the environment's model "
                         f"bucket at <bucket>/{location}/ (python -m tools upload-model)")
+    if hub is None and "huggingFaceModel" in source.data:
+        source.used.add("huggingFaceModel")
+        warnings.append(f"{file}: spec.modelSourceConfig.huggingFaceModel: ignored: "
+                        f"modelSourceType is {source_type}")
     source.done(warnings)
 
     kv = spec.child("kvCacheSpec", {})
@@ -312,6 +363,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
 
     metrics = spec.child("metrics", {})
     metrics_enabled = metrics.get("enabled", bool, True)
+    scrape_s = metrics.get("metricsScrapeIntervalSeconds", int, DEFAULT_SCRAPE_S)
+    if not 5 <= scrape_s <= 300:
+        raise metrics.fail("metricsScrapeIntervalSeconds", scrape_s, "5 to 300 seconds")
     model_metrics = metrics.child("modelMetrics", {})
     for key, expected in (("port", port), ("path", "/metrics")):
         value = model_metrics.get(key, type(expected), expected)
@@ -327,11 +381,15 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         raise lb.fail("healthCheckPath", health, "an absolute path such as /health")
     lb.done(warnings)
 
-    tls_arn = None
+    tls_arn = domain = None
     tls = spec.child("tlsConfig", {})
     if "customCertificateConfig" in tls.data:
         custom = tls.child("customCertificateConfig")
         tls_arn = custom.get("acmArn", str)
+        domain = custom.get("domainName", str, None)
+        if domain is not None and not re.fullmatch(
+                r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}", domain.rstrip(".")):
+            raise custom.fail("domainName", domain, "a domain name, e.g. chat.example.com")
         if not _ACM_ARN.fullmatch(tls_arn):
             raise custom.fail("acmArn", tls_arn, "an ACM certificate ARN, "
                               "arn:<partition>:acm:<region>:<account>:certificate/<id>")
@@ -429,7 +487,32 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                          + ", ".join(RESERVED_MOUNTS) + " and their parents")
     mount.done(warnings)
     _check_args(worker, args, port, mount_path, warnings)
+    model_volume = mount.data.get("name", "model-weights")
     worker.done(warnings)
+
+    def fail(path: str, value: Any, allowed: Any) -> ConfigError:
+        return ConfigError(env, f"{file}: {path}", value, allowed)
+
+    tolerations = pod_fields.tolerations(spec.get("tolerations", list, []), "spec.tolerations",
+                                         fail)
+    affinity = None
+    if "nodeAffinity" in spec.data:
+        affinity = pod_fields.node_affinity(
+            spec.get("nodeAffinity", Mapping), "spec.nodeAffinity", fail,
+            pod_fields.served_type(instance_type_map or {}))
+    pod = _pod_extras(spec, fail, warnings, model_volume)
+    startup = spec.get("maxDeployTimeInSeconds", int, DEFAULT_STARTUP_S)
+    if not MIN_STARTUP_S <= startup <= MAX_STARTUP_S:
+        raise spec.fail("maxDeployTimeInSeconds", startup, f"{MIN_STARTUP_S} to {MAX_STARTUP_S} "
+                        "seconds (the workers' startup budget)")
+    _data_capture(spec)
+    zone_id = None
+    if "dnsConfig" in spec.data:
+        dns = spec.child("dnsConfig")
+        zone_id = dns.get("hostedZoneId", str)
+        if not re.fullmatch(r"Z[A-Z0-9]{1,32}", zone_id):
+            raise dns.fail("hostedZoneId", zone_id, "a Route 53 hosted zone id (Z...)")
+        dns.done(warnings)
     spec.done(warnings)
 
     return EndpointSpec(
@@ -441,8 +524,62 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
-        tls_certificate_arn=tls_arn, autoscaling=autoscaling, warnings=tuple(warnings),
+        tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
+        node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
+        dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None, hub=hub,
+        warnings=tuple(warnings),
     )
+
+
+def _pod_extras(spec: _Doc, fail, warnings: list[str], model_volume: str
+                ) -> pod_fields.PodExtras:
+    """spec.kubernetes: what the file adds to the worker pod (config/pod_fields.py)."""
+    kube = spec.child("kubernetes", {})
+    file, where = spec.file, "spec.kubernetes"
+    vols = pod_fields.volumes(kube.get("volumes", list, []), f"{where}.volumes", fail, warnings,
+                              file, model_volume, pod_fields.OUR_VOLUMES)
+    inits = pod_fields.init_containers(
+        kube.get("initContainers", list, []), f"{where}.initContainers", fail, warnings, file,
+        model_volume, {v["name"] for v in vols}, pod_fields.OUR_INIT_CONTAINERS)
+    account = kube.get("serviceAccountName", str, None)
+    if account is not None:
+        account = pod_fields.service_account(account, f"{where}.serviceAccountName", fail)
+    notes = pod_fields.annotations(kube.get("podTemplateAnnotations", Mapping, {}),
+                                   f"{where}.podTemplateAnnotations", fail, warnings, file)
+    kube.done(warnings)
+    return pod_fields.PodExtras(init_containers=inits, volumes=vols, service_account=account,
+                                annotations=notes)
+
+
+def _hub_model(doc: _Doc, warnings: list[str]) -> HubModel:
+    model_id = doc.get("modelId", str)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", model_id):
+        raise doc.fail("modelId", model_id, "a Hub model id, org/model")
+    revision = doc.get("commitSHA", str, None)
+    if revision is not None and not re.fullmatch(r"[0-9a-f]{40}", revision):
+        raise doc.fail("commitSHA", revision, "a full 40-character lowercase hex commit")
+    token = "tokenSecretRef" in doc.data
+    if token:
+        doc.get("tokenSecretRef", Mapping)
+    doc.done(warnings)
+    return HubModel(model_id, revision, token)
+
+
+_CAPTURE_TIERS = ("loadBalancer", "modelPod", "sagemakerEndpoint")
+
+
+def _data_capture(spec: _Doc) -> None:
+    """dataCapture: refused where a tier is on (docs/serving.md says why and what instead)."""
+    capture = spec.child("dataCapture", {})
+    for tier in _CAPTURE_TIERS:
+        if tier in capture.data:
+            t = capture.child(tier)
+            if t.get("enabled", bool, False):
+                raise t.fail("enabled", True, "false: requests and answers are not captured "
+                             "here (prompts are customer data, and the router front logs no "
+                             "bodies); capture in the client, with its own KMS key and bucket")
+            t.used |= set(t.data)
+    capture.used |= set(capture.data)
 
 
 MIN_PREFIX_TOKENS, MAX_PREFIX_TOKENS = 256, 1 << 20
@@ -646,8 +783,9 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
             metric_type="AverageValue" if metric_type == "Average" else "Value",
             name=t.get("name", str, f"trigger-{i}")))
         t.done(warnings)
+    cloudwatch = _cloudwatch_triggers(doc, warnings)
     scaling = AutoScaling(
-        min_replicas=lo, max_replicas=hi,
+        min_replicas=lo, max_replicas=hi, cloudwatch=cloudwatch,
         polling_interval=seconds("pollingInterval", 30),
         cooldown_period=seconds("cooldownPeriod", 300),
         initial_cooldown_period=seconds("initialCooldownPeriod", 300),
@@ -656,6 +794,56 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
         triggers=tuple(triggers))
     doc.done(warnings)
     return scaling
+
+
+_CW_STATS = re.compile(r"(SampleCount|Average|Sum|Minimum|Maximum|p\d{1,2}(\.\d+)?)")
+
+
+def _cloudwatch_triggers(doc: _Doc, warnings: list[str]) -> tuple[CloudWatchTrigger, ...]:
+    """cloudWatchTriggerList (which HyperPod prefers) or cloudWatchTrigger."""
+    if "cloudWatchTriggerList" in doc.data:
+        raw = [(f"cloudWatchTriggerList[{i}]", t) for i, t in
+               enumerate(doc.get("cloudWatchTriggerList", list))]
+        doc.used.add("cloudWatchTrigger")
+    elif "cloudWatchTrigger" in doc.data:
+        raw = [("cloudWatchTrigger", doc.get("cloudWatchTrigger", Mapping))]
+    else:
+        return ()
+    out = []
+    for i, (key, item) in enumerate(raw):
+        t = _Doc(doc.env, doc.file, item, doc.p(key))
+        number = (int, float)
+        target = t.get("targetValue", number, allowed="a number")
+        if target <= 0:
+            raise t.fail("targetValue", target, "a positive number")
+        dims = []
+        for j, d in enumerate(t.get("dimensions", list, [])):
+            if not (isinstance(d, Mapping) and set(d) == {"name", "value"}
+                    and all(isinstance(d[k], str) and d[k] and ";" not in d[k]
+                            for k in ("name", "value"))):
+                raise t._err(f"{t.p('dimensions')}[{j}]", d, "{name, value}: strings without ';'")
+            dims.append((d["name"], d["value"]))
+        stat = t.get("metricStat", str, "Average")
+        if not _CW_STATS.fullmatch(stat):
+            raise t.fail("metricStat", stat, "SampleCount, Average, Sum, Minimum, Maximum or pNN")
+        metric_type = t.get("metricType", str, "Average")
+        if metric_type not in ("Average", "Value"):
+            raise t.fail("metricType", metric_type, ("Average", "Value"))
+        period = t.get("metricCollectionPeriod", int, 300)
+        start = t.get("metricCollectionStartTime", int, 300)
+        if not 1 <= period <= start <= 86400:
+            raise t.fail("metricCollectionStartTime", start, f"at least metricCollectionPeriod "
+                         f"({period}) and at most 86400 seconds")
+        name = t.get("name", str, f"cloudwatch-{i}")
+        out.append(CloudWatchTrigger(
+            name=name, namespace=t.get("namespace", str), metric_name=t.get("metricName", str),
+            target_value=float(target), dimensions=tuple(dims),
+            activation_target_value=float(t.get("activationTargetValue", number, 0)),
+            min_value=float(t.get("minValue", number, 0)), metric_stat=stat, period_s=period,
+            start_s=start, metric_type="AverageValue" if metric_type == "Average" else "Value",
+            use_cached=t.get("useCachedMetrics", bool, True)))
+        t.done(warnings)
+    return tuple(out)
 
 
 def _gib(quantity: str) -> float:

@@ -107,6 +107,15 @@ class ListenerConfig:
 
 
 @dataclass(frozen=True)
+class HostedZone:
+    """A Route 53 hosted zone endpoint files may put their record in (dnsConfig.hostedZoneId);
+    Route 53 serves both partitions."""
+
+    id: str
+    name: str        # the zone's domain, e.g. models.example.com
+
+
+@dataclass(frozen=True)
 class EnvironmentConfig:
     name: str
     account: str
@@ -138,6 +147,7 @@ class EnvironmentConfig:
     ttft_objective_seconds: float | None = None   # None: observability/rules.py's default
     alert_subscriptions: tuple[AlertSubscription, ...] = ()
     managed_grafana: bool = True      # `grafana: managed|none`; only with managed observability
+    hosted_zones: tuple[HostedZone, ...] = ()   # `hostedZones`: where dnsConfig records go
     # synth warnings the team has read and accepts (config/notices.py ids)
     acknowledged_warnings: tuple[str, ...] = ()
     # the EKS-optimized AL2023 AMI release every node group runs; None: the latest of
@@ -570,6 +580,8 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
         managed_grafana=managed_grafana,
+        hosted_zones=_hosted_zones(name, r.get(
+            "hostedZones", list, [], allowed="a list of {id: Z..., name: domain}")),
         acknowledged_warnings=r.strings(
             "acknowledgedWarnings", (), pattern=ACK_PATTERN, allowed="warning ids synth "
             "prints in [ack: ...]: kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
@@ -625,3 +637,22 @@ def _flag(env: str, value: Any) -> bool | None:
     if text in ("true", "false"):
         return text == "true"
     raise ConfigError(env, "china", value, "true, false")
+
+
+_ZONE_ID = re.compile(r"Z[A-Z0-9]{1,32}")
+_DOMAIN = re.compile(r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
+
+
+def _hosted_zones(env: str, items: list) -> tuple[HostedZone, ...]:
+    """`hostedZones`: the Route 53 zones endpoint files may name in dnsConfig.hostedZoneId."""
+    out = []
+    for i, z in enumerate(items):
+        if not (isinstance(z, Mapping) and set(z) == {"id", "name"}
+                and isinstance(z["id"], str) and _ZONE_ID.fullmatch(z["id"])
+                and isinstance(z["name"], str) and _DOMAIN.fullmatch(z["name"].rstrip("."))):
+            raise ConfigError(env, f"hostedZones[{i}]", z, "{id: a Route 53 hosted zone id "
+                              "(Z...), name: its domain, e.g. models.example.com}")
+        out.append(HostedZone(z["id"], z["name"].rstrip(".")))
+    if len({z.id for z in out}) != len(out):
+        raise ConfigError(env, "hostedZones", [z.id for z in out], "each zone once")
+    return tuple(out)

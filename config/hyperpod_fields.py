@@ -4,7 +4,8 @@ One table drives three things: the reader in `config/endpoint_spec.py` (a field 
 becomes one synth warning naming it, a field in no row is a typo and an error), the table in
 docs/serving.md (a test keeps them equal) and a test that every path of the published CRD
 (aws/sagemaker-hyperpod-cli, `inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml`)
-falls under a row. A row covers its path and everything beneath it; list indices are `[]`.
+falls under a row (tests/fixtures/hyperpod/README.md: chart 2.2.2's and today's, v3.7). A
+row covers its path and everything beneath it; list indices are `[]`.
 """
 from __future__ import annotations
 
@@ -45,18 +46,40 @@ _ROWS = (
     Field("spec.InitialReplicaCount", IGNORED, "replicas (or autoScalingSpec) sets the count"),
     Field("spec.invocationEndpoint", IGNORED, "the router serves vLLM's OpenAI API "
           "(/v1/chat/completions, /v1/completions, ...) on its load balancer"),
-    Field("spec.maxDeployTimeInSeconds", IGNORED, "the workers' startup probe allows 30 "
-          "minutes to load weights"),
+    Field("spec.maxDeployTimeInSeconds", USED, "the workers' startup budget: their startup "
+          "probe gives vLLM that long to load weights and start (default 1800 s here; HyperPod's "
+          "3600 s bounds its whole deployment)"),
     Field("spec.tags", IGNORED, "AWS tags come from the environment's tags"),
-    Field("spec.dataCapture", IGNORED, "no request/response capture"),
-    Field("spec.dnsConfig", IGNORED, "no Route 53 record is made: use the load balancer's "
-          "name or point your own record at it"),
-    Field("spec.nodeAffinity", IGNORED, "workers are placed by the GPU node group's labels "
-          "and taint"),
+    Field("spec.dataCapture", USED, "refused where a tier is enabled: requests and answers "
+          "are not captured (prompts are customer data; the router front logs no bodies); "
+          "capture in your client, or disable the tiers (enabled: false is accepted)"),
+    Field("spec.dnsConfig", USED, "a Route 53 CNAME to the router's load balancer in that "
+          "hosted zone, which the environment must name (hostedZones; a warning otherwise); "
+          "named customCertificateConfig.domainName, else <endpoint>.<zone>"),
+    Field("spec.nodeAffinity", USED, "added to the workers' placement on their GPU node "
+          "group (ml. instance types read as instanceType is); a required term no node group "
+          "of the environment satisfies is an error at synth, not a Pending pod"),
+    Field("spec.tolerations", USED, "added to the workers' own GPU toleration; one that "
+          "matches no node group's taint is a warning"),
+    Field("spec.lmcache", IGNORED, "LMCache runs inside vLLM (InProcess); MultiProcess is "
+          "not rendered"),
+    Field("spec.inferenceGateway", IGNORED, "no SageMaker Inference Gateway: the router's "
+          "load balancer is the endpoint"),
+    Field("spec.modelCacheConfig", IGNORED, "images are pulled per node (IfNotPresent) and "
+          "weights staged per pod from the model bucket: no node-level image or weights cache"),
     Field("spec.pdSpec", IGNORED, "no disaggregated prefill/decode: every worker does both"),
-    Field("spec.kubernetes", IGNORED, "the file's initContainers, volumes, serviceAccountName "
-          "and schedulerName are not rendered: weights are staged from the model bucket, the "
-          "worker service account is ours (Pod Identity)"),
+    Field("spec.kubernetes.initContainers", USED, "run after ours (weights staged first), "
+          "under the workers' pod security: a privileged, root or escalating container is "
+          "refused, naming it; one that loads the model volume is replaced by our staging"),
+    Field("spec.kubernetes.volumes", USED, "added to the worker pod; a hostPath volume (which "
+          "the restricted pod security standard refuses) becomes an emptyDir, with a warning; "
+          "one named as the model volume is ours"),
+    Field("spec.kubernetes.serviceAccountName", USED, "the name of the workers' service "
+          "account, which Pod Identity binds to the worker role (model bucket read)"),
+    Field("spec.kubernetes.podTemplateAnnotations", USED, "on the worker pod template; where "
+          "one collides with ours, ours wins (a warning names it)"),
+    Field("spec.kubernetes.schedulerName", IGNORED, "the default scheduler places workers "
+          "(the cluster autoscaler plans for it)"),
     # Model source
     Field("spec.modelSourceConfig.modelSourceType", USED, "s3: staged from the environment's "
           "model bucket; fsx, huggingface and kubernetesVolume are staged from the model "
@@ -66,10 +89,13 @@ _ROWS = (
     Field("spec.modelSourceConfig.s3Storage", IGNORED, "bucketName and region: the "
           "environment's own model bucket in its region is used"),
     Field("spec.modelSourceConfig.fsxStorage", IGNORED, "FSx for Lustre is not mounted"),
-    Field("spec.modelSourceConfig.huggingFaceModel", IGNORED, "the Hugging Face Hub is not "
-          "reached (it is not in China); the token secret is not read"),
-    Field("spec.modelSourceConfig.prefetchEnabled", IGNORED, "weights are always staged "
-          "before vLLM starts"),
+    Field("spec.modelSourceConfig.huggingFaceModel", USED, "global regions: staged from the "
+          "Hub before vLLM starts (modelId at commitSHA, else main), with the token from the "
+          "environment's Secrets Manager secret where tokenSecretRef is set; China (no Hub): "
+          "staged from the model bucket, put there with python -m tools upload-model"),
+    Field("spec.modelSourceConfig.prefetchEnabled", USED, "true or false, the weights are "
+          "staged to the pod's local disk before vLLM starts (prefetch's effect: no load from "
+          "a remote mount), and vLLM reads them from there"),
     # KV cache
     Field("spec.kvCacheSpec.enableL1Cache", USED, "LMCache local_cpu (L1 in the worker's CPU "
           "memory)"),
@@ -124,26 +150,32 @@ _ROWS = (
           "as prometheusTrigger"),
     Field("spec.autoScalingSpec.prometheusTriggerList[].useCachedMetrics", IGNORED,
           "as prometheusTrigger"),
-    Field("spec.autoScalingSpec.cloudWatchTrigger", IGNORED, "worker metrics live in AMP or "
-          "the in-cluster Prometheus (China has no AMP): the default trigger on waiting "
-          "requests applies instead"),
-    Field("spec.autoScalingSpec.cloudWatchTriggerList", IGNORED, "as cloudWatchTrigger"),
+    Field("spec.autoScalingSpec.cloudWatchTrigger", USED, "a KEDA aws-cloudwatch trigger "
+          "in the environment's region, read as the KEDA operator's Pod Identity "
+          "(cloudwatch:GetMetricData); beside the Prometheus triggers (KEDA scales to the "
+          "largest)"),
+    Field("spec.autoScalingSpec.cloudWatchTriggerList", USED, "as cloudWatchTrigger, one "
+          "trigger each (it wins over cloudWatchTrigger, as on HyperPod)"),
     # Metrics and load balancer
     Field("spec.metrics.enabled", USED, "false: the workers are not scraped"),
     Field("spec.metrics.modelMetrics.port", USED, "must be the worker port: vLLM serves "
           "/metrics there (another port is a warning)"),
     Field("spec.metrics.modelMetrics.path", USED, "/metrics is scraped (another path is a "
           "warning)"),
-    Field("spec.metrics.metricsScrapeIntervalSeconds", IGNORED, "scraped every 15 s"),
+    Field("spec.metrics.metricsScrapeIntervalSeconds", USED, "how often Prometheus scrapes "
+          "the endpoint's workers and router (default 15 s); series keep their usual job "
+          "label"),
     Field("spec.loadBalancer.healthCheckPath", USED, "the workers' probes and the router's "
           "health checks"),
+    Field("spec.loadBalancer.idleTimeoutSeconds", IGNORED, "the router's network load "
+          "balancer keeps idle TCP connections 350 s; the router bounds each request"),
     Field("spec.loadBalancer.routingAlgorithm", IGNORED, "the router, not the load balancer, "
           "picks workers"),
     Field("spec.tlsConfig.customCertificateConfig.acmArn", USED, "the certificate of the "
           "router load balancer's TLS listener where it is the environment's account and "
           "region; otherwise the environment's listener.certificateArn serves (a warning)"),
-    Field("spec.tlsConfig.customCertificateConfig.domainName", IGNORED, "no DNS record: point "
-          "the certificate's name at the load balancer"),
+    Field("spec.tlsConfig.customCertificateConfig.domainName", USED, "the name of the "
+          "dnsConfig record (without dnsConfig: point it at the load balancer yourself)"),
     Field("spec.tlsConfig.tlsCertificateOutputS3Uri", IGNORED, "no certificate is generated or "
           "written to S3: TLS terminates at the router's load balancer only with an ACM "
           "certificate (customCertificateConfig.acmArn or the environment's "

@@ -49,6 +49,7 @@ class ClusterScaling(Construct):
         keda_identity = PodIdentityRole(self, "KedaIdentity", props=PodIdentityRoleProps(
             cluster=p.cluster, namespace=KEDA_NAMESPACE, service_account=KEDA_OPERATOR_SA))
         keda_role = keda_identity.role
+        self.keda_role = keda_role   # the serving stack grants CloudWatch reads where a file asks
         if p.amp_workspace_arn:
             keda_role.add_to_policy(iam.PolicyStatement(
                 actions=["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels",

@@ -73,8 +73,12 @@ def _meta(label: str) -> str:
 
 
 def scrape_configs(*, endpoints: tuple[str, ...], serving_namespace: str = SERVING_NAMESPACE,
-                   monitoring_namespace: str = MONITORING_NAMESPACE) -> list[dict]:
-    """Scrape jobs for `endpoints` (names whose metrics are enabled)."""
+                   monitoring_namespace: str = MONITORING_NAMESPACE,
+                   intervals: Mapping[str, int] | None = None) -> list[dict]:
+    """Scrape jobs for `endpoints` (names whose metrics are enabled). `intervals`: an
+    endpoint's own scrape interval in seconds (metrics.metricsScrapeIntervalSeconds), where it
+    is not SCRAPE_INTERVAL: its workers and router get jobs of their own at that interval,
+    whose series carry the usual job label (queries and alerts read them alike)."""
     svc_name = f"__meta_kubernetes_service_label_{_meta(LABEL_NAME)}"
     svc_instance = f"__meta_kubernetes_service_label_{_meta(LABEL_INSTANCE)}"
     common_targets = [
@@ -83,15 +87,19 @@ def scrape_configs(*, endpoints: tuple[str, ...], serving_namespace: str = SERVI
         {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
     ]
 
-    def service_job(job: str, component: str, port_name: str, path: str) -> dict:
+    def service_job(job: str, component: str, port_name: str, path: str,
+                    names: tuple[str, ...] = endpoints, every: int | None = None) -> dict:
         keep = [{"source_labels": [svc_name, "__meta_kubernetes_endpointslice_port_name"],
                  "regex": f"{component};{port_name}", "action": "keep"}]
-        if endpoints:
+        if names:
             keep.append({"source_labels": [svc_instance], "action": "keep",
-                         "regex": "|".join(endpoints)})
+                         "regex": "|".join(names)})
+        if every is not None:   # its own job, read as the usual one
+            keep.append({"target_label": "job", "replacement": job})
         return {
-            "job_name": job, "metrics_path": path, "scrape_interval": SCRAPE_INTERVAL,
-            "scrape_timeout": "10s",
+            "job_name": job if every is None else f"{job}-{every}s", "metrics_path": path,
+            "scrape_interval": SCRAPE_INTERVAL if every is None else f"{every}s",
+            "scrape_timeout": "10s" if every is None else f"{min(every, 10)}s",
             "kubernetes_sd_configs": [{"role": "endpointslice",
                                        "namespaces": {"names": [serving_namespace]}}],
             "relabel_configs": keep + [
@@ -100,10 +108,20 @@ def scrape_configs(*, endpoints: tuple[str, ...], serving_namespace: str = SERVI
                 *common_targets],
         }
 
-    jobs = [service_job(WORKERS_JOB, WORKER_COMPONENT, "http", WORKER_METRICS_PATH),
-            service_job(ROUTERS_JOB, ROUTER_COMPONENT, "metrics", "/metrics")]
+    own = {n: i for n, i in (intervals or {}).items()
+           if n in endpoints and f"{i}s" != SCRAPE_INTERVAL}
+    usual = tuple(n for n in endpoints if n not in own)
+    jobs = [service_job(WORKERS_JOB, WORKER_COMPONENT, "http", WORKER_METRICS_PATH, usual),
+            service_job(ROUTERS_JOB, ROUTER_COMPONENT, "metrics", "/metrics", usual)]
+    if endpoints and not usual:   # every endpoint has its own interval: the usual jobs idle
+        endpoints = ()
+    for every in sorted(set(own.values())):
+        names = tuple(n for n, i in own.items() if i == every)
+        jobs += [service_job(WORKERS_JOB, WORKER_COMPONENT, "http", WORKER_METRICS_PATH,
+                             names, every),
+                 service_job(ROUTERS_JOB, ROUTER_COMPONENT, "metrics", "/metrics", names, every)]
     if not endpoints:  # nothing to scrape but the GPUs: keep the jobs, match nothing
-        for job in jobs:
+        for job in jobs[:2]:
             job["relabel_configs"].insert(0, {"source_labels": [svc_instance],
                                               "regex": "^$", "action": "keep"})
     # The self-hosted Valkey (shared by every endpoint: no endpoint label), through the
@@ -141,6 +159,11 @@ def scrape_configs(*, endpoints: tuple[str, ...], serving_namespace: str = SERVI
 def scraped_endpoints(specs: tuple[EndpointSpec, ...]) -> tuple[str, ...]:
     """Endpoints whose files keep `metrics.enabled` (the HyperPod default)."""
     return tuple(s.name for s in specs if s.metrics_enabled)
+
+
+def scrape_intervals(specs: tuple[EndpointSpec, ...]) -> dict[str, int]:
+    """Each endpoint's scrape interval in seconds (metrics.metricsScrapeIntervalSeconds)."""
+    return {s.name: s.scrape_interval_s for s in specs}
 
 
 # ---------------------------------------------------------------- kube-prometheus-stack values
@@ -578,6 +601,7 @@ def placeholder_values(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) 
             alertmanager_config=alertmanager_config(
                 topic_arn=PLACEHOLDERS["alert_topic"], region=cfg.region, in_cluster=True))
     return kube_prometheus_stack_values(MonitoringValuesProps(
-        images=images, scrape_configs=scrape_configs(endpoints=scraped_endpoints(specs)),
+        images=images, scrape_configs=scrape_configs(endpoints=scraped_endpoints(specs),
+                                                    intervals=scrape_intervals(specs)),
         **mode))
 

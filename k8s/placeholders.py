@@ -26,6 +26,7 @@ class Placeholder:
 
 PLACEHOLDERS: dict[str, Placeholder] = {p.name: p for p in (
     Placeholder("API_KEY_SECRET_ARN", "Serving", "ApiKeySecretArn"),
+    Placeholder("HUB_TOKEN_SECRET_ARN", "Serving", "HuggingFaceTokenSecretArn"),
     Placeholder("MODEL_BUCKET", "Storage", "ModelBucketName"),
     Placeholder("LB_SUBNETS", "Network", "LoadBalancerSubnets"),
     Placeholder("L2_ENDPOINT", "Cache", "L2Endpoint"),

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from cdk8s import ApiObject, App, Chart
 
-from config import ConfigError, EnvironmentConfig
+from config import ConfigError, EnvironmentConfig, pod_fields
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.endpoint_spec import (
@@ -21,7 +21,7 @@ from config.endpoint_spec import (
 from config.instances import gpu_shape
 from config.images import (
     IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
-    image_release, lmcache_version, vllm_version,
+    image_for, image_release, lmcache_version, vllm_version,
 )
 from config.models import FAMILIES, RECORDED, ModelShape
 from config.network import (
@@ -40,7 +40,9 @@ from k8s.l2 import (
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
-from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
+from k8s.router import (
+    POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens, router_name,
+)
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
@@ -59,6 +61,14 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
     check_load_balancer_slots(cfg.name, cfg.network, names)
+    taken = {router_name(s.name) for s in specs}
+    for s in specs:
+        account = worker_service_account(s.name, s.pod.service_account)
+        if account in taken:
+            raise ConfigError(cfg.name, f"{s.source_file}: spec.kubernetes.serviceAccountName",
+                              account, "a name no other endpoint's workers or router use "
+                              "(each is bound to its own role)")
+        taken.add(account)
     return _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
 
 
@@ -94,6 +104,45 @@ def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
     return tuple(out)
 
 
+def node_groups(cfg: EnvironmentConfig) -> tuple[pod_fields.NodeGroupFacts, ...]:
+    """The environment's GPU node groups as their nodes carry them (labels, taints)."""
+    return tuple(pod_fields.gpu_group_facts(g.name, g.instance_types, g.ami_type, cfg.region,
+                                            cfg.availability_zones)
+                 for g in cfg.gpu_node_groups)
+
+
+def placement_notices(cfg: EnvironmentConfig, s: EndpointSpec) -> list[str]:
+    """The file's node affinity must let its workers onto their node group (an error, not a
+    Pending pod); each toleration should be for a taint some node group has (a warning)."""
+    where = f"{s.source_file}: spec"
+    group = next(g for g in node_groups(cfg) if g.name == cfg.gpu_group_for(s.instance_type).name)
+    if s.node_affinity and pod_fields.unsatisfied(s.node_affinity, group):
+        labels = "; ".join(f"{k}={'|'.join(v)}" for k, v in sorted(group.labels.items()))
+        raise ConfigError(cfg.name, f"{where}.nodeAffinity.requiredDuringSchedulingIgnored"
+                          "DuringExecution", "no term the workers' node group satisfies",
+                          f"a term the {group.name} node group's nodes satisfy (the workers "
+                          f"run on {s.instance_type} there; its nodes' labels: {labels}; "
+                          "node names are not known before deploy)")
+    taints = {t for g in (*node_groups(cfg), *pod_fields.other_groups()) for t in g.taints}
+    return [f"{where}.tolerations[{i}]: {t} matches no node group's taint "
+            f"({', '.join(f'{k}={v}:{e}' for k, v, e in sorted(taints))}): it changes nothing"
+            for i, t in enumerate(s.tolerations)
+            if not any(pod_fields.tolerates(t, taint) for taint in taints)]
+
+
+def dns_record(cfg: EnvironmentConfig, s: EndpointSpec):
+    """(the environment's hosted zone, the record's name) for dnsConfig, or None: the zone the
+    file names must be one the environment names; the name is customCertificateConfig's
+    domainName where it lies in the zone, else <endpoint>.<zone>."""
+    zone = next((z for z in cfg.hosted_zones if z.id == s.dns_zone_id), None)
+    if zone is None:
+        return None
+    name = s.domain_name
+    if not name or not (name == zone.name or name.endswith("." + zone.name)):
+        name = f"{s.name}.{zone.name}"
+    return zone, name
+
+
 def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     """What can only be judged with the environment; returns the spec with its warnings."""
     where = f"{s.source_file}: spec"
@@ -105,6 +154,23 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           + " (or map it with the environment's instanceTypeMap)")
     if (fit := weights_fit_notice(s)) is not None:
         warnings.append(fit)
+    warnings += placement_notices(cfg, s)
+    if s.hub and cfg.facts.china:
+        warnings.append(f"{where}.modelSourceConfig.huggingFaceModel: the Hugging Face Hub is "
+                        "not reachable from China: the weights are staged from the model "
+                        f"bucket at <bucket>/{s.model_location}/; put them there with "
+                        f"python -m tools upload-model (from a copy of {s.hub.model_id})")
+        s = replace(s, hub=None)
+    elif s.hub and s.hub.token:
+        warnings.append(f"{where}.modelSourceConfig.huggingFaceModel.tokenSecretRef: the Hub "
+                        "token is read from Secrets Manager (the serving stack's "
+                        "HuggingFaceTokenSecretArn output: put the token there), not from a "
+                        "Kubernetes Secret")
+    if s.dns_zone_id and dns_record(cfg, s) is None:
+        warnings.append(f"{where}.dnsConfig.hostedZoneId: {s.dns_zone_id} is not a zone the "
+                        "environment names (hostedZones: "
+                        + (", ".join(z.id for z in cfg.hosted_zones) or "none")
+                        + "): no record is made; clients use the load balancer's name")
     refusal = l2_refusal_for(s)
     if refusal and not s.l2_forced:
         warnings.append(changed(
@@ -409,7 +475,7 @@ def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | 
     if s.routing_strategy == "kvaware" or s.autoscaling is None:
         return None
     spec = s.autoscaling
-    if not spec.triggers:
+    if not spec.triggers and not spec.cloudwatch:   # the file's CloudWatch triggers alone
         spec = replace(spec, triggers=(default_trigger(s.model_name),))
     return spec
 
@@ -440,10 +506,13 @@ class ServingFacts:
     metrics: MetricsSource            # what KEDA queries
     api_key_secret_arn: str | None = None   # the endpoints' API key (Secrets Manager)
     load_balancer_subnets: str | None = None   # the NLBs' subnet ids, comma-separated
+    hub_token_secret_arn: str | None = None    # the Hugging Face Hub token (Secrets Manager)
 
 
-def worker_service_account(endpoint: str) -> str:
-    return f"{endpoint}-worker"
+def worker_service_account(endpoint: str, given: str | None = None) -> str:
+    """The workers' service account: the file's (spec.kubernetes.serviceAccountName) or ours;
+    Pod Identity binds it to the worker role either way."""
+    return given or f"{endpoint}-worker"
 
 
 def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> ServingFacts:
@@ -457,10 +526,18 @@ def placeholder_facts(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -
         managed_l2=(L2Connection(url=f"rediss://{token('L2_ENDPOINT')}:{CACHE_PORT}",
                                  secret_arn=token("L2_SECRET_ARN"))
                     if cfg.cache.kind == "elasticache" else None),
-        service_account={s.name: worker_service_account(s.name) for s in specs},
+        service_account={s.name: worker_service_account(s.name, s.pod.service_account)
+                         for s in specs},
         metrics=(MetricsSource(token("AMP_QUERY_URL"), cfg.region)
                  if cfg.observability == "managed" else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        api_key_secret_arn=token("API_KEY_SECRET_ARN"), load_balancer_subnets=lb_subnets)
+        api_key_secret_arn=token("API_KEY_SECRET_ARN"), load_balancer_subnets=lb_subnets,
+        hub_token_secret_arn=token("HUB_TOKEN_SECRET_ARN") if needs_hub_token(specs) else None)
+
+
+def needs_hub_token(specs: tuple[EndpointSpec, ...]) -> bool:
+    """An endpoint stages a gated or private model from the Hub (fit_endpoint dropped the Hub
+    in China)."""
+    return any(s.hub and s.hub.token for s in specs)
 
 
 def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...],
@@ -517,7 +594,12 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             extra_env=s.worker_env, stateful=kvaware,
             scaling=(WorkerScaling(scaling, facts.metrics)
                      if (scaling := effective_scaling(cfg, s)) else None),
-            api_key=api_key)
+            api_key=api_key, tolerations=s.tolerations, node_affinity=s.node_affinity,
+            pod_annotations=s.pod.annotations, extra_volumes=s.pod.volumes,
+            extra_init=tuple({**c, "image": images.resolve(image_for(c["image"]))}
+                             for c in s.pod.init_containers),
+            startup_budget_s=s.startup_budget_s, hub=s.hub,
+            hub_token_arn=facts.hub_token_secret_arn if s.hub and s.hub.token else None)
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
@@ -574,7 +656,9 @@ def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...])
 def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[Image]:
     """The images this environment deploys (config/images.py deployed_images): what the mirror
     copies or builds, what ECR keeps repositories for, what preflight looks for."""
-    return deployed_images((s.image for s in specs), kubernetes_version=cfg.kubernetes_version,
+    endpoint_images = [*(s.image for s in specs),
+                       *(image_for(c["image"]) for s in specs for c in s.pod.init_containers)]
+    return deployed_images(endpoint_images, kubernetes_version=cfg.kubernetes_version,
                            self_hosted_observability=cfg.observability == "self-hosted",
                            in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
 

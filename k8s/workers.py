@@ -20,13 +20,14 @@ from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
     NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
 )
-from config.endpoint_spec import AutoScaling, arg_value, named_model
+from config.endpoint_spec import AutoScaling, HubModel, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
 from k8s.secret_fetch import (
     API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey, fetch_api_key_container,
+    fetch_secret_container,
 )
 
 COMPONENT = "vllm-worker"
@@ -104,6 +105,15 @@ class WorkerProps:
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
     api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
+    # The file's pod-level fields (config/pod_fields.py), already checked and resolved:
+    tolerations: tuple[Mapping[str, Any], ...] = ()     # beside ours
+    node_affinity: Mapping[str, Any] | None = None      # beside our node selector
+    pod_annotations: tuple[tuple[str, str], ...] = ()
+    extra_init: tuple[Mapping[str, Any], ...] = ()      # after ours; images resolved
+    extra_volumes: tuple[Mapping[str, Any], ...] = ()
+    startup_budget_s: int = 1800      # the startup probe's window (maxDeployTimeInSeconds)
+    hub: HubModel | None = None       # staged from the Hugging Face Hub instead of the bucket
+    hub_token_arn: str | None = None  # Secrets Manager secret holding the Hub token
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,6 +539,63 @@ elif now - last["since"] > stall_s:
 """
 
 
+STARTUP_PERIOD_S = 10
+HUB_TOKEN_FILE = "/run/hub-token/token"
+# (fetch-tmp is the aws CLI's scratch, shared with the API key's fetch where both run)
+HUB_TOKEN_VOLUMES = [{"name": "hub-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+# huggingface_hub's own download (the worker image carries it beside vLLM): resumable, checks
+# what it fetched, reads the token from the file only.
+HUB_DOWNLOAD = (
+    "import os\n"
+    "from huggingface_hub import snapshot_download\n"
+    "path = os.environ.get('HUB_TOKEN_FILE', '')\n"
+    "token = open(path).read().strip() if path and os.path.exists(path) else None\n"
+    "snapshot_download(repo_id=os.environ['HUB_MODEL_ID'],\n"
+    "                  revision=os.environ.get('HUB_REVISION') or None,\n"
+    "                  local_dir=os.environ['TARGET'], token=token or False)\n")
+
+
+def hub_stage_container(p: "WorkerProps", model_dir: str) -> dict:
+    """huggingFaceModel (global regions): the model from the Hub into the model volume, with
+    the worker image's own python and huggingface_hub, before vLLM starts."""
+    assert p.hub is not None
+    python = p.family.python if p.family else "python3"
+    env = [{"name": "HUB_MODEL_ID", "value": p.hub.model_id},
+           {"name": "TARGET", "value": model_dir},
+           {"name": "HF_HOME", "value": "/tmp/hf"},
+           {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, *SCRATCH_ENV]
+    if p.hub.revision:
+        env.append({"name": "HUB_REVISION", "value": p.hub.revision})
+    mounts = [{"name": "model-weights", "mountPath": MODELS_DIR},
+              {"name": "home", "mountPath": WORKER_HOME}, {"name": "tmp", "mountPath": "/tmp"}]
+    if p.hub_token_arn:
+        env.append({"name": "HUB_TOKEN_FILE", "value": HUB_TOKEN_FILE})
+        mounts.append({"name": "hub-token", "mountPath": HUB_TOKEN_FILE.rsplit("/", 1)[0],
+                       "readOnly": True})
+    return {"name": "stage-model", "image": p.image, "imagePullPolicy": "IfNotPresent",
+            "command": [python, "-c", HUB_DOWNLOAD], "env": env, "volumeMounts": mounts,
+            "resources": {"requests": {"cpu": "2", "memory": "2Gi"},
+                          "limits": {"cpu": "4", "memory": "4Gi"}},
+            "securityContext": hardened(run_as_user=WORKER_UID)}
+
+
+def startup_failures(p: "WorkerProps") -> int:
+    """Startup probe failures allowed: the startup budget in probe periods, rounded up."""
+    return -(-p.startup_budget_s // STARTUP_PERIOD_S)
+
+
+def file_init_container(c: Mapping[str, Any]) -> dict:
+    """A file's init container under our hardening: its securityContext may only narrow ours
+    (config/pod_fields.py refused the rest), and it gets bounded resources where it names
+    none."""
+    out = dict(c)
+    out["securityContext"] = {**hardened(run_as_user=WORKER_UID), **c.get("securityContext", {})}
+    out.setdefault("imagePullPolicy", "IfNotPresent")
+    out.setdefault("resources", {"requests": {"cpu": "500m", "memory": "512Mi"},
+                                 "limits": {"cpu": "2", "memory": "2Gi"}})
+    return out
+
+
 def liveness_probe(p: "WorkerProps", http_check: dict) -> dict:
     """The vLLM container's livenessProbe: the stall check (above) where the image's python is
     known, else ``http_check``; six failures 10 s apart restart it."""
@@ -669,7 +736,14 @@ class WorkersChart(Chart):
                           "limits": {"cpu": "4", "memory": "4Gi"}},
             "securityContext": hardened(run_as_user=WORKER_UID),
         }
+        if p.hub:
+            stage = hub_stage_container(p, model_dir)
         init = [stage]
+        if p.hub and p.hub_token_arn:   # the token only ever in this pod's memory volume
+            init.insert(0, fetch_secret_container(
+                name="fetch-hub-token", image=p.staging_image, region=p.region,
+                secret_arn=p.hub_token_arn, out_file=HUB_TOKEN_FILE, volume="hub-token",
+                run_as_user=WORKER_UID))
         config_file = f"{LMCACHE_DIR}/lmcache.yaml"
         if p.l2 and p.l2.secret_arn:
             # The password never leaves Secrets Manager except into this pod's memory volume.
@@ -702,6 +776,7 @@ class WorkersChart(Chart):
             config_file = "/run/lmcache/lmcache.yaml"
         if p.api_key:
             init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
+        init += [file_init_container(c) for c in p.extra_init]
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -731,7 +806,8 @@ class WorkersChart(Chart):
             "resources": {
                 "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
                 "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
-            "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
+            # the startup budget (default 30 min) to load weights and start
+            "startupProbe": {**health, "failureThreshold": startup_failures(p)},
             "readinessProbe": {**health, "failureThreshold": 3},
             "livenessProbe": liveness_probe(p, health),
             "lifecycle": {"preStop": pre_stop(p)},
@@ -751,14 +827,18 @@ class WorkersChart(Chart):
         if p.working_dir:
             worker["workingDir"] = p.working_dir
         pod = {
-            "metadata": {"labels": labels},
+            "metadata": {"labels": labels,
+                         **({"annotations": dict(p.pod_annotations)} if p.pod_annotations
+                            else {})},
             "spec": {
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
                 "securityContext": pod_security(WORKER_UID),
                 "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group},
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
-                                 "effect": "NoSchedule"}],
+                                 "effect": "NoSchedule"}, *map(dict, p.tolerations)],
+                **({"affinity": {"nodeAffinity": dict(p.node_affinity)}}
+                   if p.node_affinity else {}),
                 "topologySpreadConstraints": zone_spread(sel),
                 "terminationGracePeriodSeconds": termination_grace_s(p),
                 "initContainers": init, "containers": [worker],
@@ -772,7 +852,11 @@ class WorkersChart(Chart):
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
                                                              "sizeLimit": "1Mi"}},
-                    *(API_KEY_VOLUMES if p.api_key else [])],
+                    *(API_KEY_VOLUMES if p.api_key else []),
+                    *(HUB_TOKEN_VOLUMES if p.hub and p.hub_token_arn else []),
+                    *(API_KEY_VOLUMES[1:] if p.hub and p.hub_token_arn and not p.api_key
+                      else []),
+                    *map(dict, p.extra_volumes)],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
         if p.stateful:
@@ -790,17 +874,18 @@ class WorkersChart(Chart):
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})
         if p.scaling:
-            self._scaled_object(name, kind, labels, p.scaling)
+            self._scaled_object(name, kind, labels, p.scaling, p.region)
         # Headless: stable per-pod DNS (StatefulSet) and a scrape target list for Prometheus.
         k8s_object(self, "Service", api_version="v1", kind="Service", name=name,
                    namespace=p.namespace, labels=labels, body={"spec": {
                        "clusterIP": "None", "selector": sel, "ports": svc_ports,
                        "publishNotReadyAddresses": False}})
 
-    def _scaled_object(self, name: str, kind: str, labels: dict, scaling: WorkerScaling) -> None:
+    def _scaled_object(self, name: str, kind: str, labels: dict, scaling: WorkerScaling,
+                       region: str) -> None:
         s, src, ns = scaling.spec, scaling.source, self.namespace
         auth = None
-        if src.aws_region:
+        if src.aws_region or s.cloudwatch:
             auth = f"{name}-aws"
             k8s_object(self, "TriggerAuthentication", api_version="keda.sh/v1alpha1",
                        kind="TriggerAuthentication", name=auth, namespace=ns, labels=labels,
@@ -818,6 +903,19 @@ class WorkersChart(Chart):
                 meta["awsRegion"] = src.aws_region
                 trigger["authenticationRef"] = {"name": auth}
             triggers.append(trigger)
+        for c in s.cloudwatch:   # as the KEDA operator's Pod Identity (cloudwatch:GetMetricData)
+            meta = {"namespace": c.namespace, "metricName": c.metric_name,
+                    "targetMetricValue": _num(c.target_value),
+                    "activationTargetMetricValue": _num(c.activation_target_value),
+                    "minMetricValue": _num(c.min_value), "metricStat": c.metric_stat,
+                    "metricStatPeriod": str(c.period_s), "metricCollectionTime": str(c.start_s),
+                    "awsRegion": region}
+            if c.dimensions:
+                meta["dimensionName"] = ";".join(n for n, _ in c.dimensions)
+                meta["dimensionValue"] = ";".join(v for _, v in c.dimensions)
+            triggers.append({"type": "aws-cloudwatch", "name": c.name,
+                             "metricType": c.metric_type, "useCachedMetrics": c.use_cached,
+                             "metadata": meta, "authenticationRef": {"name": auth}})
         k8s_object(self, "ScaledObject", api_version="keda.sh/v1alpha1", kind="ScaledObject",
                    name=name, namespace=ns, labels=labels, body={"spec": {
                        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": name},

@@ -11,7 +11,9 @@ from constructs.managed_grafana_dashboards import (
     ManagedGrafanaDashboards, ManagedGrafanaDashboardsProps,
 )
 from config.endpoint_spec import EndpointSpec
-from k8s.monitoring import build_monitoring_charts, scrape_configs, scraped_endpoints
+from k8s.monitoring import (
+    build_monitoring_charts, scrape_configs, scrape_intervals, scraped_endpoints,
+)
 from observability.dashboards import build_dashboards
 from stacks.common import log_retention, removal_policy
 
@@ -38,7 +40,8 @@ class MonitoringStack(Stack):
         self.collector = ClusterMonitoring(self, "Collector", props=ClusterMonitoringProps(
             cluster=cluster, images=cfg.images,
             region=cfg.region, charts=self.charts,
-            scrape_configs=scrape_configs(endpoints=scraped_endpoints(endpoints)),
+            scrape_configs=scrape_configs(endpoints=scraped_endpoints(endpoints),
+                                          intervals=scrape_intervals(endpoints)),
             removal_policy=removal_policy(cfg), amp_workspace=amp_workspace,
             alert_topic=self.alerts))
         self.dashboards = None

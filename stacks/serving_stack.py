@@ -1,19 +1,24 @@
 from __future__ import annotations
 
 import cdk8s
-from aws_cdk import CfnOutput, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import CfnOutput, Duration, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import aws_route53 as route53
 from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
 
 from config import EnvironmentConfig
-from config.contracts import SERVING_NAMESPACE
+from config.contracts import NODE_START_MINUTES, SERVING_NAMESPACE
+from config.environment import HostedZone
 from constructs.naming import logical_id
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from config.network import existing_load_balancer_subnets
 from k8s.router import router_name
-from k8s.serving import ServingFacts, build_charts, reads_managed_l2, worker_service_account
+from k8s.serving import (
+    ServingFacts, build_charts, dns_record, effective_scaling, needs_hub_token,
+    reads_managed_l2, worker_service_account,
+)
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
@@ -26,7 +31,8 @@ class ServingStack(Stack):
                  endpoints: tuple[EndpointSpec, ...], cluster: eks.ICluster,
                  model_bucket: s3.IBucket, model_key: kms.IKey | None,
                  l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
-                 metrics: MetricsSource, **kwargs) -> None:
+                 metrics: MetricsSource, keda_role: iam.IRole | None = None,
+                 **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         # Built and pushed to the account's ECR by `python -m tools mirror` (images/router/
         # lock.json), before this stack deploys: nothing is built or fetched at deploy time.
@@ -41,6 +47,17 @@ class ServingStack(Stack):
             "A bearer key shared with clients: rotate by putting a new value and restarting "
             "the router and worker pods (they read it at start).")})
         CfnOutput(self, "ApiKeySecretArn", value=api_key.secret_arn)  # ${API_KEY_SECRET_ARN}
+        hub_token = None
+        if needs_hub_token(endpoints):
+            # huggingFaceModel.tokenSecretRef: the operator puts the Hub token here (HyperPod
+            # reads a Kubernetes Secret; here no token is in a manifest or the cluster's etcd).
+            hub_token = sm.Secret(self, "HuggingFaceToken", description="Hugging Face Hub "
+                                  "token for gated models (put the value after deploy)",
+                                  removal_policy=removal_policy(cfg))
+            acknowledge(hub_token, {"AwsSolutions::AwsSolutions-SMG4": (
+                "A token issued by the Hugging Face Hub: rotate it there and put the new value; "
+                "workers read it when they start.")})
+            CfnOutput(self, "HuggingFaceTokenSecretArn", value=hub_token.secret_arn)
         # The router NLBs' subnets: the created VPC's public ones, or those the existing VPC's
         # environment names (in a private-only VPC its node subnets, config/network.py).
         lb_subnets = (existing_load_balancer_subnets(cfg.network) if cfg.network.existing
@@ -48,7 +65,7 @@ class ServingStack(Stack):
         accounts = {}
         identities: dict[str, PodIdentityRole] = {}   # service account -> its Pod Identity
         for spec in endpoints:
-            sa = worker_service_account(spec.name)
+            sa = worker_service_account(spec.name, spec.pod.service_account)
             accounts[spec.name] = sa
             identities[sa] = PodIdentityRole(
                 self, f"{logical_id(spec.name)}Worker", props=PodIdentityRoleProps(
@@ -65,6 +82,8 @@ class ServingStack(Stack):
             if model_key:
                 model_key.grant_decrypt(role)
             api_key.grant_read(role)
+            if hub_token is not None and spec.hub and spec.hub.token:
+                hub_token.grant_read(role)
             identities[router_name(spec.name)] = PodIdentityRole(
                 self, f"{logical_id(spec.name)}RouterIdentity", props=PodIdentityRoleProps(
                     cluster=cluster, namespace=SERVING_NAMESPACE,
@@ -81,14 +100,26 @@ class ServingStack(Stack):
             acknowledge(role, {wildcard(f"{bucket_arn}/{prefix}"):
                               "Objects under the endpoint's own model prefix only."})
         managed_l2 = (L2Connection(url=l2_url, secret_arn=l2_secret_arn) if l2_url else None)
+        if keda_role is not None and any(
+                (scaling := effective_scaling(cfg, s)) and scaling.cloudwatch
+                for s in endpoints):
+            # autoScalingSpec.cloudWatchTrigger: KEDA reads the metrics as its operator. Here,
+            # not in the cluster stack, so a model change never touches that stack.
+            reads = iam.Policy(self, "KedaCloudWatchReads", roles=[keda_role], statements=[
+                iam.PolicyStatement(actions=["cloudwatch:GetMetricData"], resources=["*"])])
+            acknowledge(reads, {wildcard("*"): "cloudwatch:GetMetricData has no resource-level "
+                                "permissions; the files' CloudWatch triggers name the metrics."})
         self.facts = ServingFacts(router_image=router_image,
                                   model_bucket=model_bucket.bucket_name,
                                   managed_l2=managed_l2, service_account=accounts,
                                   metrics=metrics, api_key_secret_arn=api_key.secret_arn,
-                                  load_balancer_subnets=lb_subnets)
+                                  load_balancer_subnets=lb_subnets,
+                                  hub_token_secret_arn=hub_token.secret_arn if hub_token
+                                  else None)
         self.charts_app = cdk8s.App()
         self.charts = build_charts(self.charts_app, cfg, endpoints, self.facts)
         previous = None
+        manifests: dict[str, eks.KubernetesManifest] = {}
         for chart in self.charts:
             manifest = eks.KubernetesManifest(self, logical_id(chart.node.id), cluster=cluster,
                                               manifest=chart.to_json(), overwrite=True)
@@ -98,7 +129,27 @@ class ServingStack(Stack):
             # when the pod is created (as constructs/cluster_monitoring.py orders them).
             for account in sorted(_service_accounts(chart) & set(identities)):
                 manifest.node.add_dependency(identities[account])
-            previous = manifest
+            previous = manifests[chart.node.id] = manifest
+        for spec in endpoints:
+            if (record := dns_record(cfg, spec)) is not None:
+                self._dns_record(cluster, spec, *record, manifests[router_name(spec.name)])
+
+    def _dns_record(self, cluster: eks.ICluster, spec: EndpointSpec, zone: HostedZone,
+                    name: str, router: eks.KubernetesManifest) -> None:
+        """dnsConfig: a CNAME to the router's NLB, whose name the load balancer controller
+        writes to the Service's status once it made it (read back here, waiting for it)."""
+        host = eks.KubernetesObjectValue(
+            self, f"{logical_id(spec.name)}RouterHost", cluster=cluster, object_type="service",
+            object_name=router_name(spec.name), object_namespace=SERVING_NAMESPACE,
+            json_path=".status.loadBalancer.ingress[0].hostname",
+            timeout=Duration.minutes(NODE_START_MINUTES))
+        host.node.add_dependency(router)
+        route53.CnameRecord(
+            self, f"{logical_id(spec.name)}Dns", record_name=name, domain_name=host.value,
+            ttl=Duration.minutes(5), zone=route53.HostedZone.from_hosted_zone_attributes(
+                self, f"{logical_id(spec.name)}Zone", hosted_zone_id=zone.id,
+                zone_name=zone.name))
+        CfnOutput(self, f"{logical_id(spec.name)}DnsName", value=name)
 
 
 def _service_accounts(chart: cdk8s.Chart) -> set[str]:

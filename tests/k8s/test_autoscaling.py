@@ -161,12 +161,21 @@ def test_impossible_scaling_input_in_the_file(scaling, field, allowed):
     assert info.value.field == f"e.yaml: {field}" and allowed in info.value.allowed
 
 
-def test_cloudwatch_triggers_are_a_warning_and_the_default_trigger_applies():
+def test_cloudwatch_triggers_are_kedas_and_replace_the_default_trigger():
+    """cloudWatchTrigger: a KEDA aws-cloudwatch trigger (tests/k8s/test_hyperpod_today.py
+    renders it); with it alone, no waiting-requests trigger is added (as on HyperPod)."""
     spec = parse_endpoint("dev", "e.yaml", _with_scaling(
-        minReplicaCount=1, maxReplicaCount=3, cloudWatchTrigger={"metricName": "x"}))
-    assert spec.autoscaling.triggers == ()     # effective_scaling adds the default trigger
-    (warning,) = [w for w in spec.warnings if "cloudWatchTrigger" in w]
-    assert warning.startswith("e.yaml: spec.autoScalingSpec.cloudWatchTrigger: ignored:")
+        minReplicaCount=1, maxReplicaCount=3, cloudWatchTrigger={
+            "namespace": "AWS/SageMaker", "metricName": "Invocations", "targetValue": 10,
+            "dimensions": [{"name": "EndpointName", "value": "e"}]}))
+    (cw,) = spec.autoscaling.cloudwatch
+    assert (cw.metric_name, cw.target_value, cw.dimensions) == (
+        "Invocations", 10.0, (("EndpointName", "e"),))
+    assert spec.autoscaling.triggers == () and not any("cloudWatch" in w for w in spec.warnings)
+    with pytest.raises(ConfigError) as info:
+        parse_endpoint("dev", "e.yaml", _with_scaling(
+            minReplicaCount=1, maxReplicaCount=3, cloudWatchTrigger={"metricName": "x"}))
+    assert info.value.field == "e.yaml: spec.autoScalingSpec.cloudWatchTrigger.targetValue"
 
 
 @pytest.mark.parametrize("strategy, scaling, field, allowed", [

@@ -25,7 +25,9 @@ import yaml
 from config import ConfigError, EnvironmentConfig, resolve_environment
 from config.endpoint_spec import ROUTING_POLICIES
 from config.notices import ack_id
-from k8s.serving import build_charts, load_endpoints, placeholder_facts
+from k8s.serving import (
+    build_charts, load_endpoints, placeholder_facts, worker_service_account,
+)
 from tests.conftest import ROOT, context_for
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
 from tests.lint import CfnLint
@@ -45,12 +47,23 @@ REFUSED = {
     # from its limit, so which one was meant is the user's to say (an unmerged sample).
     "hpcli-pr413-sample-llama70b-l1-l2-tieredstorage.yaml": (
         "spec.worker.resources.requests.nvidia.com/gpu", "only equal to limits"),
+    # Its required node affinity names zones of us-east-2: no node of the environment has one,
+    # so its workers would wait Pending forever (as on HyperPod outside us-east-2).
+    "hpcli-pr413-sample-qwen3-8b-node-affinity.yaml": (
+        "spec.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        "topology.kubernetes.io/zone=us-west-2a"),
+    # Its required node affinity names one node (kubernetes.io/hostname): node groups start
+    # nodes on demand, whose names no one knows before deploy, so none would ever match.
+    "hpcli-pr413-v1-nvme-k8s-volume-service-account.yaml": (
+        "spec.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        "node names are not known before deploy"),
 }
 SERVED = [f for f in FILES if f.name not in REFUSED]
 
 # Placeholders a reader must fill for the file to mean anything: names, the model's place, the
-# L2 URL, the image. Placeholders in fields we ignore (bucketName, tlsConfig's S3 URI, the
-# namespace, spec.kubernetes) stay as published. Endpoint names are made per file.
+# L2 URL, the image, the service account. Placeholders in fields we ignore or replace
+# (bucketName, tlsConfig's S3 URI, the namespace, a model loader's script) stay as published.
+# Endpoint names are made per file.
 FILLS = {
     "S3_MODEL_LOCATION": "models/my-model", "MODEL_LOCATION": "models/my-model",
     "LOCATION_OF_MODEL_WITHIN_S3": "models/my-model",
@@ -58,8 +71,10 @@ FILLS = {
     "PLACEHOLDER_L2_CACHE_LOCAL_URL": "redis://redis.ns-team-a.svc.cluster.local:6379",
     "ACCOUNT_ID": "111111111111", "REGION": "us-west-2",
     "YOUR_LMCACHE_IMAGE": "lmcache/vllm-openai:v0.3.7",
+    "YOUR_HYPERPOD_NODE": "ip-10-0-1-23.compute.internal",   # a node of the reader's cluster
 }
 _NAME_VARS = ("SAGEMAKER_ENDPOINT_NAME", "MY_DEPLOYMENT_NAME")
+_ACCOUNT_VARS = ("YOUR_SERVICE_ACCOUNT",)   # the reader's own account, one per endpoint
 _PLACEHOLDER = re.compile(r"\\?\$\{?([A-Z][A-Z0-9_]*)\}?|<([A-Z][A-Z0-9_]*)>")
 
 # The corpus's instance types served on node groups each variant has (g5 exists in both).
@@ -83,6 +98,8 @@ def filled(path: Path) -> tuple[str, bool]:
         name = match.group(1) or match.group(2)
         if name in _NAME_VARS:
             return stem
+        if name in _ACCOUNT_VARS:
+            return f"{stem}-sa"
         return FILLS.get(name, match.group(0))
 
     out = _PLACEHOLDER.sub(fill, body)
@@ -289,10 +306,15 @@ def test_fields_not_acted_on_are_each_a_warning_at_synth(corpus):
         for w in s.warnings:
             assert f"{w} [ack: {ack_id(w)}]" in warnings, w   # each under its kind's id
     tls = c.spec(CORPUS / "awsdocs-custom-certs-tls-acm.yaml")
-    assert any("spec.tlsConfig.customCertificateConfig.domainName: ignored" in w
-               for w in tls.warnings)
+    assert any("spec.modelSourceConfig.s3Storage: ignored" in w for w in tls.warnings)
+    # its domainName names the Route 53 record where the file asks for one (dnsConfig)
+    assert not any("domainName" in w for w in tls.warnings)
     nvme = c.spec(CORPUS / "awsdocs-nvme-k8s-volume-fallback.yaml")
-    assert any(w.startswith("awsdocs-nvme-k8s-volume-fallback.yaml: spec.kubernetes: ignored")
+    # its NVMe loader fills the model volume: our staging does that instead, and says so
+    assert any(w.startswith("awsdocs-nvme-k8s-volume-fallback.yaml: spec.kubernetes."
+                            "initContainers[smart-loader]: loads the model volume")
+               for w in nvme.warnings)
+    assert any("spec.kubernetes.volumes[0]: model-weights is the model volume" in w
                for w in nvme.warnings)
 
 
@@ -393,8 +415,9 @@ def test_every_files_workers_reach_vllm_in_their_images_layout(corpus, variant, 
     c = corpus[variant]
     for spec in c.specs:
         docs = c.docs_by_file[spec.source_file]
+        account = worker_service_account(spec.name, spec.pod.service_account)
         pod, container = next((p, w) for p, w in worker_containers(docs)
-                              if w["args"] and spec.name in p["serviceAccountName"])
+                              if w["args"] and p["serviceAccountName"] == account)
         api_key = any(i["name"] == "fetch-api-key" for i in pod["initContainers"])
         for family in families_for(spec.worker_image):
             root = fake_root(tmp_path / Path(spec.source_file).stem, family)

@@ -118,7 +118,8 @@ def catalogue(w, clients: dict | None = None) -> Iterator[None]:
         mp.setattr(config.images, "IMAGES", {"app": w.images[0]})
         mp.setattr(config.images, "CHARTS", {c.key: c for c in w.charts})
         mp.setattr(mirror_module, "load_endpoints", lambda cfg: (SimpleNamespace(
-            image=w.images[1], l2_enabled=False, l2_url=None),))
+            image=w.images[1], l2_enabled=False, l2_url=None,
+            pod=SimpleNamespace(init_containers=())),))
 
         def no_aws(self, service):
             if service in (clients or {}):

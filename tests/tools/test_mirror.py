@@ -32,6 +32,8 @@ import pytest
 from botocore.stub import Stubber
 
 import config.images
+import k8s.serving  # noqa: F401  (its module-level tables read the real catalogue: loaded
+#                    before a test patches config.images.IMAGES, whatever ran first)
 from config.images import Image
 from tools.__main__ import main
 from config.arguments import ToolError, load_environment
@@ -192,7 +194,8 @@ def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeyp
                         raising=False)
     monkeypatch.setattr(mirror_module, "load_endpoints",
                         lambda cfg: (SimpleNamespace(image=world["images"][1],
-                                                     l2_enabled=False, l2_url=None),))
+                                                     l2_enabled=False, l2_url=None,
+                                                     pod=SimpleNamespace(init_containers=())),))
     assert main(["mirror", "--env", "dev", "--dest-registry", dst, "--src-tls-verify",
                  "false", "--dest-tls-verify", "false"]) == 0
     out = capsys.readouterr().out

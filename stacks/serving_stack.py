@@ -11,6 +11,7 @@ from constructs.naming import logical_id
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
+from k8s.cache import SharedCacheChart
 from k8s.router import router_name
 from k8s.serving import ServingFacts, build_charts, reads_managed_l2, worker_service_account
 from stacks.common import removal_policy
@@ -25,7 +26,8 @@ class ServingStack(Stack):
                  endpoints: tuple[EndpointSpec, ...], cluster: eks.ICluster,
                  model_bucket: s3.IBucket, model_key: kms.IKey | None,
                  l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
-                 metrics: MetricsSource, **kwargs) -> None:
+                 metrics: MetricsSource, l2_nodes: eks.Nodegroup | None = None,
+                 **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         # Built and pushed to the account's ECR by `python -m tools mirror` (images/router/
         # lock.json), before this stack deploys: nothing is built or fetched at deploy time.
@@ -98,6 +100,11 @@ class ServingStack(Stack):
             # when the pod is created (as constructs/cluster_monitoring.py orders them).
             for account in sorted(_service_accounts(chart) & set(identities)):
                 manifest.node.add_dependency(identities[account])
+            # The in-cluster Valkey runs only on the Cache stack's node of its own (tainted
+            # for it): its StatefulSet waits for that node group like the Helm releases wait
+            # for theirs (tests/stacks/test_deploy_order.py).
+            if l2_nodes is not None and isinstance(chart, SharedCacheChart):
+                manifest.node.add_dependency(l2_nodes)
             previous = manifest
 
 

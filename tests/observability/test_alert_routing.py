@@ -215,7 +215,7 @@ def test_topic_is_encrypted_subscribed_from_config_and_publishable_by_the_alertm
                    tuple(r["Properties"]["FilterPolicy"][SEVERITY_ATTRIBUTE]))
                   for r in resources(template, "AWS::SNS::Subscription").values())
     assert subs == sorted((a.protocol, a.endpoint, a.severities)
-                          for a in s.cfg.alert_subscriptions) and subs
+                          for a in s.cfg.alert_subscriptions)
     (policy,) = resources(template, "AWS::SNS::TopicPolicy").values()
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     assert any(st["Effect"] == "Deny" and st["Condition"] == {

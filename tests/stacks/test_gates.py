@@ -95,8 +95,9 @@ def foreign_build_steps(outdir: Path, registry: str) -> list[str]:
 def test_a_china_deploy_builds_nothing_from_outside_its_own_registry(synths):
     """The router image is built and pushed by `python -m tools mirror`; what `cdk deploy`
     publishes in China is only what the cloud assembly holds (templates, zipped handlers)."""
-    china = [s for s in synths.values() if s.cfg.facts.china]
-    assert len(china) == 2   # china and dev's China variant
+    china = [s for s in synths.all().values() if s.cfg.facts.china]
+    if not china:
+        pytest.skip("no China environment among those the gates run on")
     for s in china:
         registry = f"{s.cfg.account}.{s.cfg.facts.ecr_host_suffix}"
         assert foreign_build_steps(s.outdir, registry) == [], s.cfg.name

@@ -29,7 +29,11 @@ from config.context import ENVIRONMENTS_DIR, SNAPSHOTS_DIR, declared_environment
     repository_context
 
 ROOT = Path(__file__).resolve().parent.parent
-DECLARED = declared_environments(ROOT)         # name -> the context that selects it
+try:
+    DECLARED = declared_environments(ROOT)     # name -> the context that selects it
+    _UNREADABLE: ConfigError | None = None
+except ConfigError as err:   # a file of environments/ that is not an environment: said once
+    DECLARED, _UNREADABLE = {}, err
 # The environments the gates run on: every declared one, or those `--environment` names (the
 # list is narrowed in place before any test module is imported).
 ENVIRONMENTS: list[str] = sorted(DECLARED)
@@ -50,6 +54,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if _UNREADABLE is not None:
+        raise pytest.UsageError(f"your file: {_UNREADABLE}")
     chosen = config.getoption("--environment")
     unknown = sorted(set(chosen) - set(DECLARED))
     if unknown:
@@ -132,8 +138,8 @@ def pytest_runtest_makereport(item, call):
     if call.excinfo is not None and call.excinfo.errisinstance(ConfigError):
         synth = " ".join(f"{'ENV' if k == 'env' else k.upper()}={v}"
                          for k, v in DECLARED[name].items())
-        text = (f"your file: {call.excinfo.value}; fix that field of {file} (or of the "
-                f"endpoint file it names): `make synth {synth}` says the same")
+        text = (f"your file: {call.excinfo.value}. Fix the field this line names (in {file} "
+                f"or the endpoint file it names); `make synth {synth}` says the same")
     elif snapshot is not None and any(not r.success for r in snapshot.executions.values()):
         text = (f"your snapshots: {name}'s in {snapshot_folder(name).relative_to(ROOT)}/ "
                 "are missing or differ from what it renders now (after a change of "
@@ -190,11 +196,19 @@ class Synths(dict):
     def __init__(self, tmp: Path):
         super().__init__()
         self._tmp = tmp
+        self._refused: dict[str, ConfigError] = {}
 
     def __missing__(self, name: str) -> Synth:
         if name not in DECLARED:
             raise KeyError(name)
-        self[name] = synth = _synth(name, self._tmp)
+        if name in self._refused:   # the team's file: said once per test, synthesized once
+            raise self._refused[name]
+        try:
+            synth = _synth(name, self._tmp)
+        except ConfigError as err:
+            self._refused[name] = err
+            raise
+        self[name] = synth
         if _LINT_AT_SYNTH:
             synth.cfn_lint()
         return synth

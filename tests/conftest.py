@@ -102,6 +102,16 @@ class EnvironmentSnapshots(AmberSnapshotExtension):
     def dirname(cls, *, test_location) -> str:
         return str(snapshot_folder(_environment_of(test_location.item)))
 
+    @classmethod
+    def discovery_dirname(cls, *, test_location) -> str:
+        """Where syrupy looks for unused snapshots: the folder of an environment the gates
+        run on, and only from a test that stores there (a test parametrized by another
+        environment, like `name` in ["china", "dev-cn"], must not open that one's folder)."""
+        item, name = test_location.item, _environment_of(test_location.item)
+        mine = ("environment_snapshot" in getattr(item, "fixturenames", ())
+                and name in ENVIRONMENTS)
+        return str(snapshot_folder(name if mine else None))
+
 
 def snapshot_folder(name: str | None) -> Path:
     """Where environment NAME's snapshots live (for a test of no environment: a folder that

@@ -7,11 +7,15 @@ from __future__ import annotations
 import ast
 import json
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from config.context import ENVIRONMENTS_DIR, SNAPSHOTS_DIR
-from tests.conftest import DECLARED, ENVIRONMENTS, ROOT, normalise
+from tests.conftest import (
+    DECLARED, ENVIRONMENTS, ROOT, EnvironmentSnapshots, normalise, snapshot_folder,
+)
 
 STACKS = ["Network", "Storage", "Cluster", "Cache", "Observability", "Serving"]
 
@@ -50,3 +54,23 @@ def test_make_snapshots_runs_every_environment_snapshot():
                 users.setdefault(str(path.relative_to(ROOT)), []).append(node.name)
     assert set(users) == listed
     assert all("snapshot" in test for tests in users.values() for test in tests), users
+
+
+def test_unused_snapshots_are_sought_only_where_the_run_writes(monkeypatch):
+    """syrupy deletes, on --snapshot-update, what it finds unused in the folders it looks in:
+    only the folder of an environment the run covers, and only from a test that stores
+    there (`make snapshots ENV=prod-cn` once deleted the China variant's snapshots through a
+    test parametrized by ["china", "dev-cn"])."""
+    import tests.conftest as conftest
+
+    def where(env: str, fixtures: tuple[str, ...]) -> Path:
+        item = SimpleNamespace(callspec=SimpleNamespace(params={"name": env}),
+                               fixturenames=fixtures)
+        return Path(EnvironmentSnapshots.discovery_dirname(
+            test_location=SimpleNamespace(item=item)))
+
+    monkeypatch.setattr(conftest, "ENVIRONMENTS", ["dev"])   # --environment dev
+    assert where("dev", ("environment_snapshot",)) == snapshot_folder("dev")
+    for env, fixtures in [("dev-cn", ("environment_snapshot",)), ("dev", ("synths",))]:
+        assert where(env, fixtures) == snapshot_folder(None)
+        assert not snapshot_folder(None).exists()

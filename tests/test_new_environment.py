@@ -1,20 +1,25 @@
 """A team's own environments get every gate with no edit to tests/.
 
 In a scratch copy of the repository, a team adds what the samples do not have, as README.md
-says (its own files: environments, an endpoint file, the VPC lookup CDK caches):
+says (its own files: an environment, an endpoint file, the VPC lookup CDK caches): `prod-cn`,
+China under a name of its own, on an existing private-only VPC (no public subnet: the load
+balancer in private subnets of its own), the in-cluster L2 (`cache.kind: self-hosted`, a Valkey
+on an `l2cache` node) that its own endpoint's L2 uses, beside the sample's endpoint: two models
+on one cluster.
 
-- `prod-cn`: China under a name of its own, on an existing private-only VPC (no public subnet:
-  the load balancer in private subnets of its own), the in-cluster L2 (`cache.kind:
-  self-hosted`, a Valkey on an `l2cache` node) that its own endpoint's L2 uses, beside the
-  sample's endpoint: two models on one cluster;
-- `team-us`: global, on an existing VPC with public subnets, Amazon Managed Prometheus, and
-  its own endpoint's L2 on the environment's ElastiCache, beside the sample's endpoint.
+The suite runs there narrowed to it (`--environment`, `-k`: the gates' parameters come from
+the copy's declarations), recording its snapshots as a team does (`--snapshot-update -k
+snapshot`, what `make snapshots ENV=NAME` runs). Each gate must have run on it and passed, its
+snapshots must be in its own folder, and no other file of the copy may have changed. That run
+starts with the session, beside the rest of it.
 
-The suite runs there narrowed to them (`--environment`, `-k`: the gates' parameters come from
-the copy's declarations), recording their snapshots as a team does (`--snapshot-update`, what
-`make snapshots ENV=NAME` runs). Each gate must have run on each and passed, their snapshots
-must be in their own folders, and no other file of the copy may have changed. That run starts
-with the session, beside the rest of it.
+`KVCACHE_MORE_ENVIRONMENTS=1` adds three more (about 10 s of CPU each, outside the suite's
+budget): `team-us` (existing VPC with public subnets, Kubernetes 1.34, AMP, a team endpoint's
+L2 on ElastiCache, an internet-facing listener, Arm system nodes, a Bottlerocket Spot GPU group,
+`removalPolicy: destroy`, S3-managed encryption), `edge-eu` (a created /20, Kubernetes 1.36,
+self-hosted observability in a global region, `cache.kind: none`, kvaware routing of a Mistral
+endpoint) and `research` (cn-north-1, Kubernetes 1.33, ElastiCache declared while the only L2 is a
+team endpoint's in-cluster Valkey).
 """
 from __future__ import annotations
 
@@ -64,10 +69,23 @@ LOOKUPS = {
                      [f"172.18.{64 + 32 * i}.0/19" for i in range(3)], "Private")]},
 }
 SAMPLE_ENDPOINT = "endpoints/llama-8b-intel-routing.yaml"   # ml.g5.8xlarge, L1 only
-# The team's own endpoint: another model, an image that may have an L2, the L2 forced (the
-# verdict would keep L1 only on an A10G) on the environment's cache.
-TEAM_ENDPOINT = "endpoints/qwen-7b-l2.yaml"
-ENVIRONMENTS = {
+# The teams' own endpoints: other models, an image that may have an L2; where one asks for
+# an L2 it is forced (the verdict would keep L1 only on an A10G or a T4).
+TEAM_ENDPOINT = "endpoints/qwen-7b-l2.yaml"        # its L2 on the environment's cache
+KVAWARE_ENDPOINT = "endpoints/mistral-kv.yaml"     # L1 only, kvaware routing
+VALKEY_ENDPOINT = "endpoints/qwen3-tiered.yaml"    # its L2 on the in-cluster Valkey
+ENDPOINTS = {
+    TEAM_ENDPOINT: {"name": "qwen-7b-l2", "modelName": "Qwen2.5-7B-Instruct",
+                    "instanceType": "ml.g5.12xlarge", "modelLocation": "qwen25_7b", "l2": "redis"},
+    KVAWARE_ENDPOINT: {"name": "mistral-kv", "modelName": "Mistral-7B-Instruct-v0.3",
+                       "instanceType": "ml.g4dn.12xlarge", "modelLocation": "mistral7b",
+                       "routing": "kvaware"},
+    VALKEY_ENDPOINT: {"name": "qwen3-tiered", "modelName": "Qwen3-8B",
+                      "instanceType": "ml.g4dn.12xlarge", "modelLocation": "qwen3_8b",
+                      "l2": "valkey"},
+}
+MORE = os.environ.get("KVCACHE_MORE_ENVIRONMENTS") == "1"
+ALL_ENVIRONMENTS = {
     "prod-cn": {
         "account": "444444444444", "region": "cn-northwest-1", "availabilityZones": CN_ZONES,
         "kubernetesVersion": "1.35",
@@ -87,16 +105,53 @@ ENVIRONMENTS = {
         "kubernetesVersion": "1.34",
         "existingVpc": {"vpcId": US_VPC},
         "clusterEndpoint": {"public": False}, "adminRoleNames": ["MlPlatformAdmin"],
-        "nodeGroups": {"system": {"instanceTypes": ["m6i.xlarge"], "minSize": 2, "maxSize": 4},
+        "nodeGroups": {"system": {"instanceTypes": ["m7g.large"], "minSize": 2, "maxSize": 4,
+                                  "amiType": "AL2023_ARM_64_STANDARD"},
                        "gpu": [{"name": "a10g", "instanceTypes": ["g5.12xlarge"], "minSize": 1,
-                                "maxSize": 2, "diskSizeGiB": 300}]},
+                                "maxSize": 2, "diskSizeGiB": 300},
+                               {"name": "t4", "instanceTypes": ["g4dn.12xlarge"], "minSize": 0,
+                                "maxSize": 2, "amiType": "BOTTLEROCKET_X86_64_NVIDIA",
+                                "capacityType": "SPOT"}]},
         "cache": {"kind": "elasticache", "nodeType": "cache.r7g.xlarge", "replicas": 1},
         "observability": "managed", "grafana": "none",
+        "publicListener": True, "listener": {
+            "certificateArn": "arn:aws:acm:us-east-1:555555555555:certificate/"
+                              "0f7b1c2d-3e4f-4a5b-8c6d-7e8f9a0b1c2d",
+            "sourceRanges": ["198.51.100.0/24"]},
+        "removalPolicy": "destroy", "bucketEncryption": "s3-managed", "logRetentionDays": 30,
         "endpoints": [SAMPLE_ENDPOINT, TEAM_ENDPOINT],
         "instanceTypeMap": {"ml.g5.8xlarge": "g5.12xlarge", "ml.g5.12xlarge": "g5.12xlarge"},
         "alerts": {"subscriptions": [{"protocol": "email", "endpoint": "oncall@example.com"}]},
     },
+    "edge-eu": {
+        "account": "666666666666", "region": "eu-west-1",
+        "availabilityZones": ["eu-west-1a", "eu-west-1b"], "kubernetesVersion": "1.36",
+        "vpcCidr": "192.168.0.0/20", "natGateways": 2,
+        "clusterEndpoint": {"public": True, "publicCidrs": ["198.51.100.0/24"]},
+        "adminRoleNames": ["Ops"],
+        "nodeGroups": {"system": {"instanceTypes": ["m6i.large"], "minSize": 2, "maxSize": 3},
+                       "gpu": [{"name": "a10g", "instanceTypes": ["g5.12xlarge"], "minSize": 0,
+                                "maxSize": 2, "diskSizeGiB": 200},
+                               {"name": "t4", "instanceTypes": ["g4dn.12xlarge"], "minSize": 0,
+                                "maxSize": 2, "diskSizeGiB": 200}]},
+        "cache": {"kind": "none"}, "observability": "self-hosted", "ttftObjectiveSeconds": 1.0,
+        "endpoints": [SAMPLE_ENDPOINT, KVAWARE_ENDPOINT],
+        "instanceTypeMap": {"ml.g5.8xlarge": "g5.12xlarge"}, "tags": {"cost-center": "edge 42"},
+    },
+    "research": {
+        "account": "777777777777", "region": "cn-north-1",
+        "availabilityZones": ["cn-north-1a", "cn-north-1b"], "kubernetesVersion": "1.33",
+        "vpcCidr": "10.200.0.0/16", "natGateways": 1,
+        "clusterEndpoint": {"public": False}, "adminRoleNames": ["Ops"],
+        "nodeGroups": {"system": {"instanceTypes": ["m5.xlarge"], "minSize": 2, "maxSize": 3},
+                       "gpu": [{"name": "t4", "instanceTypes": ["g4dn.12xlarge"], "minSize": 1,
+                                "maxSize": 2, "diskSizeGiB": 200}]},
+        "cache": {"kind": "elasticache"},
+        "endpoints": [SAMPLE_ENDPOINT, VALKEY_ENDPOINT],
+        "instanceTypeMap": {"ml.g5.8xlarge": "g4dn.12xlarge"},
+    },
 }
+ENVIRONMENTS = {k: v for k, v in ALL_ENVIRONMENTS.items() if MORE or k == "prod-cn"}
 # Every per-environment gate, by test: each must have run on each new environment and passed.
 GATES = {
     "tests/stacks/test_gates.py": ["test_cdk_nag_and_cdk_validation_report_no_unacknowledged_"
@@ -126,16 +181,18 @@ GATES = {
 _SHARED = (".venv", "node_modules", ".venv-lmcache", ".lmcache-parsers", ".venv-checkov")
 
 
-def _team_endpoint() -> str:
-    """The team's endpoint file: the sample's shape, its own model, name and L2."""
+def _team_endpoint(path: str) -> str:
+    """A team's endpoint file: the sample's shape, its own model, name, routing and L2."""
+    e = ENDPOINTS[path]
     raw = yaml.safe_load((ROOT / SAMPLE_ENDPOINT).read_text())
-    raw["metadata"]["name"] = "qwen-7b-l2"
+    raw["metadata"]["name"] = e["name"]
     spec = raw["spec"]
-    spec.update(endpointName="qwen-7b", modelName="Qwen2.5-7B-Instruct",
-                instanceType="ml.g5.12xlarge")
-    spec["modelSourceConfig"]["modelLocation"] = "qwen25_7b"
-    spec["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": True, "forceL2Cache": True,
-                           "l2CacheSpec": {"l2CacheBackend": "redis"}}
+    spec.update(endpointName=e["name"], modelName=e["modelName"], instanceType=e["instanceType"])
+    spec["modelSourceConfig"]["modelLocation"] = e["modelLocation"]
+    spec["intelligentRoutingSpec"]["routingStrategy"] = e.get("routing", "prefixaware")
+    if "l2" in e:
+        spec["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": True,
+                               "forceL2Cache": True, "l2CacheSpec": {"l2CacheBackend": e["l2"]}}
     spec["worker"]["image"] = "lmcache/vllm-openai:v0.5.4"
     return yaml.safe_dump(raw, sort_keys=False)
 
@@ -169,7 +226,8 @@ def _gates_run(tmp: Path) -> Background:
     repo = tmp / "repo"
     _scratch_copy(repo)
     (repo / "cdk.context.json").write_text(json.dumps(LOOKUPS, indent=1))
-    (repo / TEAM_ENDPOINT).write_text(_team_endpoint())
+    for path in ENDPOINTS:
+        (repo / path).write_text(_team_endpoint(path))
     for name, raw in ENVIRONMENTS.items():
         (repo / "environments" / f"{name}.json").write_text(json.dumps(raw, indent=2))
     (tmp / "before.json").write_text(json.dumps(_digests(repo)))

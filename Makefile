@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
 ENV ?=
 
-.PHONY: deps tools synth test bench bench-routing clean
+.PHONY: deps tools synth test snapshots bench bench-routing clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -57,6 +57,15 @@ synth: $(VENV)/.installed node_modules/.installed
 ## The whole test suite: config, stacks, charts, loopback router tests, tools.
 test: tools deps
 	$(PY) -m pytest
+
+## Record one environment's snapshots (environments/snapshots/ENV/) and touch no other file:
+## `make snapshots ENV=prod-cn` after adding or changing environments/prod-cn.json, then `make test`.
+SNAPSHOT_TESTS := tests/stacks/test_snapshots.py tests/observability/test_delivery.py \
+	tests/k8s/test_monitoring.py
+snapshots: $(VENV)/.installed node_modules/.installed
+	@test -n "$(ENV)" || { echo "make snapshots ENV=NAME: the environment whose snapshots to record" >&2; exit 2; }
+	$(PY) -m pytest -q -p no:cacheprovider --environment $(ENV) -k snapshot --snapshot-update \
+		$(SNAPSHOT_TESTS)
 
 ## Timings of full synths and of the test suite (figures, not assertions).
 bench: deps

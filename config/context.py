@@ -24,6 +24,9 @@ ENVIRONMENTS_DIR = "environments"
 # Kubernetes label values; `-cn` is added for a China variant.
 ENVIRONMENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,29}", re.A)
 _NOT_ENVIRONMENTS = ("README.md",)
+# environments/snapshots/NAME/: each environment's test snapshots, beside its file and owned
+# with it (tests/conftest.py EnvironmentSnapshots)
+SNAPSHOTS_DIR = "snapshots"
 _MOVED = ("every environment in a file of its own, environments/NAME.json (cdk.json keeps "
           "CDK's feature flags): move each entry of context.environments there")
 
@@ -36,13 +39,14 @@ def environment_files(root: Path = ROOT) -> dict[str, Mapping[str, Any]]:
                           "(environments/NAME.json)")
     envs: dict[str, Mapping[str, Any]] = {}
     for path in sorted(folder.iterdir()):
-        if path.name in _NOT_ENVIRONMENTS or path.name.startswith("."):
+        if path.name in _NOT_ENVIRONMENTS or path.name.startswith(".") or (
+                path.name == SNAPSHOTS_DIR and path.is_dir()):
             continue
         rel = f"{ENVIRONMENTS_DIR}/{path.name}"
         if path.suffix != ".json" or not ENVIRONMENT_NAME.fullmatch(path.stem):
             raise ConfigError(path.stem, rel, path.name, "files named NAME.json, NAME of "
                               "lowercase letters, digits and '-', starting with a letter, at "
-                              "most 30 characters (and README.md)")
+                              "most 30 characters (and README.md, snapshots/)")
         text, _ = read_repository_file(path.stem, rel, rel, root)
         data = load_json_object(path.stem, rel, text)
         if not isinstance(data, Mapping):

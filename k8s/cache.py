@@ -31,7 +31,10 @@ from k8s.objects import (
 from k8s.workers import COMPONENT as WORKER_COMPONENT
 
 VALKEY = "valkey"
-VALKEY_UID = 999   # the valkey image's own user
+# Not the image's own user (999): a UID no host account has (checkov CKV_K8S_40). Valkey
+# writes nothing (no persistence, read-only root), so it needs no file the image's user owns;
+# tests/k8s/test_valkey_exporter.py starts the rendered arguments as this UID.
+VALKEY_UID = 10999
 EVICTION_POLICY = "allkeys-lru"
 # maxmemory, of the container's memory. What Valkey holds beyond `used_memory` (which maxmemory
 # bounds): client buffers (a chunk in flight per connection: LMCache's 8 per rank, ~10 MiB
@@ -103,8 +106,11 @@ class SharedCacheChart(Chart):
                      "--io-threads", str(p.io_threads)],
             "securityContext": hardened(read_only_root=True, run_as_user=VALKEY_UID),
             "ports": [{"name": "cache", "containerPort": CACHE_PORT}],
+            # Limits at the requests: the node's own reserve stays the kubelet's and the
+            # DaemonSets', and the limit never throttles Valkey, whose threads (main and
+            # io-threads, at most half the vCPUs: k8s/l2.py) are fewer than the cores it gets.
             "resources": {"requests": {"cpu": p.cpu, "memory": memory},
-                          "limits": {"memory": memory}},
+                          "limits": {"cpu": p.cpu, "memory": memory}},
             "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
         }
         containers = [container]
@@ -146,7 +152,7 @@ def _exporter(image: str, cache_port: int) -> dict:
                  f"--web.listen-address=:{REDIS_EXPORTER_PORT}"],
         "ports": [{"name": "metrics", "containerPort": REDIS_EXPORTER_PORT}],
         "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
-                      "limits": {"memory": "128Mi"}},
+                      "limits": {"cpu": "200m", "memory": "128Mi"}},
         "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
         "securityContext": hardened(read_only_root=True, run_as_user=59000),
     }

@@ -74,7 +74,8 @@ def build(app: cdk.App, cfg: EnvironmentConfig,
         l2_secret_arn=l2.auth_secret.secret_arn if l2 else None, l2_key=l2.key if l2 else None,
         metrics=(MetricsSource(observability.managed.query_url, cfg.region) if observability
                  else MetricsSource(IN_CLUSTER_PROMETHEUS_URL)),
-        keda_role=cluster.scaling.keda_role, **common)
+        keda_role=cluster.scaling.keda_role, l2_nodes=cache.l2_nodes if cache else None,
+        **common)
     monitoring = MonitoringStack(
         app, f"{p}-Monitoring", cfg=cfg, endpoints=endpoints, cluster=cluster.cluster,
         amp_workspace=observability.managed.workspace if observability else None,

@@ -41,6 +41,7 @@ class CacheStack(Stack):
         super().__init__(scope, id, **kwargs)
         c = cfg.cache
         self.cache: KvCache | None = None
+        self.l2_nodes: eks.Nodegroup | None = None   # the in-cluster Valkey's own node
         if needs.elasticache_shards is not None:
             self.cache = KvCache(self, "L2", props=KvCacheProps(
                 vpc=vpc, client_security_group=client_security_group, engine=c.engine,
@@ -71,3 +72,4 @@ class CacheStack(Stack):
             # at the cluster's version, like the Cluster stack's groups (it rolls when the
             # Cache stack deploys after the Cluster stack's upgrade)
             NodeVersions(cfg.kubernetes_version, cfg.ami_release_version).apply(nodes)
+            self.l2_nodes = nodes

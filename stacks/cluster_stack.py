@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2
+from aws_cdk import Annotations, CfnOutput, Stack, aws_ec2 as ec2
 from constructs import Construct
 
 from config import EnvironmentConfig
@@ -9,6 +9,8 @@ from constructs.cluster_scaling import ClusterScaling, ClusterScalingProps
 from constructs.gpu_cluster import GpuCluster, GpuClusterProps
 from constructs.network import existing_vpc
 from stacks.common import removal_policy
+
+SUBNET_TAG_WARNING = "@aws-cdk/aws-eks:clusterMustManuallyTagSubnet"
 
 
 class ClusterStack(Stack):
@@ -31,6 +33,14 @@ class ClusterStack(Stack):
         ))
         self.gpu_cluster = built
         self.cluster = built.cluster
+        if cfg.network.existing:
+            # aws_eks_v2.Cluster tags every subnet of the VPC kubernetes.io/role/(internal-)elb
+            # for the load balancer controller's discovery, and cannot tag imported ones. It
+            # needs no tag here: the router's Service names its subnets (the annotation
+            # aws-load-balancer-subnets, cfg.network.load_balancer_subnets), and no other load
+            # balancer is made. Said in README.md (existingVpc).
+            Annotations.of(self.cluster).acknowledge_warning(
+                SUBNET_TAG_WARNING, "the router's Service names its load balancer subnets")
         self.scaling = ClusterScaling(self, "Scaling", props=ClusterScalingProps(
             cluster=self.cluster, system_nodes=built.system_nodegroup, images=cfg.images,
             kubernetes_version=cfg.kubernetes_version, region=cfg.region,

@@ -14,6 +14,7 @@ from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from config.network import existing_load_balancer_subnets
+from k8s.cache import SharedCacheChart
 from k8s.router import router_name
 from k8s.serving import (
     ServingFacts, build_charts, dns_record, effective_scaling, needs_hub_token,
@@ -32,6 +33,7 @@ class ServingStack(Stack):
                  model_bucket: s3.IBucket, model_key: kms.IKey | None,
                  l2_url: str | None, l2_secret_arn: str | None, l2_key: kms.IKey | None,
                  metrics: MetricsSource, keda_role: iam.IRole | None = None,
+                 l2_nodes: eks.Nodegroup | None = None,
                  **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         # Built and pushed to the account's ECR by `python -m tools mirror` (images/router/
@@ -129,6 +131,11 @@ class ServingStack(Stack):
             # when the pod is created (as constructs/cluster_monitoring.py orders them).
             for account in sorted(_service_accounts(chart) & set(identities)):
                 manifest.node.add_dependency(identities[account])
+            # The in-cluster Valkey runs only on the Cache stack's node of its own (tainted
+            # for it): its StatefulSet waits for that node group like the Helm releases wait
+            # for theirs (tests/stacks/test_deploy_order.py).
+            if l2_nodes is not None and isinstance(chart, SharedCacheChart):
+                manifest.node.add_dependency(l2_nodes)
             previous = manifests[chart.node.id] = manifest
         for spec in endpoints:
             if (record := dns_record(cfg, spec)) is not None:

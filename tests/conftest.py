@@ -5,6 +5,12 @@ The gates run on every environment the repository declares (environments/NAME.js
 China variant of each with a `chinaVariant`: config.context.declared_environments), so a team
 that adds one gets every gate for it with no edit here. `--environment NAME` (repeatable)
 narrows the gates to those environments.
+
+An environment's snapshots live beside its file, environments/snapshots/NAME/ (one folder per
+environment, `EnvironmentSnapshots`): `make snapshots ENV=NAME` records that folder and touches
+no other, and an update of this repository never conflicts with a team's. A failing test of an
+environment says whose it is (`pytest_runtest_makereport`): the team's file, its snapshots, or
+a bug of this repository.
 """
 from __future__ import annotations
 
@@ -16,12 +22,18 @@ from pathlib import Path
 
 import kubernetes_validate.utils
 import pytest
+from syrupy.extensions.amber import AmberSnapshotExtension
 
-from config import EnvironmentConfig, resolve_environment
-from config.context import declared_environments, repository_context
+from config import ConfigError, EnvironmentConfig, resolve_environment
+from config.context import ENVIRONMENTS_DIR, SNAPSHOTS_DIR, declared_environments, \
+    repository_context
 
 ROOT = Path(__file__).resolve().parent.parent
-DECLARED = declared_environments(ROOT)         # name -> the context that selects it
+try:
+    DECLARED = declared_environments(ROOT)     # name -> the context that selects it
+    _UNREADABLE: ConfigError | None = None
+except ConfigError as err:   # a file of environments/ that is not an environment: said once
+    DECLARED, _UNREADABLE = {}, err
 # The environments the gates run on: every declared one, or those `--environment` names (the
 # list is narrowed in place before any test module is imported).
 ENVIRONMENTS: list[str] = sorted(DECLARED)
@@ -42,6 +54,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if _UNREADABLE is not None:
+        raise pytest.UsageError(f"your file: {_UNREADABLE}")
     chosen = config.getoption("--environment")
     unknown = sorted(set(chosen) - set(DECLARED))
     if unknown:
@@ -76,6 +90,76 @@ class Synth:
             self._lint = CfnLint((self.cfg.region,),
                                  sorted(str(p) for p in self.outdir.glob("*.template.json")))
         return self._lint
+
+
+class EnvironmentSnapshots(AmberSnapshotExtension):
+    """Snapshots of one environment in a folder of its own, environments/snapshots/NAME/ (one
+    file per test module), NAME the test's `name` parameter. syrupy finds unused snapshots
+    only in the folders of the environments that ran, so `--snapshot-update` narrowed to one
+    environment deletes nothing of another's."""
+
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(snapshot_folder(_environment_of(test_location.item)))
+
+    @classmethod
+    def discovery_dirname(cls, *, test_location) -> str:
+        """Where syrupy looks for unused snapshots: the folder of an environment the gates
+        run on, and only from a test that stores there (a test parametrized by another
+        environment, like `name` in ["china", "dev-cn"], must not open that one's folder)."""
+        item, name = test_location.item, _environment_of(test_location.item)
+        mine = ("environment_snapshot" in getattr(item, "fixturenames", ())
+                and name in ENVIRONMENTS)
+        return str(snapshot_folder(name if mine else None))
+
+
+def snapshot_folder(name: str | None) -> Path:
+    """Where environment NAME's snapshots live (for a test of no environment: a folder that
+    does not exist, so syrupy finds nothing there)."""
+    return ROOT / ENVIRONMENTS_DIR / SNAPSHOTS_DIR / (name or ".none")
+
+
+def _environment_of(item) -> str | None:
+    """The declared environment a test item runs on: its parameter that names one."""
+    params = getattr(item, "callspec", None)
+    return next((v for v in (params.params.values() if params else ())
+                 if isinstance(v, str) and v in DECLARED), None)
+
+
+@pytest.fixture
+def environment_snapshot(snapshot, request):
+    """`snapshot`, stored with the environment the test is parametrized by (`name`)."""
+    assert _environment_of(request.node), "environment_snapshot: a test of an environment"
+    return snapshot.use_extension(EnvironmentSnapshots)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test of a declared environment says whose it is: the environment's file (it
+    does not resolve: the line names file and field), its snapshots, or ours (the environment
+    resolves, so every gate must pass on it)."""
+    outcome = yield
+    report = outcome.get_result()
+    name = _environment_of(item)
+    if not (report.failed and name and hasattr(report.longrepr, "addsection")):
+        return
+    file = f"{ENVIRONMENTS_DIR}/{DECLARED[name]['env']}.json"
+    snapshot = item.funcargs.get("environment_snapshot")
+    if call.excinfo is not None and call.excinfo.errisinstance(ConfigError):
+        synth = " ".join(f"{'ENV' if k == 'env' else k.upper()}={v}"
+                         for k, v in DECLARED[name].items())
+        text = (f"your file: {call.excinfo.value}. Fix the field this line names (in {file} "
+                f"or the endpoint file it names); `make synth {synth}` says the same")
+    elif snapshot is not None and any(not r.success for r in snapshot.executions.values()):
+        text = (f"your snapshots: {name}'s in {snapshot_folder(name).relative_to(ROOT)}/ "
+                "are missing or differ from what it renders now (after a change of "
+                f"{file} or an update of this repository): review the diff, then record them "
+                f"with `make snapshots ENV={name}` (it touches that folder only)")
+    else:
+        text = (f"our bug: {file} resolves (every field of it is valid), so every gate must "
+                f"pass on {name}; this one does not: a bug of this repository, not of your "
+                "file. Report it with this output")
+    report.longrepr.addsection("kvcache: whose failure", text)
 
 
 def context_for(**overrides: str) -> dict:
@@ -122,11 +206,19 @@ class Synths(dict):
     def __init__(self, tmp: Path):
         super().__init__()
         self._tmp = tmp
+        self._refused: dict[str, ConfigError] = {}
 
     def __missing__(self, name: str) -> Synth:
         if name not in DECLARED:
             raise KeyError(name)
-        self[name] = synth = _synth(name, self._tmp)
+        if name in self._refused:   # the team's file: said once per test, synthesized once
+            raise self._refused[name]
+        try:
+            synth = _synth(name, self._tmp)
+        except ConfigError as err:
+            self._refused[name] = err
+            raise
+        self[name] = synth
         if _LINT_AT_SYNTH:
             synth.cfn_lint()
         return synth

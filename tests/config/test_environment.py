@@ -42,13 +42,14 @@ def _error(ctx: dict) -> ConfigError:
 
 def test_the_default_environment_and_more_than_one_without_a_default():
     context = repository_context(ROOT)
-    assert context["defaultEnvironment"] == "dev"
-    assert resolve_environment(context).name == "dev"   # bare `cdk synth` on a fresh clone
+    default = context["defaultEnvironment"]   # dev on a fresh clone
+    assert resolve_environment(context).name == default   # bare `cdk synth`
     err = _error({k: v for k, v in context.items() if k != "defaultEnvironment"})
     assert (err.field, err.value) == ("env", None)
-    assert err.allowed.startswith("china, dev (environments/NAME.json")
-    err = _error({**context, "defaultEnvironment": "prod"})
-    assert (err.field, err.value) == ("env", "prod")
+    assert err.allowed.startswith(", ".join(sorted(context["environments"]))
+                                  + " (environments/NAME.json")
+    err = _error({**context, "defaultEnvironment": "Prod"})
+    assert (err.field, err.value) == ("env", "Prod")
 
 
 def test_shipped_environments_resolve():
@@ -129,7 +130,8 @@ def test_china_flag_switches_dev_to_its_china_variant():
         "dev", amiReleaseVersion="1.35.2-20260115",
         nodeGroups__gpu__0__amiType="BOTTLEROCKET_X86_64_NVIDIA"),
      "nodeGroups.gpu[0].amiType", "BOTTLEROCKET_X86_64_NVIDIA", "an AL2023 AMI type"),
-    ("unknown environment", {**context_for(), "env": "prod"}, "env", "prod", "china, dev"),
+    ("unknown environment", {**context_for(), "env": "Prod"}, "env", "Prod",
+     ", ".join(sorted(context_for()["environments"])) + " (environments/NAME.json"),
     ("china flag on a China region set false", context_for(env="china", china="false"),
      "china", False, "true (region cn-northwest-1"),
     ("malformed china flag", context_for(env="dev", china="yes"), "china", "yes", "true, false"),

@@ -12,7 +12,7 @@ from config.contracts import DEVICE_PLUGIN_LABEL
 from config.images import CHARTS, ImageResolver
 from k8s.monitoring import CHART_KEY, PLACEHOLDERS
 from k8s.device_plugin import DevicePluginChart
-from k8s.serving import load_endpoints
+from k8s.serving import load_endpoints, managed_l2_plans
 from stacks.app_builder import write_manifests
 from k8s.placeholders import PATTERN, PLACEHOLDERS as FILLABLE
 from tests.conftest import ENVIRONMENTS, ROOT
@@ -60,7 +60,7 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths, name):
     # the router image is the catalogue's, in the account's ECR: no placeholder
     assert cfg.images.uri("router") in text and "ROUTER_IMAGE" not in named
     assert ("LB_SUBNETS" in named) is (not cfg.network.existing)
-    managed_l2 = any(s.l2_enabled and not s.l2_url for s in specs)   # the shipped: L1 only
+    managed_l2 = bool(managed_l2_plans(cfg, specs))   # an endpoint's L2 is the ElastiCache
     assert {"L2_ENDPOINT", "L2_SECRET_ARN"} <= named if managed_l2 else not (
         {"L2_ENDPOINT", "L2_SECRET_ARN"} & named)
 

@@ -266,7 +266,7 @@ def test_values_props_want_exactly_one_mode():
 
 
 @pytest.mark.parametrize("name", ENVIRONMENTS)
-def test_monitoring_manifests_and_values_snapshot(rendered, name, snapshot):
+def test_monitoring_manifests_and_values_snapshot(rendered, name, environment_snapshot):
     _, docs, jobs, values = rendered[name]
     text = yaml.safe_dump_all([*docs, {"scrape_configs": jobs}, values], sort_keys=True)
-    assert normalise(text) == snapshot
+    assert normalise(text) == environment_snapshot

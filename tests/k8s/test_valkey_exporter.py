@@ -4,6 +4,7 @@ the `kvcache-valkey` scrape job, with panels and alerts that fire (promtool)."""
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import socket
@@ -201,3 +202,47 @@ def test_a_real_redis_exporter_exports_every_metric_we_query(tmp_path):
     ours = {s for m in CATALOGUE.values() if m.source == "redis-exporter" for s in m.series}
     assert len(ours) >= 10 and ours <= exported, sorted(ours - exported)
     assert re.search(r"^redis_memory_max_bytes 6\.7108864e\+07$", text, re.M)
+
+
+def test_the_valkey_container_serves_as_its_uid_writing_nothing(valkey, tmp_path):
+    """The rendered container's own arguments, as its UID (not the image's 999: checkov
+    CKV_K8S_40) in a working directory it cannot write (the image's /data is 999's, the root
+    filesystem read-only): Debian's redis-server, which takes Valkey's flags, stores and
+    serves a value. Its CPU limit is its request (no throttling below its node share)."""
+    if os.geteuid() != 0:
+        pytest.skip("setpriv needs root to take the container's UID (CI runs as root)")
+    cfg, _, docs = valkey
+    spec = _named(docs, "StatefulSet", f"kvcache-{VALKEY}")["spec"]["template"]["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == "valkey")
+    ctx = container["securityContext"]
+    uid, gid = ctx["runAsUser"], ctx["runAsGroup"]
+    assert uid >= 10000 and spec["securityContext"]["runAsUser"] == uid
+    assert container["resources"]["limits"]["cpu"] == container["resources"]["requests"]["cpu"]
+    server = shutil.which("redis-server")
+    assert server, "`make tools` installs redis-server"
+    args = list(container["args"])
+    assert args[0] == "valkey-server"
+    port = _free_port()
+    args[args.index("--port") + 1] = str(port)
+    tmp_path.chmod(0o755)   # root's: the container's user cannot write its working directory
+    proc = subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", server, *args[1:],
+         "--bind", "127.0.0.1"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                    s.sendall(b"SET k v\r\nGET k\r\n")
+                    time.sleep(0.2)
+                    answer = s.recv(4096)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+    assert answer.startswith(b"+OK\r\n$1\r\nv\r\n"), (answer, out)
+    assert list(tmp_path.iterdir()) == [], out   # nothing written

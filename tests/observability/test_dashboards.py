@@ -15,7 +15,7 @@ from k8s.serving import load_endpoints
 from observability.dashboards import SERVING_UID, build_dashboards, panel_queries
 from observability.metrics import series_names
 from observability.promql import metric_names
-from tests.conftest import ROOT, normalise
+from tests.conftest import ROOT, Lazy, normalise
 
 PANELS = [
     "Time to first token P50 / P90 / P99", "End-to-end latency P50 / P90 / P99",
@@ -30,8 +30,10 @@ PANELS = [
 
 @pytest.fixture(scope="module")
 def dashboards(synths):
-    return {name: build_dashboards(s.cfg, load_endpoints(s.cfg, ROOT))
-            for name, s in synths.items()}
+    """name -> its dashboards, built on first use (not only those synthesized so far: a run
+    narrowed by --environment has synthesized none of the samples these tests read)."""
+    return Lazy(lambda name: build_dashboards(synths[name].cfg, load_endpoints(
+        synths[name].cfg, ROOT)))
 
 
 def _panels(dashboard: dict) -> dict[str, dict]:

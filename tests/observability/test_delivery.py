@@ -105,7 +105,7 @@ def test_rules_and_dashboards_wait_for_the_chart_s_crds(synths, name):
 
 
 @pytest.mark.parametrize("name", ENVIRONMENTS)
-def test_monitoring_template_snapshot(synths, name, snapshot):
+def test_monitoring_template_snapshot(synths, name, environment_snapshot):
     s = synths[name]
     text = json.dumps(s.template("Monitoring"), indent=1, sort_keys=True)
-    assert normalise(text) == snapshot
+    assert normalise(text) == environment_snapshot

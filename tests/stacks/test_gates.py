@@ -38,8 +38,9 @@ def test_cdk_nag_and_cdk_validation_report_no_unacknowledged_findings(synths, na
     # a configured ElastiCache that no endpoint's L2 verdict uses is said once, not provisioned
     unused = [w for w in expected if w[0] == "Annotation::kvcache:changed:environment:cache.kind"
               and "no ElastiCache is provisioned" in w[1]]
-    assert len(unused) == (s.cfg.cache.kind == "elasticache"
-                           and f"{s.cfg.stack_prefix}-Cache" not in s.templates), unused
+    provisioned = any(r["Type"] == "AWS::ElastiCache::ReplicationGroup"
+                      for t in s.templates.values() for r in t["Resources"].values())
+    assert len(unused) == (s.cfg.cache.kind == "elasticache" and not provisioned), unused
 
 
 def test_validation_is_configured_as_errors():
@@ -95,8 +96,9 @@ def foreign_build_steps(outdir: Path, registry: str) -> list[str]:
 def test_a_china_deploy_builds_nothing_from_outside_its_own_registry(synths):
     """The router image is built and pushed by `python -m tools mirror`; what `cdk deploy`
     publishes in China is only what the cloud assembly holds (templates, zipped handlers)."""
-    china = [s for s in synths.values() if s.cfg.facts.china]
-    assert len(china) == 2   # china and dev's China variant
+    china = [s for s in synths.all().values() if s.cfg.facts.china]
+    if not china:
+        pytest.skip("no China environment among those the gates run on")
     for s in china:
         registry = f"{s.cfg.account}.{s.cfg.facts.ecr_host_suffix}"
         assert foreign_build_steps(s.outdir, registry) == [], s.cfg.name

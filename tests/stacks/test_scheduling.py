@@ -20,7 +20,7 @@ from tests.stacks.cluster_model import (
     unschedulable,
 )
 from tests.stacks.helm_pods import helm_release_pods
-from tests.conftest import ENVIRONMENTS
+from tests.conftest import ENVIRONMENTS, ROOT
 
 
 
@@ -39,7 +39,8 @@ def test_config_groups_match_the_templates(synths, name):
     s = synths[name]
     key = lambda g: g.name   # noqa: E731
     from_templates = sorted(node_groups(s.templates), key=key)
-    from_config = sorted(config_node_groups(s.cfg), key=key)
+    node = in_cluster_node(s.cfg, load_endpoints(s.cfg, ROOT))   # the in-cluster L2's own
+    from_config = sorted(config_node_groups(s.cfg, node.node_type if node else None), key=key)
     assert [(g.name, g.instance_types, dict(g.labels), g.taints, g.max_size)
             for g in from_templates] == [(g.name, g.instance_types, dict(g.labels), g.taints,
                                           g.max_size) for g in from_config]

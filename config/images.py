@@ -494,3 +494,33 @@ GLIDE_IMAGES: frozenset[str] = frozenset()
 
 def carries_glide(image: Image | None) -> bool:
     return image is not None and image.key in GLIDE_IMAGES
+
+
+# Worker images that carry NVIDIA NIXL and libfabric's EFA provider, which vLLM's
+# NixlConnector needs to move KV over EFA (k8s/pd.py): the two HyperPod's DPD documents
+# ("A worker image that includes vLLM, LMCache, NVIDIA NIXL, and the EFA libfabric provider ...
+# Both images include LMCache 0.4.3, vLLM 0.19.0, and NIXL 1.0.0": docs.aws.amazon.com/
+# sagemaker/latest/dg/sagemaker-hyperpod-model-deployment-dpd.html). vllm/vllm-openai carries
+# NIXL (requirements/kv_connectors.txt) but bundles no libfabric, so its LIBFABRIC backend has
+# nothing to load: an image built with it is added here. Keyed by repository path and tag.
+@dataclass(frozen=True)
+class NixlImage:
+    vllm: Version
+    lmcache: Version
+    nixl: Version
+    source: str
+
+
+_DPD_DOC = "HyperPod DPD guide (sagemaker-hyperpod-model-deployment-dpd), 2026-07"
+NIXL_EFA_IMAGES: dict[tuple[str, str], NixlImage] = {
+    ("deep-learning-containers/vllm", "server-hyperpod-cuda-v1.1"):
+        NixlImage((0, 19, 0), (0, 4, 3), (1, 0, 0), _DPD_DOC),
+    ("lmcache/vllm-openai", "v0.4.3"): NixlImage((0, 19, 0), (0, 4, 3), (1, 0, 0), _DPD_DOC),
+}
+
+
+def nixl_efa_image(image: Image | None) -> NixlImage | None:
+    """What a worker image carries for NIXL over EFA, where a record says (above)."""
+    if image is None:
+        return None
+    return NIXL_EFA_IMAGES.get((image.source.split("/", 1)[1], image.tag))

@@ -59,15 +59,21 @@ TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
 
 
-def router_command(implementation: str, api_key: bool) -> list[str]:
+def router_command(implementation: str, api_key: bool, pd: bool = False) -> list[str]:
     """The container command: the implementation's binary. Both routers take the key only as
     an argument, so it is appended at exec time from the fetched file, never in the manifest.
     With it, vllm-router 0.1.17 sends it on its own render/tokenize calls and passes the
     client's Authorization through (vLLM checks it); sglang-router 0.3.2 also checks the
-    client's key itself, then sends its own to the worker (both measured on loopback)."""
+    client's key itself, then sends its own to the worker (both measured on loopback).
+    vllm-router 0.1.17's P/D mode (`pd`) does neither: it sends `Authorization: Bearer
+    $OPENAI_API_KEY`, from its own environment, to prefill and decode workers alike (an empty
+    one without it, which vLLM refuses; measured, tests/e2e/test_pd.py), so the key goes there
+    too."""
     if not api_key:
         return [implementation]
-    return ["/bin/sh", "-c", f'exec {implementation} "$@" --api-key "$(cat {API_KEY_FILE})"',
+    export = f'OPENAI_API_KEY="$(cat {API_KEY_FILE})"; export OPENAI_API_KEY; ' if pd else ""
+    return ["/bin/sh", "-c",
+            f'{export}exec {implementation} "$@" --api-key "$(cat {API_KEY_FILE})"',
             implementation]
 
 
@@ -120,13 +126,20 @@ class PDRouting:
     prefill_selector: dict[str, str]
     decode_selector: dict[str, str]
     short_body_bytes: int | None = None
+    decode_policy: str = "power_of_two"
 
 
 # vllm-router 0.1.17 in P/D mode sends a request to a prefill worker (max_tokens 1, no stream,
 # kv_transfer_params do_remote_decode) and then to a decode worker with what the prefill
 # returned (NixlConnector's protocol, `--kv-connector nixl`, its default); prefill by the
-# endpoint's policy (where the prefix lives), decode by load.
+# endpoint's policy (where the prefix lives), decode by load: power_of_two, which vllm-router
+# refuses to start with fewer than 2 decode workers listed (measured with static --decode URLs),
+# so round_robin where the decode role never has 2 (decode_policy).
 PD_DECODE_POLICY = "power_of_two"
+
+
+def decode_policy(max_decode_workers: int) -> str:
+    return PD_DECODE_POLICY if max_decode_workers >= 2 else "round_robin"
 DECODE_ROUTER_PORT = ROUTER_BACKEND_PORT + 1          # the decode-only router, 127.0.0.1
 DECODE_ROUTER_METRICS_PORT = ROUTER_METRICS_PORT + 1
 
@@ -173,7 +186,7 @@ def pd_router_args(p: RouterProps) -> list[str]:
             *_discovery_swapped(_common_args(p), [
                 "--prefill-selector", *pick(p.pd.prefill_selector),
                 "--decode-selector", *pick(p.pd.decode_selector)]),
-            "--decode-policy", PD_DECODE_POLICY]
+            "--decode-policy", p.pd.decode_policy]
 
 
 def decode_router_args(p: RouterProps) -> list[str]:
@@ -375,7 +388,8 @@ class RouterChart(Chart):
                                    "name": "router", "image": props.image,
                                    "imagePullPolicy": "IfNotPresent",
                                    "command": router_command(props.implementation,
-                                                             props.api_key is not None),
+                                                             props.api_key is not None,
+                                                             props.pd is not None),
                                    **key_container,
                                    **router_env(props.implementation),
                                    "args": router_args(props),

@@ -39,6 +39,7 @@ from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
 from k8s.router import (
     POD_READINESS_GATE_LABEL, PDRouting, RouterChart, RouterProps, context_tokens,
+    decode_policy,
 )
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
@@ -632,7 +633,9 @@ def _pd_routing(s: EndpointSpec) -> dict:
             "max_workers": sum(r.autoscaling.max_replicas if r.autoscaling else r.replicas
                                for r in s.pd.roles),
             "pd": PDRouting(pd_selector(s.name, "prefill"), pd_selector(s.name, "decode"),
-                            threshold * BODY_BYTES_PER_TOKEN if threshold else None)}
+                            threshold * BODY_BYTES_PER_TOKEN if threshold else None,
+                            decode_policy(s.pd.decode.autoscaling.max_replicas
+                                          if s.pd.decode.autoscaling else s.pd.decode.replicas))}
 
 
 def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[str]:

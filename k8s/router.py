@@ -514,10 +514,22 @@ def decode_router_container(p: RouterProps, key_container: dict) -> list[dict]:
              "command": router_command(p.implementation, p.api_key is not None),
              **key_container, **router_env(p.implementation),
              "args": decode_router_args(p),
+             # it listens on 127.0.0.1 only (the front reaches it), where the kubelet's HTTP
+             # probes cannot: the router image's python asks it from inside the container
+             "readinessProbe": _local_probe(DECODE_ROUTER_PORT, "/readiness"),
+             "livenessProbe": {**_local_probe(DECODE_ROUTER_PORT, "/liveness"),
+                               "failureThreshold": 6},
              "resources": {"requests": {"cpu": p.cpu, "memory": p.memory},
                            "limits": {"cpu": p.cpu, "memory": p.memory}},
              "lifecycle": {"preStop": {"exec": {"command": ROUTER_PRE_STOP}}},
              "securityContext": hardened()}]
+
+
+def _local_probe(port: int, path: str) -> dict:
+    return {"exec": {"command": [
+        "python3", "-c", "import urllib.request; urllib.request.urlopen("
+        f"'http://127.0.0.1:{port}{path}', timeout=3)"]},
+        "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5}
 
 
 def router_env(implementation: str) -> dict:

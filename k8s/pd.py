@@ -33,17 +33,12 @@ from config.bandwidth import pod_nic_gbps
 from config.images import Image, NixlImage, nixl_efa_image
 from config.instances import efa, gpu_direct_efa_in, gpu_model, gpu_shape
 from config.models import ModelShape
-
-# k8s/l2.py (its break-even, MFU and default prefix) is imported where used: it imports
-# k8s/cache.py, which imports k8s/workers.py, which takes its P/D constants from here.
-DEFAULT_PREFIX_TOKENS = 8192   # as k8s/l2.py and kvCacheSpec.prefixTokens' default
+from config.contracts import EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL  # noqa: F401
+from k8s.l2 import DEFAULT_PREFIX_TOKENS, MFU, break_even_gbs
 
 MIN_PARAMS = 60e9          # "dense 70B+" (a 70B checkpoint has 70.6B; 60B leaves 72B-class in)
 HANDOFF_SHARE = 0.10       # the handoff may take this share of the prefill it saves
 KV_LOAD_FAILURE_POLICY_SINCE = (0, 13, 0)   # as k8s/workers.py
-NIXL_SIDE_CHANNEL_PORT = 5600   # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default, one engine per pod
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-PD_ROLE_LABEL = "kvcache.io/pd-role"   # prefill | decode, on the pods of a P/D endpoint
 # How the front tells a long prompt from a short one without a tokenizer (k8s/router_front.py):
 # a request's body bytes over this. English text runs ~4 characters per token; the body's JSON
 # (keys, escaping, chat roles) and any non-ASCII text only add bytes, so the estimate of input
@@ -94,7 +89,6 @@ def pd_verdict(*, instance_type: str, region: str, model: ModelShape | None, ima
                ) -> PDVerdict:
     """The verdict on disaggregating an endpoint (module docstring). `vllm`: the image's vLLM
     where config/images.py's release record knows it (a NIXL record knows it too)."""
-    from k8s.l2 import MFU, break_even_gbs
     terms = []
     # the model
     if model is None:

@@ -17,12 +17,11 @@ from constructs import Construct
 
 from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
-    GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
+    EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
     NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
 )
 from config.endpoint_spec import AutoScaling, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
-from k8s.pd import EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )

@@ -18,7 +18,9 @@ all of these hold:
   GB/s per GPU (the type's EFA bandwidth over its GPUs);
 - the image: it carries NIXL and libfabric's EFA provider (config/images.py NIXL_EFA_IMAGES),
   and a vLLM whose KVTransferConfig has kv_load_failure_policy (0.13.0 on);
-- the routing: not kvaware (vllm-router 0.1.17's P/D KV events need static sources).
+- the routing: not kvaware (vllm-router 0.1.17's P/D KV events need static sources);
+- the node group: the environment's GPU node group for the type has `efa: true` (its launch
+  template carries the type's EFA interfaces, constructs/gpu_cluster.py).
 Otherwise the endpoint is rendered colocated with one warning naming the failing term, every
 term's figure and what would change it. `pdSpec.forceDisaggregation: true` overrides the model
 and handoff terms (cost), never the network, the image or the routing (what makes it work).
@@ -85,10 +87,11 @@ def _pct(x: float | None) -> str:
 
 def pd_verdict(*, instance_type: str, region: str, model: ModelShape | None, image: Image | None,
                vllm: tuple[int, int, int] | None = None,
-               prefix_tokens: int = DEFAULT_PREFIX_TOKENS, strategy: str = "prefixaware"
-               ) -> PDVerdict:
+               prefix_tokens: int = DEFAULT_PREFIX_TOKENS, strategy: str = "prefixaware",
+               node_group: tuple[str, bool] | None = None) -> PDVerdict:
     """The verdict on disaggregating an endpoint (module docstring). `vllm`: the image's vLLM
-    where config/images.py's release record knows it (a NIXL record knows it too)."""
+    where config/images.py's release record knows it (a NIXL record knows it too);
+    `node_group`: (name, efa) of the environment's group serving the type, where judged."""
     terms = []
     # the model
     if model is None:
@@ -155,6 +158,13 @@ def pd_verdict(*, instance_type: str, region: str, model: ModelShape | None, ima
     terms.append(Term("the image", img_ok, img, "a worker.image carrying NIXL and libfabric's "
                       "EFA provider: " + ", ".join(f"{p}:{t}" for p, t in _nixl_images()),
                       False))
+    if node_group is not None:
+        name, has_efa = node_group
+        terms.append(Term("the node group", has_efa, f"node group {name} "
+                          f"{'carries' if has_efa else 'does not carry'} EFA (efa: "
+                          f"{'true' if has_efa else 'false'})", f"efa: true on node group "
+                          f"{name} in the environment file (a launch template with the type's "
+                          "EFA interfaces, a cluster placement group, one zone)", False))
     terms.append(Term("the routing", strategy != "kvaware", f"routingStrategy {strategy}",
                       "prefixaware, session or roundrobin (vllm-router's P/D mode takes KV "
                       "events only from static sources)", False))

@@ -251,7 +251,9 @@ def _pd_fit(cfg: EnvironmentConfig, s: EndpointSpec, where: str, warnings: list[
     assert s.pd is not None
     v = pd_verdict(instance_type=s.instance_type, region=cfg.region, model=s.model,
                    image=s.image, vllm=image_release(s.image).vllm,
-                   prefix_tokens=s.prefix_tokens, strategy=s.routing_strategy)
+                   prefix_tokens=s.prefix_tokens, strategy=s.routing_strategy,
+                   node_group=(group.name, group.efa)
+                   if (group := cfg.gpu_group_for(s.instance_type)) else None)
     if not v.renders(s.pd.forced):
         warnings.append(changed(pd_refusal(v, where, s.pd.forced), s.name, "pdSpec"))
         return replace(s, pd=None)
@@ -666,7 +668,8 @@ def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) 
     copies or builds, what ECR keeps repositories for, what preflight looks for."""
     return deployed_images((s.image for s in specs), kubernetes_version=cfg.kubernetes_version,
                            self_hosted_observability=cfg.observability == "self-hosted",
-                           in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
+                           in_cluster_cache=any(_shared_kind(cfg, s) for s in specs),
+                           efa_nodes=any(g.efa for g in cfg.gpu_node_groups))
 
 
 def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):

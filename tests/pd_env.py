@@ -53,12 +53,14 @@ def render(env: str, instance_type: str, raw: dict | None = None) -> Rendered:
     from config import resolve_environment
     from config.context import repository_context
     from config.endpoint_spec import parse_endpoint
+    from config.instances import gpu_direct_efa_in
     from k8s.serving import build_charts, fit_endpoint, placeholder_facts
 
     ctx = repository_context(ROOT)
     ctx["env"] = env
     cfg = resolve_environment(ctx)
-    group = replace(cfg.gpu_node_groups[0], name="efa", instance_types=(instance_type,))
+    group = replace(cfg.gpu_node_groups[0], name="efa", instance_types=(instance_type,),
+                    efa=gpu_direct_efa_in(instance_type, cfg.region))
     cfg = replace(cfg, gpu_node_groups=(*cfg.gpu_node_groups, group),
                   instance_type_map={**cfg.instance_type_map, "ml.p5.48xlarge": instance_type})
     spec = parse_endpoint(env, "dpd.yaml", raw or dpd_raw(),

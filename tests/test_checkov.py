@@ -19,7 +19,7 @@ from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.background import Background
 from tests.conftest import ENVIRONMENTS, ROOT, narrowed
-from tests.pd_env import rendered
+from bench.pd_render import rendered
 
 # The HyperPod docs' DPD example, rendered disaggregated (tests/k8s/test_pd.py): global on p5,
 # China on p4d.24xlarge (cn-northwest-1)

@@ -16,7 +16,7 @@ from bench.pd_fake import PDWorker, localize_pd_args
 from k8s.pd import BODY_BYTES_PER_TOKEN
 from k8s.router_front import FRONT_CONFIG
 from k8s.secret_fetch import API_KEY_FILE
-from tests.pd_env import rendered
+from bench.pd_render import rendered
 
 pytestmark = pytest.mark.e2e
 KEY = "endpoint-key"

@@ -1,5 +1,5 @@
 """Disaggregated prefill/decode (issue 33): pdSpec read as HyperPod defines it, the verdict
-(k8s/pd.py) and what it renders, on the HyperPod docs' DPD example (tests/pd_env.py): global on
+(k8s/pd.py) and what it renders, on the HyperPod docs' DPD example (bench/pd_render.py): global on
 p5.48xlarge and China on p4d.24xlarge rendered, China on g5 refused in one line."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from k8s.pd import EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, verdict_
 from tests.conftest import ROOT
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
 from tests.k8s.netpol import Endpoint, allowed
-from tests.pd_env import dpd_raw, render, rendered
+from bench.pd_render import dpd_raw, render, rendered
 
 RENDERS = [("dev", "p5.48xlarge"), ("china", "p4d.24xlarge")]
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tests.conftest import ROOT
+from config.context import ROOT
 
 DPD_FILE = ROOT / "tests" / "fixtures" / "hyperpod" / "awsdocs-dpd-llama70b.yaml"
 

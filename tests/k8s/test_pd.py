@@ -208,3 +208,26 @@ def test_docs_show_the_verdicts_as_synth_makes_them():
     block = re.search(r"<!-- pd-verdicts:begin[^>]*-->\n(.*?)\n<!-- pd-verdicts:end -->", doc,
                       re.S)
     assert block and block.group(1) == verdict_table()
+
+
+def test_each_role_scales_on_its_own_keda_object():
+    def edit(raw):
+        raw["spec"]["pdSpec"]["autoScalingSpec"] = {
+            "prefillAutoScaling": {"minReplicaCount": 1, "maxReplicaCount": 2},
+            "decodingAutoScaling": {"minReplicaCount": 1, "maxReplicaCount": 3,
+                                    "prometheusTrigger": {
+                                        "query": "sum(vllm:num_requests_running)",
+                                        "targetValue": 32}}}
+    r = render("dev", "p5.48xlarge", dpd_raw(edit))
+    scaled = {d["spec"]["scaleTargetRef"]["name"]: d for d in r.docs
+              if d["kind"] == "ScaledObject"}
+    assert {"dpd-test-prefill", "dpd-test-decode"} <= set(scaled)
+    prefill, decode = scaled["dpd-test-prefill"]["spec"], scaled["dpd-test-decode"]["spec"]
+    assert (prefill["maxReplicaCount"], decode["maxReplicaCount"]) == (2, 3)
+    # the default trigger counts the role's own pods; a file's trigger is kept as written
+    assert 'pod=~"dpd-test-prefill-.+"' in prefill["triggers"][0]["metadata"]["query"]
+    assert decode["triggers"][0]["metadata"]["query"] == "sum(vllm:num_requests_running)"
+    validate_custom_resources([d for d in r.docs if is_custom_resource(d)])
+    # decode scales to 3: the P/D router balances decode by load
+    args = r.container("dpd-test-router", "router")["args"]
+    assert args[args.index("--decode-policy") + 1] == "power_of_two"

@@ -95,3 +95,4 @@ HELM_TIMEOUT_MINUTES = 12
 PD_ROLE_LABEL = "kvcache.io/pd-role"   # prefill | decode, on the pods of a P/D endpoint
 NIXL_SIDE_CHANNEL_PORT = 5600          # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default, one engine a pod
 EFA_RESOURCE = "vpc.amazonaws.com/efa"  # the EFA device plugin's resource
+EFA_NODE_LABEL = "kvcache.io/efa"      # "true" on the nodes of GPU node groups with efa: true

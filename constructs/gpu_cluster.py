@@ -23,6 +23,7 @@ from constructs.naming import logical_id
 from constructs.nag import acknowledge, managed_policy, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps, pod_identity_principal
 from config.contracts import (
+    EFA_NODE_LABEL,
     ACCELERATOR_LABEL, CA_NODE_TEMPLATE_LABEL, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
     GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
@@ -199,8 +200,7 @@ class GpuCluster(Construct):
         efa_groups = tuple(g.name for g in props.gpu_node_groups if g.efa)
         if efa_groups:
             efa_plugin = self.cluster.add_cdk8s_chart("EfaDevicePlugin", EfaDevicePluginChart(
-                cdk8s.App(), "efa-device-plugin", image=props.efa_device_plugin_image,
-                node_groups=efa_groups))
+                cdk8s.App(), "efa-device-plugin", image=props.efa_device_plugin_image))
             efa_plugin.node.add_dependency(*(self.gpu_nodegroups[n] for n in efa_groups))
         _acknowledge_cluster_findings(self)
 
@@ -290,7 +290,8 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
         disk_size_gib=group.disk_size_gib)
     if efa is not None:
         efa.apply(template)
-    labels = {**labels, NODE_GROUP_LABEL: group.name}
+    labels = {**labels, NODE_GROUP_LABEL: group.name,
+              **({EFA_NODE_LABEL: "true"} if group.efa else {})}
     taints, tags = [], None
     if group.gpu:
         accelerator = accelerator_label(group.instance_types[0])

@@ -8,15 +8,14 @@ from __future__ import annotations
 from cdk8s import Chart
 from constructs import Construct
 
-from config.contracts import GPU_TAINT_KEY, NODE_GROUP_LABEL, SYSTEM_NAMESPACE
+from config.contracts import EFA_NODE_LABEL, GPU_TAINT_KEY, SYSTEM_NAMESPACE
 from k8s.objects import k8s_object, selector_labels, standard_labels
 
 NAME = "aws-efa-k8s-device-plugin"
 
 
 class EfaDevicePluginChart(Chart):
-    def __init__(self, scope: Construct, id: str, *, image: str,
-                 node_groups: tuple[str, ...]) -> None:
+    def __init__(self, scope: Construct, id: str, *, image: str) -> None:
         super().__init__(scope, id, namespace=SYSTEM_NAMESPACE)
         sel = selector_labels(NAME, "cluster")
         labels = standard_labels(NAME, "cluster")
@@ -27,11 +26,7 @@ class EfaDevicePluginChart(Chart):
                        "template": {"metadata": {"labels": labels}, "spec": {
                            "priorityClassName": "system-node-critical",
                            "hostNetwork": True,
-                           "affinity": {"nodeAffinity": {
-                               "requiredDuringSchedulingIgnoredDuringExecution": {
-                                   "nodeSelectorTerms": [{"matchExpressions": [{
-                                       "key": NODE_GROUP_LABEL, "operator": "In",
-                                       "values": list(node_groups)}]}]}}},
+                           "nodeSelector": {EFA_NODE_LABEL: "true"},
                            "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                             "effect": "NoSchedule"}],
                            "automountServiceAccountToken": False,

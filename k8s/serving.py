@@ -263,7 +263,14 @@ def _pd_fit(cfg: EnvironmentConfig, s: EndpointSpec, where: str, warnings: list[
                     + (f"bodies under {s.pd.routing_threshold * BODY_BYTES_PER_TOKEN:,} bytes "
                        "go to a decode worker alone" if s.pd.routing_threshold else
                        "every request") + f"): {v.explain()}"
-                    + ("; forced (pdSpec.forceDisaggregation)" if not v.renders() else ""))
+                    + ("; forced (pdSpec.forceDisaggregation)" if not v.renders() else "")
+                    + "; routed by vllm-router's P/D mode (the one router here that speaks "
+                    "vLLM's NIXL protocol)")
+    context = context_tokens(s.worker_args).get("context_tokens")
+    if context and s.pd.routing_threshold > context:
+        warnings.append(f"{where}.pdSpec.routingThreshold: {s.pd.routing_threshold} is above "
+                        f"the model's context ({context} tokens, --max-model-len): no request "
+                        "is disaggregated")
     if s.l2_enabled:
         warnings.append(changed(f"{where}.kvCacheSpec.enableL2Cache: no L2 on a disaggregated "
                                 "endpoint: LMCache's L2 beside NIXL in vLLM's MultiConnector is "

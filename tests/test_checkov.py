@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from k8s.device_plugin import DevicePluginChart
+from k8s.efa_device_plugin import EfaDevicePluginChart
 from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.background import Background
@@ -66,8 +67,11 @@ def scans(synths, tmp_path_factory) -> dict[str, dict]:
             (k8s / f"{name}--manifests.yaml").write_text(
                 yaml.safe_dump_all([d for c in charts for d in c.to_json()]))
         for name, (env, instance_type) in PD_RENDERS.items():   # disaggregated endpoints
+            pd = rendered(env, instance_type)
+            efa = EfaDevicePluginChart(cdk8s.App(), "efa-device-plugin",
+                                       image=pd.cfg.images.uri("efa-device-plugin"))
             (k8s / f"{name}--manifests.yaml").write_text(
-                yaml.safe_dump_all(list(rendered(env, instance_type).docs)))
+                yaml.safe_dump_all([*pd.docs, *efa.to_json()]))
         running["kubernetes"] = _start_checkov(k8s, "kubernetes")
         return {framework: _report(proc) for framework, proc in running.items()}
     finally:

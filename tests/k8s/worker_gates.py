@@ -162,6 +162,7 @@ def memory_budget(docs: list[dict], pod: dict, container: dict) -> dict:
     host = VLLM_HOST_GIB_BASE + VLLM_HOST_GIB_PER_RANK * ranks
     used = ranks * per_rank + host + _gib(shm["sizeLimit"])
     return {"limit": limit, "used": used, "ranks": ranks, "l1_per_rank": per_rank,
+            "l1": bool(l1.get("local_cpu")),
             "gpus": int(container["resources"]["limits"]["nvidia.com/gpu"])}
 
 

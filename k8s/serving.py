@@ -283,6 +283,14 @@ def _pd_fit(cfg: EnvironmentConfig, s: EndpointSpec, where: str, warnings: list[
                                 "decodingAutoScaling scale each role", s.name, "autoScalingSpec"))
         s = replace(s, autoscaling=None)
     group = cfg.gpu_group_for(s.instance_type)
+    prefill = s.pd.prefill
+    budget = l1_budget(_gib(prefill.memory), parallel_ranks(prefill.args), s.l1_size_gib)
+    if s.l1_enabled and (budget.l1_per_rank_gib < 1 or not budget.fits):
+        raise ConfigError(cfg.name, f"{where}.pdSpec.prefillSpec.resources.requests.memory",
+                          prefill.memory, f"room for L1 on the prefill workers: {budget.ranks} "
+                          f"GPU processes each pin their own L1 beside vLLM "
+                          f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB) "
+                          "(or kvCacheSpec.enableL1Cache: false)")
     for r in s.pd.roles:
         if r.autoscaling and r.autoscaling.max_replicas * r.gpus > group.max_size * group.gpus_per_node:
             raise ConfigError(cfg.name, f"{where}.pdSpec.autoScalingSpec", r.autoscaling.max_replicas,

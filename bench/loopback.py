@@ -640,9 +640,11 @@ class FrontProcess:
     container writes it."""
 
     def __init__(self, config_text: str, router_port: int, *, port: int | None = None,
-                 api_key: str | None = None, startup_timeout: float = 10.0) -> None:
+                 api_key: str | None = None, startup_timeout: float = 10.0,
+                 decode_router_port: int | None = None) -> None:
         from k8s.router_front import (
-            BIND_ENV, KEY_DIGEST_ENV, LOAD_BALANCER_ENV, ROUTER_ENV, key_digest,
+            BIND_ENV, DECODE_ROUTER_ENV, KEY_DIGEST_ENV, LOAD_BALANCER_ENV, ROUTER_ENV,
+            key_digest,
         )
 
         self.port = port or free_port()
@@ -655,6 +657,8 @@ class FrontProcess:
         self.env = {**os.environ, BIND_ENV: f"{LOOPBACK}:{self.port}",
                     ROUTER_ENV: f"{LOOPBACK}:{router_port}",
                     LOAD_BALANCER_ENV: f"{FAKE_NLB}/32", KEY_DIGEST_ENV: str(digest)}
+        if decode_router_port:   # a disaggregated endpoint's decode-only router
+            self.env[DECODE_ROUTER_ENV] = f"{LOOPBACK}:{decode_router_port}"
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
 

@@ -431,6 +431,9 @@ def render_doc(doc: Path, out: Path) -> None:
     tiered_dir = out.parent / "tiered"
     text += tiered.render(tiered_dir) if tiered_dir.exists() else [
         "", "(no tiered results yet: python -m bench.tiered)"]
+    from bench import pd_sim
+
+    text += pd_sim.render()    # from bench/data/pd_sim.json
     doc.write_text("\n".join(text + findings(m, st) + (
         _stability_findings(st_vllm) if st_vllm else [])) + "\n")
 

@@ -89,3 +89,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # top of the worker's own startup window.
 NODE_START_MINUTES = 10
 HELM_TIMEOUT_MINUTES = 12
+
+
+# Disaggregated prefill/decode (k8s/pd.py, k8s/workers.py, k8s/router.py)
+PD_ROLE_LABEL = "kvcache.io/pd-role"   # prefill | decode, on the pods of a P/D endpoint
+NIXL_SIDE_CHANNEL_PORT = 5600          # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default, one engine a pod
+EFA_RESOURCE = "vpc.amazonaws.com/efa"  # the EFA device plugin's resource
+EFA_NODE_LABEL = "kvcache.io/efa"      # "true" on the nodes of GPU node groups with efa: true

@@ -120,6 +120,39 @@ def default_trigger(model_name: str) -> PrometheusTrigger:
 
 
 @dataclass(frozen=True)
+class RoleSpec:
+    """One role of HyperPod's `pdSpec` (prefillSpec or decodingSpec), merged with the shared
+    worker: its args appended after worker.args with the role's flags winning, its resources
+    and nodeSelector, its own autoscaling."""
+
+    role: str                     # "prefill" or "decode"
+    replicas: int
+    args: tuple[str, ...]         # worker.args merged with the role's (merge_args)
+    gpus: int
+    cpu: str
+    memory: str
+    node_selector: tuple[tuple[str, str], ...] = ()
+    autoscaling: AutoScaling | None = None
+
+
+@dataclass(frozen=True)
+class PDSpec:
+    """HyperPod's `pdSpec`: prefill and decode apart (k8s/pd.py decides whether it renders)."""
+
+    prefill: RoleSpec
+    decode: RoleSpec
+    routing_threshold: int = 4096   # estimated input tokens at or above which P/D is used; 0: always
+    same_az: bool = True
+    placement_group: str | None = None
+    availability_zone: str | None = None
+    forced: bool = False            # forceDisaggregation: our extension, overrides cost only
+
+    @property
+    def roles(self) -> tuple[RoleSpec, RoleSpec]:
+        return (self.prefill, self.decode)
+
+
+@dataclass(frozen=True)
 class EndpointSpec:
     name: str
     model_name: str
@@ -161,6 +194,7 @@ class EndpointSpec:
     dns_zone_id: str | None = None  # dnsConfig.hostedZoneId: a Route 53 record for the router
     domain_name: str | None = None  # tlsConfig.customCertificateConfig.domainName: its name
     hub: HubModel | None = None     # huggingFaceModel: staged from the Hub (global regions)
+    pd: PDSpec | None = None      # pdSpec as written; k8s/pd.py's verdict may drop it
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -513,6 +547,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         if not re.fullmatch(r"Z[A-Z0-9]{1,32}", zone_id):
             raise dns.fail("hostedZoneId", zone_id, "a Route 53 hosted zone id (Z...)")
         dns.done(warnings)
+    pd = None
+    if "pdSpec" in spec.data:
+        pd = _pd_spec(spec.child("pdSpec"), args, gpus, cpu, memory, shape, itype, port,
+                      mount_path, warnings)
     spec.done(warnings)
 
     return EndpointSpec(
@@ -527,7 +565,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
         node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
         dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None, hub=hub,
-        warnings=tuple(warnings),
+        pd=pd, warnings=tuple(warnings),
     )
 
 
@@ -741,6 +779,123 @@ def _check_args(worker: _Doc, args: tuple[str, ...], port: int, mount_path: str,
                         "(HF_HUB_OFFLINE=1, and the Hub is out of reach in China) and finds it "
                         f"only if it is a path in the image; write {mount_path} to serve the "
                         "weights from the model bucket")
+
+
+def _flag_groups(args: Sequence[str]) -> list[tuple[str | None, list[str]]]:
+    """Args as (flag name, its tokens): `--flag value`, `--flag=value`, a bare `--flag` (the
+    next token is a flag too), and leading positionals (name None)."""
+    groups: list[tuple[str | None, list[str]]] = []
+    for tok in args:
+        if tok.startswith("-") and len(tok) > 1 and not _NUMBER.fullmatch(tok):
+            groups.append((tok.split("=", 1)[0].replace("_", "-"), [tok]))
+        elif groups and groups[-1][0] is not None and len(groups[-1][1]) == 1 \
+                and "=" not in groups[-1][1][0]:
+            groups[-1][1].append(tok)
+        else:
+            groups.append((None, [tok]))
+    return groups
+
+
+_NUMBER = re.compile(r"-[0-9.]+")
+
+
+def merge_args(shared: Sequence[str], role: Sequence[str]) -> tuple[str, ...]:
+    """HyperPod's rule for a role's args: "appended after the shared workerConfig.args and
+    override any matching flags". A flag the role gives is dropped from the shared args (with
+    its value), so vLLM sees it once, the role's; a flag given as `--x` or `--x=v` or `--x_y`
+    is the same flag. A flag taking several values (`--middleware a b`) keeps only its first
+    value in this grouping; vLLM's own flags here take one."""
+    mine = {name for name, _ in _flag_groups(role) if name}
+    kept = [tok for name, toks in _flag_groups(shared) if name not in mine for tok in toks]
+    return (*kept, *role)
+
+
+PD_ROLES = (("prefillSpec", "prefill"), ("decodingSpec", "decode"))
+
+
+def _pd_spec(doc: _Doc, shared_args: tuple[str, ...], gpus: int, cpu: str, memory: str,
+             shape: Any, itype: str, port: int, mount_path: str,
+             warnings: list[str]) -> PDSpec:
+    """`spec.pdSpec`, every field of the CRD (tests/fixtures/hyperpod/FIELDS.txt)."""
+    scaling = doc.child("autoScalingSpec", {})
+    roles = {}
+    for key, role in PD_ROLES:
+        r = doc.child(key)
+        replicas = r.get("replicas", int, 1)
+        if not 1 <= replicas <= 64:
+            raise r.fail("replicas", replicas, "an integer from 1 to 64")
+        args = merge_args(shared_args, _strings(r, "args"))
+        _check_args(r, args, port, mount_path, [])
+        res = r.child("resources", {})
+        requests = res.get("requests", Mapping, {})
+        limits = res.get("limits", Mapping, {})
+        if "claims" in res.data:
+            res.used.add("claims")
+            warnings.append(f"{doc.file}: {res.p('claims')}: ignored: dynamic resource claims "
+                            "are not rendered")
+        res.done(warnings)
+        g_lim, g_req = limits.get("nvidia.com/gpu"), requests.get("nvidia.com/gpu")
+        if None not in (g_lim, g_req) and str(g_lim) != str(g_req):
+            raise res.fail("requests.nvidia.com/gpu", g_req, f"the limit ({g_lim}) or none: "
+                           "Kubernetes takes GPU requests only equal to limits")
+        value = next((v for v in (g_lim, g_req) if v is not None), gpus)
+        if isinstance(value, bool) or not re.fullmatch(r"[0-9]{1,3}", str(value)) \
+                or not 1 <= int(value) <= shape.gpus or shape.gpus % int(value):
+            raise res.fail("limits.nvidia.com/gpu", value, f"a divisor of {shape.gpus} (GPUs "
+                           f"on {itype})")
+        role_gpus = int(value)
+        share_cpu, share_gib = pod_share(itype, shape.gpus // role_gpus)
+        role_cpu = str(requests.get("cpu", cpu if role_gpus == gpus else share_cpu))
+        role_memory = str(requests.get("memory", memory if role_gpus == gpus
+                                       else f"{share_gib}Gi"))
+        for k, v in (("cpu", role_cpu), ("memory", role_memory)):
+            if not _QUANTITY.match(v):
+                raise res.fail(f"requests.{k}", v, "a Kubernetes quantity, e.g. 16 or 96Gi")
+        if _cores(role_cpu) > share_cpu or _gib(role_memory) > share_gib:
+            warnings.append(f"{doc.file}: {res.p('requests')}: cpu {role_cpu}, memory "
+                            f"{role_memory} exceed a {itype} {role} worker's share of the node "
+                            f"({share_cpu} CPU, {share_gib}Gi): capped to it")
+            role_cpu = role_cpu if _cores(role_cpu) <= share_cpu else str(share_cpu)
+            role_memory = role_memory if _gib(role_memory) <= share_gib else f"{share_gib}Gi"
+        for where in (requests, limits):
+            for k in sorted(set(where) - {"nvidia.com/gpu", "cpu", "memory"}):
+                warnings.append(f"{doc.file}: {res.p(k)}: ignored: {role} workers request "
+                                "nvidia.com/gpu, cpu, memory and (on EFA) vpc.amazonaws.com/efa")
+        selector = r.get("nodeSelector", Mapping, {})
+        for k, v in selector.items():
+            if not isinstance(k, str) or not isinstance(v, str) or not _LABEL_VALUE.fullmatch(v) \
+                    or not _LABEL_KEY.fullmatch(k):
+                raise r._err(f"{r.p('nodeSelector')}.{k}", v, "a Kubernetes label key and value")
+        r.done(warnings)
+        auto_key = f"{role if role == 'prefill' else 'decoding'}AutoScaling"
+        auto = (_autoscaling(scaling.child(auto_key), warnings) if auto_key in scaling.data
+                else None)
+        roles[role] = RoleSpec(role, replicas, args, role_gpus, role_cpu, role_memory,
+                               tuple(sorted(selector.items())), auto)
+    scaling.done(warnings)
+    threshold = doc.get("routingThreshold", int, 4096)
+    if not 0 <= threshold <= 1 << 24:
+        raise doc.fail("routingThreshold", threshold, "0 (always disaggregate) or a number of "
+                       "input tokens up to 16,777,216")
+    topology = doc.child("topologySpec", {})
+    same_az = topology.get("sameAZ", bool, True)
+    group = topology.get("placementGroup", str, None)
+    zone = topology.get("availabilityZone", str, None)
+    if zone is not None and not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9][a-z]", zone):
+        raise topology.fail("availabilityZone", zone, "an availability zone name, e.g. "
+                            "us-west-2a")
+    if group is not None:
+        warnings.append(f"{doc.file}: {topology.p('placementGroup')}: ignored: the environment's "
+                        "EFA node group has its own cluster placement group (CDK owns it)")
+    topology.done(warnings)
+    forced = doc.get("forceDisaggregation", bool, False)
+    doc.done(warnings)
+    return PDSpec(roles["prefill"], roles["decode"], threshold, same_az, group, zone, forced)
+
+
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
+                        r"[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:

@@ -16,7 +16,7 @@ from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
 from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
 from .images import KUBERNETES_VERSIONS, ImageResolver
-from .instances import GPU_SHAPES, accelerator_label, gpu_shape
+from .instances import EFA, GPU_SHAPES, accelerator_label, gpu_direct_efa_in, gpu_shape
 from .notices import ACK_PATTERN
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
@@ -50,6 +50,10 @@ class NodeGroupConfig:
     ami_type: str
     capacity_type: str = "ON_DEMAND"
     gpu: bool = False
+    # EFA with GPUDirect RDMA (disaggregated prefill/decode, k8s/pd.py): a launch template with
+    # the type's EFA interfaces, a cluster placement group, one zone, a self-referencing
+    # security group (constructs/gpu_cluster.py)
+    efa: bool = False
 
     @property
     def gpus_per_node(self) -> int:
@@ -347,11 +351,22 @@ def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) ->
         raise r.fail("minSize", min_size, f"at most maxSize ({max_size})")
     desired = r.integer("desiredSize", min_size, max_size, default=min_size)
     ami_types = GPU_AMI_TYPES if gpu else SYSTEM_AMI_TYPES
+    efa = r.get("efa", bool, False) if gpu else False
+    for i, itype in enumerate(types if efa else ()):
+        if not gpu_direct_efa_in(itype, facts.region):
+            raise ConfigError(r.env, f"{r.path}.instanceTypes[{i}]", itype,
+                              f"with efa: true, a type with GPUDirect RDMA over EFA in "
+                              f"{facts.region}: " + ", ".join(sorted(
+                                  t for t in EFA if gpu_direct_efa_in(t, facts.region))))
+    if efa and len({EFA[t].interfaces for t in types}) > 1:
+        raise r.fail("instanceTypes", list(types), "types with the same EFA interfaces (one "
+                     "launch template)")
     ng = NodeGroupConfig(
         name=name, instance_types=types, min_size=min_size, max_size=max_size,
         desired_size=desired, disk_size_gib=r.integer("diskSizeGiB", 20, 16384, 200 if gpu else 50),
         ami_type=r.choice("amiType", ami_types, ami_types[0]),
         capacity_type=r.choice("capacityType", CAPACITY_TYPES, "ON_DEMAND"), gpu=gpu,
+        efa=efa,
     )
     r.done()
     return ng

@@ -67,7 +67,6 @@ _ROWS = (
           "load balancer is the endpoint"),
     Field("spec.modelCacheConfig", IGNORED, "images are pulled per node (IfNotPresent) and "
           "weights staged per pod from the model bucket: no node-level image or weights cache"),
-    Field("spec.pdSpec", IGNORED, "no disaggregated prefill/decode: every worker does both"),
     Field("spec.kubernetes.initContainers", USED, "run after ours (weights staged first), "
           "under the workers' pod security: a privileged, root or escalating container is "
           "refused, naming it; one that loads the model volume is replaced by our staging"),
@@ -80,6 +79,54 @@ _ROWS = (
           "one collides with ours, ours wins (a warning names it)"),
     Field("spec.kubernetes.schedulerName", IGNORED, "the default scheduler places workers "
           "(the cluster autoscaler plans for it)"),
+    # Disaggregated prefill/decode (k8s/pd.py decides where it pays; otherwise colocated)
+    Field("spec.pdSpec", USED, "prefill and decode Deployments with vLLM's NixlConnector "
+          "(LIBFABRIC over EFA) behind vllm-router's P/D mode, where the model class, the "
+          "instance type's GPU-direct EFA in the region, the KV handoff against the prefill at "
+          "kvCacheSpec.prefixTokens and the worker image's NIXL and libfabric allow it; "
+          "otherwise every worker does both, with one warning naming the failing term "
+          "(docs/serving.md, 'Disaggregated prefill and decode')"),
+    *(f for key, role in (("prefillSpec", "prefill"), ("decodingSpec", "decode")) for f in (
+        Field(f"spec.pdSpec.{key}.replicas", USED, f"{role} workers (default 1); without "
+              f"{role} autoscaling exactly that many"),
+        Field(f"spec.pdSpec.{key}.args", USED, f"appended after worker.args; a flag given here "
+              f"replaces the shared one (with its value) on {role} workers"),
+        Field(f"spec.pdSpec.{key}.resources.requests", USED, "nvidia.com/gpu (a divisor of the "
+              "node's GPUs), cpu and memory (default: the worker's, or the node's share); "
+              "vpc.amazonaws.com/efa is added from the instance type"),
+        Field(f"spec.pdSpec.{key}.resources.limits", USED, "nvidia.com/gpu; memory is limited "
+              "to the request"),
+        Field(f"spec.pdSpec.{key}.resources.claims", IGNORED, "dynamic resource claims are "
+              "not rendered"),
+        Field(f"spec.pdSpec.{key}.nodeSelector", USED, f"added to the {role} pods' node "
+              "selector (beside the GPU node group's labels)"),
+    )),
+    Field("spec.pdSpec.routingThreshold", USED, "requests whose body is at least 4 bytes per "
+          "token of it (default 4096 tokens: 16 KiB) go prefill then decode; shorter ones go "
+          "to a decode worker alone, which prefills locally; 0: every request is disaggregated "
+          "(docs/serving.md says how the estimate errs)"),
+    Field("spec.pdSpec.topologySpec.sameAZ", USED, "true (default): prefill pods are "
+          "scheduled in the zone of decode pods (required pod affinity on "
+          "topology.kubernetes.io/zone)"),
+    Field("spec.pdSpec.topologySpec.availabilityZone", USED, "both roles' node selector on "
+          "topology.kubernetes.io/zone"),
+    Field("spec.pdSpec.topologySpec.placementGroup", IGNORED, "the environment's EFA node "
+          "group has its own cluster placement group (CDK owns it)"),
+    Field("spec.pdSpec.forceDisaggregation", USED, "this project's extension: true renders "
+          "P/D where the model class or the handoff cost says it does not pay (never where "
+          "the network or the image cannot carry it)"),
+    *(f for role in ("prefillAutoScaling", "decodingAutoScaling") for f in (
+        Field(f"spec.pdSpec.autoScalingSpec.{role}", USED, "as spec.autoScalingSpec, a KEDA "
+              f"ScaledObject for the {role.removesuffix('AutoScaling').replace('decoding', 'decode')}"
+              " Deployment (default trigger: its waiting requests)"),
+        *(Field(f"spec.pdSpec.autoScalingSpec.{role}.{sub}", IGNORED, "as in "
+                "spec.autoScalingSpec") for sub in (
+            "prometheusTrigger.serverAddress", "prometheusTrigger.namespace",
+            "prometheusTrigger.customHeaders", "prometheusTrigger.useCachedMetrics",
+            "prometheusTriggerList[].serverAddress", "prometheusTriggerList[].namespace",
+            "prometheusTriggerList[].customHeaders", "prometheusTriggerList[].useCachedMetrics",
+            "cloudWatchTrigger", "cloudWatchTriggerList")),
+    )),
     # Model source
     Field("spec.modelSourceConfig.modelSourceType", USED, "s3: staged from the environment's "
           "model bucket; fsx, huggingface and kubernetesVolume are staged from the model "
@@ -223,7 +270,9 @@ def field_for(path: str) -> Field | None:
 def ignored(path: str) -> Field | None:
     """The IGNORED row of exactly `path` (autoScalingSpec under intelligentRoutingSpec reads as
     the spec-level one)."""
-    row = FIELDS.get(path.replace(_ROUTING_SCALING, "spec.autoScalingSpec", 1))
+    row = FIELDS.get(path)
+    if row is None and path.startswith(_ROUTING_SCALING):
+        row = FIELDS.get(path.replace(_ROUTING_SCALING, "spec.autoScalingSpec", 1))
     return row if row is not None and row.handling == IGNORED else None
 
 

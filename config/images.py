@@ -24,6 +24,7 @@ MIRROR_PREFIX = "kvcache"
 # base the router image is built on, whose layers it carries).
 ALWAYS, SELF_HOSTED_OBSERVABILITY, IN_CLUSTER_CACHE, NAMED, BASE = (
     "always", "self-hosted observability", "in-cluster cache", "named", "base")
+EFA_NODES = "efa nodes"   # only where a GPU node group has efa: true
 
 
 # The Kubernetes minors an environment may run (`kubernetesVersion`): each is supported by EKS in
@@ -135,6 +136,12 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
     Image("nvidia-device-plugin", "nvcr.io/nvidia/k8s-device-plugin", "v0.18.2",
           "sha256:b5788e29e7ae5272de8de863ebe386d6611e608421a6ecc5b4e7d5952aba637f",
           "exposes nvidia.com/gpu on AL2023 NVIDIA nodes"),
+    # The EKS add-on registry's EFA device plugin (the eks-charts chart's image; the same image
+    # in every region's registry). No public record pins its digest: `mirror --resolve`.
+    Image("efa-device-plugin",
+          "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
+          "v0.5.20", None, "exposes vpc.amazonaws.com/efa on EFA node groups (P/D)",
+          deployed=EFA_NODES),
     Image("keda", "ghcr.io/kedacore/keda", "2.20.2",
           "sha256:fe74c7b8849586a67ad2201bcb89e7f5ac221ff90399ecaa8fd28427f1ef11e6",
           "KEDA operator: scales workers on Prometheus/AMP queries"),
@@ -184,13 +191,15 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
 
 
 def deployed_images(endpoint_images: Iterable[Image], *, kubernetes_version: str,
-                    self_hosted_observability: bool, in_cluster_cache: bool) -> list[Image]:
+                    self_hosted_observability: bool, in_cluster_cache: bool,
+                    efa_nodes: bool = False) -> list[Image]:
     """What one environment deploys: the catalogue images its parts use and every endpoint
     file's worker image. What the mirror copies (or builds), what ECR holds repositories for
     and what preflight checks, one entry per repository and tag."""
     wanted = {ALWAYS, kubernetes(kubernetes_version),
               *([SELF_HOSTED_OBSERVABILITY] if self_hosted_observability else []),
-              *([IN_CLUSTER_CACHE] if in_cluster_cache else [])}
+              *([IN_CLUSTER_CACHE] if in_cluster_cache else []),
+              *([EFA_NODES] if efa_nodes else [])}
     seen: dict[tuple[str, str], Image] = {}
     for image in (*(i for i in IMAGES.values() if i.deployed in wanted), *endpoint_images):
         seen.setdefault((image.mirror_repository, image.tag), image)
@@ -494,3 +503,33 @@ GLIDE_IMAGES: frozenset[str] = frozenset()
 
 def carries_glide(image: Image | None) -> bool:
     return image is not None and image.key in GLIDE_IMAGES
+
+
+# Worker images that carry NVIDIA NIXL and libfabric's EFA provider, which vLLM's
+# NixlConnector needs to move KV over EFA (k8s/pd.py): the two HyperPod's DPD documents
+# ("A worker image that includes vLLM, LMCache, NVIDIA NIXL, and the EFA libfabric provider ...
+# Both images include LMCache 0.4.3, vLLM 0.19.0, and NIXL 1.0.0": docs.aws.amazon.com/
+# sagemaker/latest/dg/sagemaker-hyperpod-model-deployment-dpd.html). vllm/vllm-openai carries
+# NIXL (requirements/kv_connectors.txt) but bundles no libfabric, so its LIBFABRIC backend has
+# nothing to load: an image built with it is added here. Keyed by repository path and tag.
+@dataclass(frozen=True)
+class NixlImage:
+    vllm: Version
+    lmcache: Version
+    nixl: Version
+    source: str
+
+
+_DPD_DOC = "HyperPod DPD guide (sagemaker-hyperpod-model-deployment-dpd), 2026-07"
+NIXL_EFA_IMAGES: dict[tuple[str, str], NixlImage] = {
+    ("deep-learning-containers/vllm", "server-hyperpod-cuda-v1.1"):
+        NixlImage((0, 19, 0), (0, 4, 3), (1, 0, 0), _DPD_DOC),
+    ("lmcache/vllm-openai", "v0.4.3"): NixlImage((0, 19, 0), (0, 4, 3), (1, 0, 0), _DPD_DOC),
+}
+
+
+def nixl_efa_image(image: Image | None) -> NixlImage | None:
+    """What a worker image carries for NIXL over EFA, where a record says (above)."""
+    if image is None:
+        return None
+    return NIXL_EFA_IMAGES.get((image.source.split("/", 1)[1], image.tag))

@@ -184,3 +184,50 @@ def pod_share(instance_type: str, pods_per_node: int) -> tuple[int, int]:
     a = allocatable(instance_type)
     return (int((a.cpu_m - DAEMONSET_ROOM_M) / pods_per_node // 1000),
             int((a.memory_mib - DAEMONSET_ROOM_MIB) / pods_per_node // 1024))
+
+
+# --- EFA: which GPU types carry it, how many interfaces, and whether the GPUs reach it directly
+# (GPUDirect RDMA), which is what prefill/decode disaggregation moves KV over (k8s/pd.py).
+# EC2's "Supported instance types" for EFA (docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+# efa.html and its .cn twin) and DescribeInstanceTypes' NetworkInfo.EfaInfo.
+# MaximumEfaInterfaces; `python -m tools preflight` asks EC2 the same in the environment's region
+# and fails where the answer differs from this table (tests/config/test_efa.py holds the
+# comparison). HyperPod's DPD supports p5, p5e, p5en, p6-b200 and p6-b300 ("requires
+# EFA-capable instances with GPU-Direct RDMA support"); p4d and p4de have GPUDirect RDMA over
+# EFA too (4 x 100 Gbps). The g families carry one EFA on their larger sizes, but their GPUs
+# reach it through host memory (no GPUDirect RDMA): a KV handoff there is host-staged.
+@dataclass(frozen=True)
+class Efa:
+    interfaces: int          # MaximumEfaInterfaces: one per network card that carries EFA
+    gbps: float              # the instance's EFA bandwidth, all cards
+    gpu_direct: bool         # GPUDirect RDMA: the GPUs read and write over EFA directly
+
+
+EFA: dict[str, Efa] = {
+    "p4d.24xlarge": Efa(4, 400, True), "p4de.24xlarge": Efa(4, 400, True),
+    "p5.48xlarge": Efa(32, 3200, True), "p5e.48xlarge": Efa(32, 3200, True),
+    "p5en.48xlarge": Efa(16, 3200, True), "p6-b200.48xlarge": Efa(8, 3200, True),
+    **{t: Efa(1, g, False) for t, g in (
+        ("g4dn.8xlarge", 50), ("g4dn.12xlarge", 50), ("g4dn.16xlarge", 50),
+        ("g4dn.metal", 100), ("g5.8xlarge", 25), ("g5.12xlarge", 40), ("g5.16xlarge", 25),
+        ("g5.24xlarge", 50), ("g5.48xlarge", 100), ("g6.8xlarge", 25), ("g6.12xlarge", 40),
+        ("g6.16xlarge", 25), ("g6.24xlarge", 50), ("g6.48xlarge", 100),
+        ("g6e.8xlarge", 25), ("g6e.12xlarge", 100), ("g6e.16xlarge", 35),
+        ("g6e.24xlarge", 200), ("g6e.48xlarge", 400), ("p3dn.24xlarge", 100))},
+}
+# Where a type's GPU-direct EFA exists in the China regions (the project's notes, the EC2 China
+# pages): only p4d.24xlarge in cn-northwest-1. Elsewhere a type has it wherever it is offered.
+CHINA_GPU_DIRECT_EFA = {"cn-northwest-1": frozenset({"p4d.24xlarge"}), "cn-north-1": frozenset()}
+
+
+def efa(instance_type: str) -> Efa | None:
+    return EFA.get(instance_type)
+
+
+def gpu_direct_efa_in(instance_type: str, region: str) -> bool:
+    """Does `instance_type` have GPUDirect RDMA over EFA in `region`?"""
+    e = EFA.get(instance_type)
+    if e is None or not e.gpu_direct:
+        return False
+    china = CHINA_GPU_DIRECT_EFA.get(region)
+    return china is None or instance_type in china

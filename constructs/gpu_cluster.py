@@ -18,14 +18,16 @@ from constructs import Construct
 
 from config import NodeGroupConfig, RegionFacts
 from k8s.device_plugin import DevicePluginChart
+from k8s.efa_device_plugin import EfaDevicePluginChart
 from constructs.naming import logical_id
 from constructs.nag import acknowledge, managed_policy, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps, pod_identity_principal
 from config.contracts import (
+    EFA_NODE_LABEL,
     ACCELERATOR_LABEL, CA_NODE_TEMPLATE_LABEL, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
     GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
-from config.instances import accelerator_label
+from config.instances import EFA, accelerator_label
 
 # The VPC CNI's own service account; its AWS permissions come through Pod Identity on it, so the
 # node role (reachable by any pod only through IMDS, which hop limit 1 closes) does not hold them.
@@ -54,6 +56,7 @@ class GpuClusterProps:
     device_plugin_image: str
     removal_policy: RemovalPolicy
     ami_release_version: str | None = None   # None: the latest of kubernetes_version
+    efa_device_plugin_image: str | None = None   # where a GPU node group has efa: true
 
 
 @dataclass(frozen=True)
@@ -155,10 +158,13 @@ class GpuCluster(Construct):
         addons["coredns"].node.add_dependency(self.system_nodegroup)  # Deployment: needs nodes
         self.gpu_nodegroups: dict[str, eks.Nodegroup] = {}
         for group in props.gpu_node_groups:
+            efa = (EfaPlacement.for_group(self, group, self.cluster, props.vpc,
+                                          props.facts.china) if group.efa else None)
             self.gpu_nodegroups[group.name] = node_group(
-                self, self.cluster, self.cluster, group, subnets=private,
+                self, self.cluster, self.cluster, group,
+                subnets=efa.subnets if efa else private,
                 node_role=self.node_role, versions=self.node_versions,
-                labels={NODE_ROLE_LABEL: NODE_ROLE_GPU})
+                labels={NODE_ROLE_LABEL: NODE_ROLE_GPU}, efa=efa)
             self.gpu_nodegroups[group.name].node.add_dependency(*node_prereqs)
         ebs_identity = PodIdentityRole(self, "EbsCsi", props=PodIdentityRoleProps(
             cluster=self.cluster, namespace="kube-system",
@@ -191,8 +197,57 @@ class GpuCluster(Construct):
         device_plugin = self.cluster.add_cdk8s_chart("NvidiaDevicePlugin", DevicePluginChart(
             cdk8s.App(), "nvidia-device-plugin", image=props.device_plugin_image))
         device_plugin.node.add_dependency(*self.gpu_nodegroups.values())
+        efa_groups = tuple(g.name for g in props.gpu_node_groups if g.efa)
+        if efa_groups:
+            efa_plugin = self.cluster.add_cdk8s_chart("EfaDevicePlugin", EfaDevicePluginChart(
+                cdk8s.App(), "efa-device-plugin", image=props.efa_device_plugin_image))
+            efa_plugin.node.add_dependency(*(self.gpu_nodegroups[n] for n in efa_groups))
         _acknowledge_cluster_findings(self)
 
+
+
+@dataclass(frozen=True)
+class EfaPlacement:
+    """What an EFA node group needs beyond its launch template's disk (EC2's EFA guide: "All
+    instances that use an EFA must be in the same cluster placement group"; the security group
+    "must allow all inbound and outbound traffic to and from the security group itself"): a
+    cluster placement group, one subnet (one zone), the cluster's security group (which a
+    launch template naming its own interfaces must list itself) and a self-referencing one,
+    and an interface per EFA card: `efa` on card 0 (ENA and EFA: the node's IP), `efa-only` on
+    the others where the partition has that type (China: `efa` on every card)."""
+
+    placement_group: ec2.CfnPlacementGroup
+    security_groups: tuple[str, ...]
+    subnets: ec2.SubnetSelection
+    interfaces: int
+    efa_only: bool
+
+    @staticmethod
+    def for_group(scope: Construct, group: NodeGroupConfig, cluster: eks.Cluster,
+                  vpc: ec2.IVpc, china: bool) -> "EfaPlacement":
+        base = logical_id(group.name)
+        placement = ec2.CfnPlacementGroup(scope, f"{base}Placement", strategy="cluster")
+        sg = ec2.SecurityGroup(scope, f"{base}Efa", vpc=vpc, allow_all_outbound=False,
+                               description=f"EFA of node group {group.name}: all traffic "
+                                           "to and from itself")
+        sg.add_ingress_rule(sg, ec2.Port.all_traffic(), "EFA: all traffic from itself")
+        sg.add_egress_rule(sg, ec2.Port.all_traffic(), "EFA: all traffic to itself")
+        # the rest of the node's traffic (the cluster, the internet through NAT) leaves as the
+        # cluster security group allows it
+        subnet = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets[0]
+        return EfaPlacement(placement, (cluster.cluster_security_group_id, sg.security_group_id),
+                            ec2.SubnetSelection(subnets=[subnet]),
+                            EFA[group.instance_types[0]].interfaces, not china)
+
+    def apply(self, template: ec2.LaunchTemplate) -> None:
+        cfn = template.node.default_child
+        cfn.add_property_override("LaunchTemplateData.Placement.GroupName",
+                                  self.placement_group.ref)
+        cfn.add_property_override("LaunchTemplateData.NetworkInterfaces", [
+            {"DeviceIndex": 0 if card == 0 else 1, "NetworkCardIndex": card,
+             "InterfaceType": "efa" if card == 0 or not self.efa_only else "efa-only",
+             "Groups": list(self.security_groups), "DeleteOnTermination": True}
+            for card in range(self.interfaces)])
 
 
 def node_launch_template(scope: Construct, id: str, *, device: str,
@@ -220,7 +275,8 @@ def node_launch_template(scope: Construct, id: str, *, device: str,
 
 def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
                group: NodeGroupConfig, *, subnets: ec2.SubnetSelection, node_role: iam.IRole,
-               versions: NodeVersions, labels: dict[str, str]) -> eks.Nodegroup:
+               versions: NodeVersions, labels: dict[str, str],
+               efa: EfaPlacement | None = None) -> eks.Nodegroup:
     """A managed node group under `owner` (the cluster, where add_nodegroup_capacity puts it)
     with its launch template under `scope` (IMDSv2 at hop limit 1, an encrypted gp3
     root or data volume), at the cluster's version (`versions`). GPU groups are tainted and
@@ -232,7 +288,10 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
         scope, f"{logical_id(group.name)}Template",
         device=_DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda"),
         disk_size_gib=group.disk_size_gib)
-    labels = {**labels, NODE_GROUP_LABEL: group.name}
+    if efa is not None:
+        efa.apply(template)
+    labels = {**labels, NODE_GROUP_LABEL: group.name,
+              **({EFA_NODE_LABEL: "true"} if group.efa else {})}
     taints, tags = [], None
     if group.gpu:
         accelerator = accelerator_label(group.instance_types[0])

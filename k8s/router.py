@@ -7,7 +7,7 @@ with exactly what the Deployment carries (discovery swapped for local URLs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from cdk8s import Chart
@@ -62,15 +62,21 @@ TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
 
 
-def router_command(implementation: str, api_key: bool) -> list[str]:
+def router_command(implementation: str, api_key: bool, pd: bool = False) -> list[str]:
     """The container command: the implementation's binary. Both routers take the key only as
     an argument, so it is appended at exec time from the fetched file, never in the manifest.
     With it, vllm-router 0.1.17 sends it on its own render/tokenize calls and passes the
     client's Authorization through (vLLM checks it); sglang-router 0.3.2 also checks the
-    client's key itself, then sends its own to the worker (both measured on loopback)."""
+    client's key itself, then sends its own to the worker (both measured on loopback).
+    vllm-router 0.1.17's P/D mode (`pd`) does neither: it sends `Authorization: Bearer
+    $OPENAI_API_KEY`, from its own environment, to prefill and decode workers alike (an empty
+    one without it, which vLLM refuses; measured, tests/e2e/test_pd.py), so the key goes there
+    too."""
     if not api_key:
         return [implementation]
-    return ["/bin/sh", "-c", f'exec {implementation} "$@" --api-key "$(cat {API_KEY_FILE})"',
+    export = f'OPENAI_API_KEY="$(cat {API_KEY_FILE})"; export OPENAI_API_KEY; ' if pd else ""
+    return ["/bin/sh", "-c",
+            f'{export}exec {implementation} "$@" --api-key "$(cat {API_KEY_FILE})"',
             implementation]
 
 
@@ -118,6 +124,34 @@ class RouterProps:
     # cache_aware keeps the prefix tree in the router and calls no worker per request. The
     # environment decides (EnvironmentConfig.router_implementation).
     implementation: str = "vllm-router"
+    pd: PDRouting | None = None       # a disaggregated endpoint: vllm-router's P/D mode
+
+
+@dataclass(frozen=True)
+class PDRouting:
+    """vllm-router's P/D mode for one endpoint (k8s/pd.py): the selectors of its prefill and
+    decode pods and, for pdSpec.routingThreshold, the body size below which the front sends a
+    request to a second, decode-only router (None: every request is disaggregated)."""
+
+    prefill_selector: dict[str, str]
+    decode_selector: dict[str, str]
+    short_body_bytes: int | None = None
+    decode_policy: str = "power_of_two"
+
+
+# vllm-router 0.1.17 in P/D mode sends a request to a prefill worker (max_tokens 1, no stream,
+# kv_transfer_params do_remote_decode) and then to a decode worker with what the prefill
+# returned (NixlConnector's protocol, `--kv-connector nixl`, its default); prefill by the
+# endpoint's policy (where the prefix lives), decode by load: power_of_two, which vllm-router
+# refuses to start with fewer than 2 decode workers listed (measured with static --decode URLs),
+# so round_robin where the decode role never has 2 (decode_policy).
+PD_DECODE_POLICY = "power_of_two"
+
+
+def decode_policy(max_decode_workers: int) -> str:
+    return PD_DECODE_POLICY if max_decode_workers >= 2 else "round_robin"
+DECODE_ROUTER_PORT = ROUTER_BACKEND_PORT + 1          # the decode-only router, 127.0.0.1
+DECODE_ROUTER_METRICS_PORT = ROUTER_METRICS_PORT + 1
 
 
 ROUTER_IMPLEMENTATIONS = tuple(ROUTER_STRATEGIES)
@@ -131,6 +165,8 @@ def router_name(endpoint: str) -> str:
 
 
 def router_args(p: RouterProps) -> list[str]:
+    if p.pd is not None:
+        return pd_router_args(p)
     if p.implementation == "sglang-router":
         return sglang_router_args(p)
     if p.implementation != "vllm-router":
@@ -143,6 +179,36 @@ def router_args(p: RouterProps) -> list[str]:
         args += ["--kv-event-block-size", str(p.kv_event_block_size),
                  "--kv-event-model", p.model_name]
     return args
+
+
+def _discovery_swapped(args: list[str], selectors: list[str]) -> list[str]:
+    """`_common_args` with its `--selector k=v ...` replaced by `selectors`."""
+    i, j = args.index("--selector"), args.index("--service-discovery-namespace")
+    return [*args[:i], *selectors, *args[j:]]
+
+
+def pd_router_args(p: RouterProps) -> list[str]:
+    """vllm-router's P/D mode: prefill and decode pods found by their role labels."""
+    if p.implementation != "vllm-router" or p.static_workers or p.kv_event_sources:
+        raise ValueError("P/D routing is vllm-router's, with service discovery")
+    pick = lambda sel: [f"{k}={v}" for k, v in sorted(sel.items())]  # noqa: E731
+    return ["--vllm-pd-disaggregation", "--kv-connector", "nixl",
+            *_discovery_swapped(_common_args(p), [
+                "--prefill-selector", *pick(p.pd.prefill_selector),
+                "--decode-selector", *pick(p.pd.decode_selector)]),
+            "--decode-policy", p.pd.decode_policy]
+
+
+def decode_router_args(p: RouterProps) -> list[str]:
+    """The decode-only router (pdSpec.routingThreshold): the same vllm-router, plain mode, on
+    the decode pods alone, on its own ports. A decode worker given no kv_transfer_params
+    prefills the prompt itself (chunked prefill), as HyperPod's decoder does below the
+    threshold."""
+    args = _common_args(replace(p, pd=None, worker_selector=p.pd.decode_selector))
+    swap = {"--port": str(DECODE_ROUTER_PORT),
+            "--prometheus-port": str(DECODE_ROUTER_METRICS_PORT)}
+    return [swap.get(prev, a) if prev in swap else a
+            for prev, a in zip([None, *args], args)]
 
 
 def sglang_router_args(p: RouterProps) -> list[str]:
@@ -301,7 +367,9 @@ class RouterChart(Chart):
         front_text = front_config(REQUEST_TIMEOUT_S, max_body,
                                   router_slots(memory_bytes(props.memory), max_body),
                                   key_check=props.api_key is not None,
-                                  models=front_models(props))
+                                  models=front_models(props),
+                                  short_body_bytes=(props.pd.short_body_bytes
+                                                    if props.pd else None))
         k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}
@@ -334,7 +402,8 @@ class RouterChart(Chart):
                                    "name": "router", "image": props.image,
                                    "imagePullPolicy": "IfNotPresent",
                                    "command": router_command(props.implementation,
-                                                             props.api_key is not None),
+                                                             props.api_key is not None,
+                                                             props.pd is not None),
                                    **key_container,
                                    **router_env(props.implementation),
                                    "args": router_args(props),
@@ -354,9 +423,11 @@ class RouterChart(Chart):
                                    "lifecycle": {"preStop": {
                                        "exec": {"command": ROUTER_PRE_STOP}}},
                                    "securityContext": hardened(),
-                               }, front_container(
+                               }, *decode_router_container(props, key_container),
+                               front_container(
                                    props.image, front_volume["name"], props.load_balancer_cidrs,
-                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key"),
+                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key",
+                                   decode_router=decode_router(props)),
                                    *sidecars],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
@@ -479,6 +550,40 @@ def front_models(p: RouterProps) -> tuple[str, ...]:
     if p.implementation != "sglang-router":
         return ()
     return p.served_models or ((p.model_name,) if p.model_name else ())
+
+
+def decode_router(p: RouterProps) -> str | None:
+    """Where the front reaches the decode-only router, where the endpoint has one."""
+    if p.pd is None or p.pd.short_body_bytes is None:
+        return None
+    return f"127.0.0.1:{DECODE_ROUTER_PORT}"
+
+
+def decode_router_container(p: RouterProps, key_container: dict) -> list[dict]:
+    """The decode-only router beside the P/D one (decode_router_args); its health is the
+    process's own: it exits when it cannot serve, and the kubelet restarts it."""
+    if decode_router(p) is None:
+        return []
+    return [{"name": "router-decode", "image": p.image, "imagePullPolicy": "IfNotPresent",
+             "command": router_command(p.implementation, p.api_key is not None),
+             **key_container, **router_env(p.implementation),
+             "args": decode_router_args(p),
+             # it listens on 127.0.0.1 only (the front reaches it), where the kubelet's HTTP
+             # probes cannot: the router image's python asks it from inside the container
+             "readinessProbe": _local_probe(DECODE_ROUTER_PORT, "/readiness"),
+             "livenessProbe": {**_local_probe(DECODE_ROUTER_PORT, "/liveness"),
+                               "failureThreshold": 6},
+             "resources": {"requests": {"cpu": p.cpu, "memory": p.memory},
+                           "limits": {"cpu": p.cpu, "memory": p.memory}},
+             "lifecycle": {"preStop": {"exec": {"command": ROUTER_PRE_STOP}}},
+             "securityContext": hardened()}]
+
+
+def _local_probe(port: int, path: str) -> dict:
+    return {"exec": {"command": [
+        "python3", "-c", "import urllib.request; urllib.request.urlopen("
+        f"'http://127.0.0.1:{port}{path}', timeout=3)"]},
+        "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5}
 
 
 def router_env(implementation: str) -> dict:

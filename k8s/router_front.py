@@ -51,6 +51,7 @@ PROBE_PATHS = ("/health", "/liveness", "/readiness")
 FRONT_DIR = "/etc/kvcache-front"
 FRONT_CONFIG = "haproxy.cfg"
 BIND_ENV, ROUTER_ENV = "FRONT_BIND", "ROUTER_ADDR"
+DECODE_ROUTER_ENV = "DECODE_ROUTER_ADDR"   # a disaggregated endpoint's decode-only router
 LOAD_BALANCER_ENV, KEY_DIGEST_ENV = "FRONT_LOAD_BALANCER", "FRONT_KEY_DIGEST"
 # Concurrent client connections per router replica; HAProxy allocates two buffers of
 # tune.bufsize (16 KiB) per active stream, so 4096 streams fit in FRONT_MEMORY.
@@ -170,7 +171,8 @@ def models_answer(models: tuple[str, ...]) -> str:
 
 
 def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots, *,
-                 key_check: bool, models: tuple[str, ...] = ()) -> str:
+                 key_check: bool, models: tuple[str, ...] = (),
+                 short_body_bytes: int | None = None) -> str:
     """HAProxy's config. Its server timeout outlasts the router's request timeout, so the
     router (not the front) decides when a slow generation has taken too long. A body declared
     larger than the router's payload limit gets 413 here, before any of it is read
@@ -178,7 +180,11 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
     dropped connection). Only abnormal requests are logged (errors, timeouts, refusals), never
     one line per normal request. ``key_check``: the endpoint has an API key (its digest file is
     named by KEY_DIGEST_ENV). ``models``: the served model names the front lists itself on
-    `GET /v1/models`, after the key check (models_answer); empty: the router answers."""
+    `GET /v1/models`, after the key check (models_answer); empty: the router answers.
+    ``short_body_bytes`` (a disaggregated endpoint's pdSpec.routingThreshold x k8s/pd.py
+    BODY_BYTES_PER_TOKEN): bodies shorter than that go to the decode-only router (named by
+    DECODE_ROUTER_ENV), the rest to the P/D router; requests without a body (GET) go to the
+    P/D router."""
     methods: dict[str, list[str]] = {}
     for method, path in CLIENT_ROUTES:
         methods.setdefault(method, []).append(path)
@@ -231,6 +237,10 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt "
         f"{max_body_bytes} }}",
         f"    http-request wait-for-body time {BODY_WAIT_S}s",
+        *([f"    acl short_body req.hdr_val(content-length) lt {short_body_bytes}",
+           f"    acl large_body req.hdr_val(content-length) gt {SMALL_BODY_BYTES}",
+           "    use_backend decode_large if short_body large_body",
+           "    use_backend decode if short_body"] if short_body_bytes else []),
         f"    use_backend router_large if {{ req.hdr_val(content-length) gt "
         f"{SMALL_BODY_BYTES} }}",
         "    default_backend router",
@@ -238,6 +248,11 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f'    server router "${{{ROUTER_ENV}}}" maxconn {slots.small}',
         "backend router_large",
         f'    server router "${{{ROUTER_ENV}}}" maxconn {slots.large}',
+        *([f"backend decode",
+           f'    server router "${{{DECODE_ROUTER_ENV}}}" maxconn {slots.small}',
+           "backend decode_large",
+           f'    server router "${{{DECODE_ROUTER_ENV}}}" maxconn {slots.large}']
+          if short_body_bytes else []),
         "",
     ])
 
@@ -248,7 +263,8 @@ def front_config_hash(text: str) -> str:
 
 
 def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[str, ...],
-                    key_digest_file: str | None, key_volume: str | None) -> dict:
+                    key_digest_file: str | None, key_volume: str | None,
+                    decode_router: str | None = None) -> dict:
     """The front's container: the router image's haproxy in the foreground (`-db`), the
     Service's port, the config from ``config_volume``; the NLB's addresses and, where the
     endpoint has a key, its digest (on ``key_volume``)."""
@@ -256,6 +272,8 @@ def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[s
            {"name": ROUTER_ENV, "value": f"127.0.0.1:{ROUTER_BACKEND_PORT}"},
            # one word per CIDR: `${VAR[*]}` in the config makes each an argument of its own
            {"name": LOAD_BALANCER_ENV, "value": " ".join(load_balancer_cidrs)}]
+    if decode_router:
+        env.append({"name": DECODE_ROUTER_ENV, "value": decode_router})
     mounts = [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}, DRAIN_MOUNT]
     if key_digest_file:
         env.append({"name": KEY_DIGEST_ENV, "value": key_digest_file})

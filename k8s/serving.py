@@ -16,7 +16,8 @@ from config import ConfigError, EnvironmentConfig, pod_fields
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
 from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
 from config.endpoint_spec import (
-    AutoScaling, EndpointSpec, _cores, _gib, arg_value, default_trigger, load_endpoint,
+    DEFAULT_WAITING_PER_WORKER, AutoScaling, EndpointSpec, PrometheusTrigger, RoleSpec, _cores,
+    _gib, arg_value, default_trigger, load_endpoint, promql_string,
 )
 from config.instances import gpu_shape
 from config.images import (
@@ -37,18 +38,23 @@ from k8s.l2 import (
     gpu_kv_gib, in_cluster_host, in_cluster_refusal, in_cluster_server, l2_verdict,
     node_hourly_usd, server_gbs,
 )
+from k8s.pd import BODY_BYTES_PER_TOKEN, pd_verdict, refusal as pd_refusal
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
 from k8s.router import (
-    POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens, router_name,
+    POD_READINESS_GATE_LABEL, PDRouting, RouterChart, RouterProps, context_tokens,
+    decode_policy, router_name,
 )
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
     l1_budget, l2_refusal, parallel_ranks, served_model_names, worker_urls,
+    COMPONENT as WORKER_COMPONENT, PDWorker, pd_selector,
 )
+from config.instances import efa
+from k8s.objects import selector_labels
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
@@ -189,6 +195,8 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             "(docs/upstream.md). L1 stays on",
             s.name, "kvCacheSpec.l2CacheSpec.l2CacheBackend"))
         s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+    if s.pd is not None:
+        s = _pd_fit(cfg, s, where, warnings)
     plan = l2_plan(cfg, s)
     if plan is not None:
         v = plan.verdict
@@ -314,6 +322,72 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           "redis", "no L2 (enableL2Cache: false), valkey, lmcache-server or an "
                           "l2CacheLocalUrl: the environment's cache.kind is none")
     return replace(s, warnings=tuple(warnings), tls_certificate_arn=certificate)
+
+
+def _pd_fit(cfg: EnvironmentConfig, s: EndpointSpec, where: str, warnings: list[str]
+            ) -> EndpointSpec:
+    """k8s/pd.py's verdict on the endpoint's pdSpec: kept where it renders, dropped (colocated,
+    one warning naming the failing term) where it does not."""
+    assert s.pd is not None
+    v = pd_verdict(instance_type=s.instance_type, region=cfg.region, model=s.model,
+                   image=s.image, vllm=image_release(s.image).vllm,
+                   prefix_tokens=s.prefix_tokens, strategy=s.routing_strategy,
+                   node_group=(group.name, group.efa)
+                   if (group := cfg.gpu_group_for(s.instance_type)) else None)
+    if not v.renders(s.pd.forced):
+        warnings.append(changed(pd_refusal(v, where, s.pd.forced), s.name, "pdSpec"))
+        return replace(s, pd=None)
+    warnings.append(f"{where}.pdSpec: disaggregated ({s.pd.prefill.replicas} prefill x "
+                    f"{s.pd.prefill.gpus} GPUs, {s.pd.decode.replicas} decode x "
+                    f"{s.pd.decode.gpus} GPUs; routingThreshold {s.pd.routing_threshold}: "
+                    + (f"bodies under {s.pd.routing_threshold * BODY_BYTES_PER_TOKEN:,} bytes "
+                       "go to a decode worker alone" if s.pd.routing_threshold else
+                       "every request") + f"): {v.explain()}"
+                    + ("; forced (pdSpec.forceDisaggregation)" if not v.renders() else "")
+                    + "; routed by vllm-router's P/D mode (the one router here that speaks "
+                    "vLLM's NIXL protocol)")
+    context = context_tokens(s.worker_args).get("context_tokens")
+    if context and s.pd.routing_threshold > context:
+        warnings.append(f"{where}.pdSpec.routingThreshold: {s.pd.routing_threshold} is above "
+                        f"the model's context ({context} tokens, --max-model-len): no request "
+                        "is disaggregated")
+    if s.l2_enabled:
+        warnings.append(changed(f"{where}.kvCacheSpec.enableL2Cache: no L2 on a disaggregated "
+                                "endpoint: LMCache's L2 beside NIXL in vLLM's MultiConnector is "
+                                "not proven on a GPU here; L1 stays on the prefill workers",
+                                s.name, "kvCacheSpec.enableL2Cache"))
+        s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
+    if s.autoscaling is not None:
+        warnings.append(changed(f"{where}.autoScalingSpec: ignored on a disaggregated endpoint: "
+                                "pdSpec.autoScalingSpec.prefillAutoScaling and "
+                                "decodingAutoScaling scale each role", s.name, "autoScalingSpec"))
+        s = replace(s, autoscaling=None)
+    group = cfg.gpu_group_for(s.instance_type)
+    prefill = s.pd.prefill
+    budget = l1_budget(_gib(prefill.memory), parallel_ranks(prefill.args), s.l1_size_gib)
+    if s.l1_enabled and (budget.l1_per_rank_gib < 1 or not budget.fits):
+        raise ConfigError(cfg.name, f"{where}.pdSpec.prefillSpec.resources.requests.memory",
+                          prefill.memory, f"room for L1 on the prefill workers: {budget.ranks} "
+                          f"GPU processes each pin their own L1 beside vLLM "
+                          f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB) "
+                          "(or kvCacheSpec.enableL1Cache: false)")
+    for r in s.pd.roles:
+        if r.autoscaling and r.autoscaling.max_replicas * r.gpus > group.max_size * group.gpus_per_node:
+            raise ConfigError(cfg.name, f"{where}.pdSpec.autoScalingSpec", r.autoscaling.max_replicas,
+                              f"at most {group.max_size * group.gpus_per_node // r.gpus} {r.role} "
+                              f"workers (node group {group.name}: maxSize {group.max_size})")
+    return s
+
+
+def role_scaling(s: EndpointSpec, role: RoleSpec) -> AutoScaling | None:
+    """A role's KEDA spec; its default trigger counts that role's pods' waiting requests."""
+    spec = role.autoscaling
+    if spec is None or spec.triggers:
+        return spec
+    query = (f"sum(vllm:num_requests_waiting{{model_name={promql_string(s.model_name)},"
+             f'pod=~"{s.name}-{role.role}-.+"}})')
+    return replace(spec, triggers=(PrometheusTrigger(query, DEFAULT_WAITING_PER_WORKER,
+                                                     name=f"{role.role}-waiting-requests"),))
 
 
 def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> str:
@@ -548,7 +622,10 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         "name": SERVING_NAMESPACE, "labels": {
             **standard_labels("serving", cfg.name),
             # every serving pod runs non-root, read-only, seccomp'd, without capabilities
-            **pod_security_labels("restricted", cfg.kubernetes_version),
+            # (a disaggregated endpoint's workers add IPC_LOCK, which only `privileged`
+            # admits: then enforce that, audit and warn on restricted: docs/security.md)
+            **pod_security_labels("privileged" if any(s.pd for s in specs) else "restricted",
+                                  cfg.kubernetes_version, "restricted"),
             # the load balancer controller gates router pods on their NLB target health
             POD_READINESS_GATE_LABEL: "enabled"}})
     charts: list[Chart] = [ns]
@@ -600,8 +677,12 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
                              for c in s.pod.init_containers),
             startup_budget_s=s.startup_budget_s, hub=s.hub,
             hub_token_arn=facts.hub_token_secret_arn if s.hub and s.hub.token else None)
-        workers = WorkersChart(app, f"{s.name}-workers", props=wp)
-        router = RouterChart(app, f"{s.name}-router", props=RouterProps(
+        if s.pd is not None:
+            roles = _pd_charts(app, s, wp, facts.metrics)
+            workers = roles[0]
+        else:
+            roles = [workers := WorkersChart(app, f"{s.name}-workers", props=wp)]
+        router = RouterChart(app, f"{s.name}-router", props=replace(RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
             policy=s.router_policy, implementation=cfg.router_implementation(s.routing_strategy),
             worker_selector=workers.selector, worker_port=s.port,
@@ -619,8 +700,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             load_balancer_subnets=facts.load_balancer_subnets,
             load_balancer_cidrs=router_load_balancer_cidrs(cfg.network, s.name),
             load_balancer_addresses=load_balancer_addresses(cfg.network, s.name),
-            vpc_cidr=cfg.network.vpc_cidr))
-        for chart in (workers, router):
+            vpc_cidr=cfg.network.vpc_cidr), **_pd_routing(s)))
+        for chart in (*roles, router):
             chart.add_dependency(ns)
             charts.append(chart)
     policies = NetworkPoliciesChart(app, "serving-network-policies", props=NetworkPoliciesProps(
@@ -628,6 +709,49 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
     policies.add_dependency(ns)
     return charts + [policies]
+
+
+def _pd_charts(app: App, s: EndpointSpec, wp: WorkerProps, metrics: MetricsSource
+               ) -> list[WorkersChart]:
+    """A disaggregated endpoint's prefill and decode workers: each role's replicas, merged
+    args, resources, node selector and KEDA; NIXL over the type's EFA; L1 on prefill only."""
+    assert s.pd is not None
+    shape = gpu_shape(s.instance_type)
+    zone = ((("topology.kubernetes.io/zone", s.pd.availability_zone),)
+            if s.pd.availability_zone else ())
+    charts = []
+    for r in s.pd.roles:
+        l1 = s.l1_enabled and r.role == "prefill"
+        budget = l1_budget(_gib(r.memory), parallel_ranks(r.args), s.l1_size_gib)
+        scaling = role_scaling(s, r)
+        props = replace(
+            wp, replicas=r.replicas, gpus=r.gpus, cpu=r.cpu, memory=r.memory, extra_args=r.args,
+            l1_enabled=l1, l1_size_gib=budget.l1_per_rank_gib if l1 else 0, l2=None,
+            ranks=budget.ranks, shm_gib=budget.shm_gib, node_gpus=shape.gpus,
+            owns_service_account=r.role == "prefill",
+            scaling=WorkerScaling(scaling, metrics) if scaling else None,
+            pd=PDWorker(r.role, efa(s.instance_type).interfaces,
+                        node_selector=(*r.node_selector, *zone),
+                        same_zone_as="decode" if r.role == "prefill" and s.pd.same_az
+                        else None))
+        charts.append(WorkersChart(app, f"{s.name}-{r.role}", props=props))
+    return charts
+
+
+def _pd_routing(s: EndpointSpec) -> dict:
+    """RouterProps for a disaggregated endpoint: vllm-router (the P/D router), both roles'
+    pods as its workers, and the decode-only router below routingThreshold."""
+    if s.pd is None:
+        return {}
+    threshold = s.pd.routing_threshold
+    return {"implementation": "vllm-router",
+            "worker_selector": selector_labels(WORKER_COMPONENT, s.name),
+            "max_workers": sum(r.autoscaling.max_replicas if r.autoscaling else r.replicas
+                               for r in s.pd.roles),
+            "pd": PDRouting(pd_selector(s.name, "prefill"), pd_selector(s.name, "decode"),
+                            threshold * BODY_BYTES_PER_TOKEN if threshold else None,
+                            decode_policy(s.pd.decode.autoscaling.max_replicas
+                                          if s.pd.decode.autoscaling else s.pd.decode.replicas))}
 
 
 def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[str]:
@@ -660,7 +784,8 @@ def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) 
                        *(image_for(c["image"]) for s in specs for c in s.pod.init_containers)]
     return deployed_images(endpoint_images, kubernetes_version=cfg.kubernetes_version,
                            self_hosted_observability=cfg.observability == "self-hosted",
-                           in_cluster_cache=any(_shared_kind(cfg, s) for s in specs))
+                           in_cluster_cache=any(_shared_kind(cfg, s) for s in specs),
+                           efa_nodes=any(g.efa for g in cfg.gpu_node_groups))
 
 
 def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):

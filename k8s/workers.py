@@ -17,7 +17,7 @@ from constructs import Construct
 
 from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
-    GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
+    EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
     NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
 )
 from config.endpoint_spec import AutoScaling, HubModel, arg_value, named_model
@@ -114,6 +114,45 @@ class WorkerProps:
     startup_budget_s: int = 1800      # the startup probe's window (maxDeployTimeInSeconds)
     hub: HubModel | None = None       # staged from the Hugging Face Hub instead of the bucket
     hub_token_arn: str | None = None  # Secrets Manager secret holding the Hub token
+    pd: PDWorker | None = None        # one role of a disaggregated endpoint (k8s/pd.py)
+    node_gpus: int = 8                # GPUs on the node type (the EFA share follows them)
+    owns_service_account: bool = True  # P/D: the prefill chart renders the shared one
+
+
+@dataclass(frozen=True)
+class PDWorker:
+    """One role of a disaggregated endpoint (k8s/pd.py): vLLM's NixlConnector over EFA, its
+    side channel, the type's EFA interfaces, the role's node selector, and the zone it must
+    share with the other role."""
+
+    role: str                                  # "prefill" or "decode"
+    efa_interfaces: int
+    backend: str = "LIBFABRIC"                 # NIXL's backend: libfabric's EFA provider
+    node_selector: tuple[tuple[str, str], ...] = ()
+    same_zone_as: str | None = None            # the other role: required zone affinity to it
+
+
+def pd_selector(endpoint: str, role: str) -> dict[str, str]:
+    """The pods of one role: the workers' selector and the role label."""
+    return {**selector_labels(COMPONENT, endpoint), PD_ROLE_LABEL: role}
+
+
+def pd_transfer_config(role: str, l1: bool) -> dict:
+    """`--kv-transfer-config` of a P/D worker: NixlConnector on the LIBFABRIC backend (EFA;
+    `kv_connector_extra_config.backends`, vLLM's nixl_connector default ["UCX"]), `kv_role`
+    kv_both (NixlConnector does not tell roles apart: the router decides who prefills), and
+    kv_load_failure_policy fail (as for the L2: a KV read that failed ends the request with an
+    error, never text computed on blocks that never arrived). A prefill worker with L1 keeps
+    LMCache beside it through vLLM's MultiConnector (NIXL first: it is the one whose blocks
+    the decode worker reads)."""
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}}
+    if role == "prefill" and l1:
+        return {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                "kv_load_failure_policy": KV_LOAD_FAILURE_POLICY,
+                "kv_connector_extra_config": {"connectors": [
+                    nixl, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}]}}
+    return {**nixl, "kv_load_failure_policy": KV_LOAD_FAILURE_POLICY}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +446,8 @@ def kv_transfer_config(vllm: tuple[int, int, int] | None, l2: bool) -> dict[str,
 
 def layerwise(p: WorkerProps) -> bool:
     """Does this worker's LMCache store layer by layer (TIER_POLICY, with its guard)?"""
-    return (tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
+    return (p.pd is None   # not on P/D workers until a GPU run shows it beside NIXL
+            and tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
             and layerwise_guard(p.vllm, (*p.command, *p.extra_args)))
 
 
@@ -655,9 +695,10 @@ def vllm_args(p: WorkerProps) -> list[str]:
     given = _flags(p.extra_args)
     args = [] if p.command or named_model(p.extra_args) else [p.model_mount_path]
     args += list(p.extra_args)
+    transfer = (pd_transfer_config(p.pd.role, p.l1_enabled) if p.pd else
+                kv_transfer_config(p.vllm, p.l2 is not None))
     own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
-           "--kv-transfer-config": json.dumps(kv_transfer_config(p.vllm, p.l2 is not None),
-                                              separators=(",", ":"))}
+           "--kv-transfer-config": json.dumps(transfer, separators=(",", ":"))}
     for flag, value in own.items():
         if flag not in given:
             args += [flag, value]
@@ -710,15 +751,18 @@ class WorkersChart(Chart):
     def __init__(self, scope: Construct, id: str, *, props: WorkerProps) -> None:
         super().__init__(scope, id, namespace=props.namespace)
         p = props
-        name = f"{p.endpoint}-workers"
-        sel = selector_labels(COMPONENT, p.endpoint)
-        labels = standard_labels(COMPONENT, p.endpoint)
+        name = f"{p.endpoint}-{p.pd.role}" if p.pd else f"{p.endpoint}-workers"
+        sel = pd_selector(p.endpoint, p.pd.role) if p.pd else selector_labels(COMPONENT,
+                                                                               p.endpoint)
+        labels = {**standard_labels(COMPONENT, p.endpoint), **sel}
         self.selector = sel
         self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), p.port,
                            "vLLM and LMCache metrics"),)
-        k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
-                   name=p.service_account, namespace=p.namespace, labels=labels,
-                   body={"automountServiceAccountToken": False})
+        if p.owns_service_account:
+            k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
+                       name=p.service_account, namespace=p.namespace,
+                       labels=standard_labels(COMPONENT, p.endpoint),
+                       body={"automountServiceAccountToken": False})
         k8s_object(self, "LmcacheConfig", api_version="v1", kind="ConfigMap",
                    name=f"{name}-lmcache", namespace=p.namespace, labels=labels,
                    body={"data": {"lmcache.yaml": yaml.safe_dump(lmcache_config(p),
@@ -797,6 +841,19 @@ class WorkersChart(Chart):
         if "PYTHONHASHSEED" not in theirs:
             env.append({"name": "PYTHONHASHSEED", "value": "0"})  # same hashes on every worker
         ports = [{"name": "http", "containerPort": p.port}]
+        if p.pd:
+            # NIXL's side channel (the decode worker reads the prefill's block metadata there,
+            # then the blocks over EFA); libfabric kept to EFA, never a silent TCP fallback
+            env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+                     "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
+                    {"name": "FI_PROVIDER", "value": "efa"}]
+            ports.append({"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT})
+            self.flows += (Flow(Peer(f"{p.endpoint}-decode", p.namespace,
+                                     pd_selector(p.endpoint, "decode")),
+                                Peer(name, p.namespace, sel), NIXL_SIDE_CHANNEL_PORT,
+                                "NIXL side channel: KV block metadata (the blocks go over EFA)"),
+                           ) if p.pd.role == "prefill" else ()
         if p.publish_kv_events:
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         worker = {
@@ -804,8 +861,9 @@ class WorkersChart(Chart):
             "command": container_command(p),
             "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
-                "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
-                "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
+                "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus),
+                             **efa_resources(p)},
+                "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus), **efa_resources(p)}},
             # the startup budget (default 30 min) to load weights and start
             "startupProbe": {**health, "failureThreshold": startup_failures(p)},
             "readinessProbe": {**health, "failureThreshold": 3},
@@ -822,7 +880,7 @@ class WorkersChart(Chart):
                 {"name": "lmcache-runtime", "mountPath": "/run/lmcache", "readOnly": True},
                 *([{"name": "api-key", "mountPath": SECRETS_DIR, "readOnly": True}]
                   if p.api_key else [])],
-            "securityContext": hardened(run_as_user=WORKER_UID),
+            "securityContext": pd_security(hardened(run_as_user=WORKER_UID), p),
         }
         if p.working_dir:
             worker["workingDir"] = p.working_dir
@@ -834,7 +892,9 @@ class WorkersChart(Chart):
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
                 "securityContext": pod_security(WORKER_UID),
-                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group},
+                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_GPU, NODE_GROUP_LABEL: p.node_group,
+                                 **dict(p.pd.node_selector if p.pd else ())},
+                **zone_affinity(p),
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists",
                                  "effect": "NoSchedule"}, *map(dict, p.tolerations)],
                 **({"affinity": {"nodeAffinity": dict(p.node_affinity)}}
@@ -928,6 +988,33 @@ class WorkersChart(Chart):
                            "scaleDown": {
                                "stabilizationWindowSeconds": s.scale_down_stabilization}}}},
                        "triggers": triggers}})
+
+
+def efa_resources(p: WorkerProps) -> dict:
+    """A P/D worker's EFA interfaces: the EFA device plugin's resource, as many as its share of
+    the node's (each GPU reaches the EFA cards next to it; the plugin gives each device to one
+    pod). Requests equal limits: an extended resource."""
+    if not p.pd or not p.pd.efa_interfaces:
+        return {}
+    return {EFA_RESOURCE: str(max(1, p.pd.efa_interfaces * p.gpus // max(p.node_gpus, 1)))}
+
+
+def pd_security(context: dict, p: WorkerProps) -> dict:
+    """IPC_LOCK on P/D workers, the only capability added (docs/security.md): NIXL registers the
+    KV cache with EFA, which pins (mlocks) it; every other capability stays dropped."""
+    if not p.pd:
+        return context
+    return {**context, "capabilities": {**context["capabilities"], "add": ["IPC_LOCK"]}}
+
+
+def zone_affinity(p: WorkerProps) -> dict:
+    """pdSpec.topologySpec.sameAZ: prefill pods only in a zone where a decode pod of the
+    endpoint runs (EFA does not cross zones)."""
+    if not p.pd or not p.pd.same_zone_as:
+        return {}
+    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": pd_selector(p.endpoint, p.pd.same_zone_as)},
+        "topologyKey": "topology.kubernetes.io/zone"}]}}}
 
 
 def _num(value: float) -> str:

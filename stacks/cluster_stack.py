@@ -29,6 +29,8 @@ class ClusterStack(Stack):
             gpu_node_groups=cfg.gpu_node_groups, alb_controller_version=ALB_CONTROLLER_VERSION,
             alb_chart_repository=cfg.images.chart_source("aws-load-balancer-controller")[0],
             device_plugin_image=cfg.images.uri("nvidia-device-plugin"),
+            efa_device_plugin_image=(cfg.images.uri("efa-device-plugin")
+                                     if any(g.efa for g in cfg.gpu_node_groups) else None),
             removal_policy=removal_policy(cfg), ami_release_version=cfg.ami_release_version,
         ))
         self.gpu_cluster = built

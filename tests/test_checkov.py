@@ -15,10 +15,16 @@ import pytest
 import yaml
 
 from k8s.device_plugin import DevicePluginChart
+from k8s.efa_device_plugin import EfaDevicePluginChart
 from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.background import Background
 from tests.conftest import ENVIRONMENTS, ROOT, narrowed
+from bench.pd_render import rendered
+
+# The HyperPod docs' DPD example, rendered disaggregated (tests/k8s/test_pd.py): global on p5,
+# China on p4d.24xlarge (cn-northwest-1)
+PD_RENDERS = {"pd-global": ("dev", "p5.48xlarge"), "pd-china": ("china", "p4d.24xlarge")}
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 SKIPS = yaml.safe_load((ROOT / "security" / "checkov-skips.yaml").read_text())
@@ -60,6 +66,12 @@ def scans(synths, tmp_path_factory) -> dict[str, dict]:
                                         image=cfg.images.uri("nvidia-device-plugin"))]
             (k8s / f"{name}--manifests.yaml").write_text(
                 yaml.safe_dump_all([d for c in charts for d in c.to_json()]))
+        for name, (env, instance_type) in PD_RENDERS.items():   # disaggregated endpoints
+            pd = rendered(env, instance_type)
+            efa = EfaDevicePluginChart(cdk8s.App(), "efa-device-plugin",
+                                       image=pd.cfg.images.uri("efa-device-plugin"))
+            (k8s / f"{name}--manifests.yaml").write_text(
+                yaml.safe_dump_all([*pd.docs, *efa.to_json()]))
         running["kubernetes"] = _start_checkov(k8s, "kubernetes")
         return {framework: _report(proc) for framework, proc in running.items()}
     finally:
@@ -89,6 +101,15 @@ def test_no_failed_check_outside_the_reasoned_skips(scans, framework, name):
     assert len(passed) > 50   # it really checked this environment's files
     print(f"checkov {framework} {name}: {len(passed)} passed, {len(failed)} failed "
           f"(all in the skip file)")
+
+
+@pytest.mark.parametrize("name", sorted(PD_RENDERS))
+def test_disaggregated_endpoints_fail_no_check_outside_the_reasoned_skips(scans, name):
+    report = scans["kubernetes"]
+    failed = _of(name, report["results"]["failed_checks"])
+    assert not sorted({(c["check_id"], c["resource"]) for c in failed
+                       if not _reasoned("kubernetes", c)})
+    assert len(_of(name, report["results"]["passed_checks"])) > 50
 
 
 @pytest.mark.parametrize("framework", ["cloudformation", "kubernetes"])

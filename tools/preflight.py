@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from config import EnvironmentConfig
 from config.regions import CACHE_ENGINE_FAMILIES
-from config.instances import gpu_shape
+from config.instances import EFA, gpu_shape
 from config.arguments import ToolError, add_command, load_environment, out_console
 from tools.cli import Aws, describe_aws_error, error_code, load_endpoints
 
@@ -122,7 +122,7 @@ class Preflight:
                         "needs them: nothing else was checked)")]
         for check in (self.services, self.identity_center, self.zones, self.network_reach,
                       self.load_balancer_addresses,
-                      self.offerings, self.quotas, self.kubernetes, self.cache_engine,
+                      self.offerings, self.efa, self.quotas, self.kubernetes, self.cache_engine,
                       self.images_in_ecr, self.charts_in_ecr, self.models):
             try:
                 rows += check()
@@ -311,6 +311,18 @@ class Preflight:
                             if missing else "in " + ", ".join(self.cfg.availability_zones)))
         return rows
 
+    def efa(self) -> list[Row]:
+        """EFA node groups (disaggregated prefill/decode): EC2 asked whether each type carries
+        EFA here and how many interfaces, against the instance table the launch template is
+        built from (config/instances.py EFA)."""
+        types = sorted({t for g in self.cfg.gpu_node_groups if g.efa for t in g.instance_types})
+        if not types:
+            return []
+        answer = {it["InstanceType"]: it.get("NetworkInfo", {}) for it in
+                  self.aws.client("ec2").describe_instance_types(
+                      InstanceTypes=types)["InstanceTypes"]}
+        return [efa_row(t, answer.get(t), self.cfg.region) for t in types]
+
     def quotas(self) -> list[Row]:
         groups = (self.cfg.system_nodes, *self.cfg.gpu_node_groups)
         vcpus = self._vcpus({t for g in groups for t in g.instance_types})
@@ -493,6 +505,22 @@ class Preflight:
 
 
 # --------------------------------------------------------------------------- command
+
+
+def efa_row(instance_type: str, network_info: dict | None, region: str) -> Row:
+    """One EFA node group type: what EC2's DescribeInstanceTypes says (NetworkInfo.EfaSupported,
+    EfaInfo.MaximumEfaInterfaces) against config/instances.py's record of it."""
+    recorded = EFA.get(instance_type)
+    check = f"efa: {instance_type}"
+    if not network_info or not network_info.get("EfaSupported"):
+        return Row(check, FAIL, f"EC2 says {instance_type} has no EFA in {region}: an EFA node "
+                   "group (and P/D) cannot run on it")
+    interfaces = (network_info.get("EfaInfo") or {}).get("MaximumEfaInterfaces")
+    if recorded is None or interfaces != recorded.interfaces:
+        return Row(check, FAIL, f"EC2 says {interfaces} EFA interfaces, config/instances.py EFA "
+                   f"records {recorded.interfaces if recorded else 'none'}: the launch "
+                   "template is built from the record; correct it")
+    return Row(check, PASS, f"{interfaces} EFA interfaces, as recorded")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -28,7 +28,8 @@ from tests.k8s.test_charts import SEED, _env, _spec, render
 
 def _worker_pod(docs):
     return next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                and d["metadata"]["name"].endswith("-workers"))["spec"]["template"]["spec"]
+                and d["metadata"]["name"].endswith(("-workers", "-prefill"))
+                )["spec"]["template"]["spec"]
 
 
 def _config_file(docs, tmp: Path) -> Path:
@@ -152,8 +153,9 @@ def test_every_environments_workers_config_is_read_by_their_lmcache(synths, name
     specs = load_endpoints(s.cfg, ROOT)
     assert specs or not s.cfg.endpoint_files
     for i, spec in enumerate(specs):
-        docs = charts[f"{spec.name}-workers"].to_json()
-        path = _config_file(docs, tmp_path / f"endpoint{i}")
+        # a disaggregated endpoint's LMCache (its L1) is on its prefill workers
+        chart = charts.get(f"{spec.name}-workers") or charts[f"{spec.name}-prefill"]
+        path = _config_file(chart.to_json(), tmp_path / f"endpoint{i}")
         rendered = yaml.safe_load(path.read_text())
         for version in parsers_for(spec.worker_image):
             (got,) = parse(version, [str(path)])

@@ -134,12 +134,16 @@ def families_for(image_ref: str) -> tuple[ImageFamily, ...]:
     return (family,) if family else IMAGE_FAMILIES
 
 
+# a colocated endpoint's workers, and a disaggregated one's prefill and decode workers
+WORKER_SUFFIXES = ("-workers", "-prefill", "-decode")
+
+
 def worker_containers(docs: list[dict]) -> list[tuple[dict, dict]]:
     """(pod spec, vllm container) of every worker workload."""
     out = []
     for d in docs:
         if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith(
-                "-workers"):
+                WORKER_SUFFIXES):
             pod = d["spec"]["template"]["spec"]
             out.append((pod, next(c for c in pod["containers"] if c["name"] == "vllm")))
     return out
@@ -158,6 +162,7 @@ def memory_budget(docs: list[dict], pod: dict, container: dict) -> dict:
     host = VLLM_HOST_GIB_BASE + VLLM_HOST_GIB_PER_RANK * ranks
     used = ranks * per_rank + host + _gib(shm["sizeLimit"])
     return {"limit": limit, "used": used, "ranks": ranks, "l1_per_rank": per_rank,
+            "l1": bool(l1.get("local_cpu")),
             "gpus": int(container["resources"]["limits"]["nvidia.com/gpu"])}
 
 
@@ -165,7 +170,7 @@ def lmcache_configs(docs: list[dict]) -> dict[str, str]:
     """Endpoint workers name -> the LMCache YAML its ConfigMap carries."""
     return {d["metadata"]["name"].removesuffix("-lmcache"): d["data"]["lmcache.yaml"]
             for d in docs if d["kind"] == "ConfigMap"
-            and d["metadata"]["name"].endswith("-workers-lmcache")}
+            and d["metadata"]["name"].endswith(tuple(f"{s}-lmcache" for s in WORKER_SUFFIXES))}
 
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from config.contracts import (
+    EFA_NODE_LABEL, EFA_RESOURCE,
     ACCELERATOR_LABEL, CACHE_NODE_GROUP, CACHE_TAINT_KEY, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
     GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_CACHE, NODE_ROLE_GPU, NODE_ROLE_LABEL,
     NODE_ROLE_SYSTEM,
 )
-from config.instances import accelerator_label, allocatable as node_allocatable
+from config.instances import EFA, accelerator_label, allocatable as node_allocatable
 
 MANIFEST = "Custom::AWSCDK-EKS-KubernetesResource"
 HELM = "Custom::AWSCDK-EKS-HelmChart"
@@ -69,30 +70,33 @@ class Resources:
     cpu_m: float = 0          # millicores
     memory_mib: float = 0
     gpus: float = 0
+    efa: float = 0            # vpc.amazonaws.com/efa: the EFA device plugin's, on EFA groups
 
     def __add__(self, other: "Resources") -> "Resources":
         return Resources(self.cpu_m + other.cpu_m, self.memory_mib + other.memory_mib,
-                         self.gpus + other.gpus)
+                         self.gpus + other.gpus, self.efa + other.efa)
 
     def fits(self, capacity: "Resources") -> bool:
         return (self.cpu_m <= capacity.cpu_m and self.memory_mib <= capacity.memory_mib
-                and self.gpus <= capacity.gpus)
+                and self.gpus <= capacity.gpus and self.efa <= capacity.efa)
 
     def __str__(self) -> str:
         return (f"{self.cpu_m:.0f}m CPU, {self.memory_mib / 1024:.2f} GiB"
-                + (f", {self.gpus:g} GPU" if self.gpus else ""))
+                + (f", {self.gpus:g} GPU" if self.gpus else "")
+                + (f", {self.efa:g} EFA" if self.efa else ""))
 
     @staticmethod
     def of(requests: Mapping[str, Any] | None) -> "Resources":
         r = requests or {}
         return Resources(quantity(r.get("cpu", 0)) * 1000,
                          quantity(r.get("memory", 0)) / 2 ** 20,
-                         quantity(r.get("nvidia.com/gpu", 0)))
+                         quantity(r.get("nvidia.com/gpu", 0)),
+                         quantity(r.get(EFA_RESOURCE, 0)))
 
 
 def _maximum(a: Resources, b: Resources) -> Resources:
     return Resources(max(a.cpu_m, b.cpu_m), max(a.memory_mib, b.memory_mib),
-                     max(a.gpus, b.gpus))
+                     max(a.gpus, b.gpus), max(a.efa, b.efa))
 
 
 # ---------------------------------------------------------------- nodes
@@ -121,8 +125,10 @@ class NodeGroup:
     def allocatable(self) -> Resources:
         """What the smallest of its types offers: a pod must fit whichever one launches."""
         options = [allocatable(t) for t in self.instance_types]
+        efa = (min(EFA[t].interfaces for t in self.instance_types)
+               if self.labels.get(EFA_NODE_LABEL) == "true" else 0)
         return Resources(min(o.cpu_m for o in options), min(o.memory_mib for o in options),
-                         min(o.gpus for o in options))
+                         min(o.gpus for o in options), efa)
 
 
 def config_node_groups(cfg, l2_node_type: str | None = None) -> list[NodeGroup]:
@@ -137,6 +143,8 @@ def config_node_groups(cfg, l2_node_type: str | None = None) -> list[NodeGroup]:
             labels[ACCELERATOR_LABEL] = accelerator_label(g.instance_types[0])
         if role == NODE_ROLE_GPU and not g.ami_type.startswith("BOTTLEROCKET"):
             labels[DEVICE_PLUGIN_LABEL] = "daemonset"
+        if g.efa:
+            labels[EFA_NODE_LABEL] = "true"
         return NodeGroup(g.name, g.instance_types, labels, taints, g.min_size, g.max_size)
 
     gpu_taint = ((GPU_TAINT_KEY, GPU_TAINT_VALUE, "NoSchedule"),)

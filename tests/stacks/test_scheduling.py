@@ -52,7 +52,7 @@ def test_every_pod_of_the_shipped_environments_fits_a_node_group(synths, name):
     pods = manifest_pods(s.templates) + helm_release_pods(s.templates, name)
     owners = {p.owner for p in pods}
     # the gate really sees the workloads: workers, routers, KEDA, the monitoring stack
-    assert any(o.endswith("-workers") for o in owners) and any(o.endswith("-router")
+    assert any(o.endswith(("-workers", "-prefill")) for o in owners) and any(o.endswith("-router")
                                                                for o in owners)
     assert "Deployment/keda/keda-operator" in owners
     assert unschedulable(pods, node_groups(s.templates)) == []

@@ -39,7 +39,9 @@ def _paths(node, prefix=""):
 
 def test_the_file_sets_every_row_of_the_table():
     paths = set(_paths(yaml.safe_load(EVERY_FIELD.read_text())))
-    missing = [row for row in FIELDS if row not in NOT_IN_FILE
+    # pdSpec and its rows: the HyperPod docs' P/D example is held in tests/k8s/test_pd.py
+    missing = [row for row in FIELDS
+               if not any(row == n or row.startswith(n + ".") for n in NOT_IN_FILE)
                and not any(p == row or p.startswith(row + ".") or p.startswith(row + "[")
                            for p in paths)]
     assert missing == []

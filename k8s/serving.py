@@ -32,6 +32,7 @@ from k8s.l2 import (
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
     gpu_kv_gib, in_cluster_host, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
 )
+from k8s.lmcache_server import mp_refusal
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
@@ -53,7 +54,27 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(cfg.name, "endpoints", names, "endpoint files with distinct names")
-    return _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
+    specs = _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
+    for s in specs:
+        multi_process_check(cfg, s)
+    return specs
+
+
+def multi_process_check(cfg: EnvironmentConfig, s: EndpointSpec) -> None:
+    """`lmcache.mode: MultiProcess` with an L2 the image's LMCache server cannot reach is one
+    line before deploy (k8s/lmcache_server.py mp_refusal), not a server that fails at start."""
+    if s.lmcache_mode != "MultiProcess":
+        return
+    plan = l2_plan(cfg, s)
+    url = secret = None
+    if plan and plan.target == OWN:
+        url = s.l2_url
+    elif plan and plan.target == ELASTICACHE:
+        url, secret = "rediss://elasticache", True
+    why = mp_refusal(s.name, url, bool(secret))
+    if why:
+        raise ConfigError(cfg.name, f"{s.source_file}: spec.lmcache.mode", "MultiProcess",
+                          why.split("MultiProcess: ", 1)[1])
 
 
 def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
@@ -501,12 +522,14 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             extra_env=s.worker_env, stateful=kvaware,
             scaling=(WorkerScaling(scaling, facts.metrics)
                      if (scaling := effective_scaling(cfg, s)) else None),
-            api_key=api_key)
+            api_key=api_key, request_limits=s.request_limits,
+            sidecar_image=facts.router_image if s.request_limits else None,
+            lmcache_mode=s.lmcache_mode)
         workers = WorkersChart(app, f"{s.name}-workers", props=wp)
         router = RouterChart(app, f"{s.name}-router", props=RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
             policy=s.router_policy, implementation=cfg.router_implementation(s.routing_strategy),
-            worker_selector=workers.selector, worker_port=s.port,
+            worker_selector=workers.selector, worker_port=wp.router_port,
             health_check_path=s.health_check_path, public_listener=cfg.public_listener,
             static_workers=worker_urls(wp) if kvaware else (),
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))

@@ -7,6 +7,7 @@ start, so no manifest or template ever carries it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -18,10 +19,15 @@ from constructs import Construct
 from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
     GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
-    NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
+    NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_LIMITS_PORT, WORKER_PORT,
 )
-from config.endpoint_spec import AutoScaling, arg_value, named_model
+from config.endpoint_spec import AutoScaling, RequestLimits, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
+from k8s.lmcache_server import (
+    LMCACHE_MP_SINCE, SERVER_OVERHEAD_GIB, mp_kv_transfer_config, mp_refusal, server_args,
+    server_container,
+)
+from k8s.request_limits import LIMITS_CONFIG, limits_config, limits_container
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
@@ -104,6 +110,22 @@ class WorkerProps:
     stateful: bool = False            # kv_aware: stable pod DNS names for static sources
     scaling: WorkerScaling | None = None
     api_key: ApiKey | None = None     # vLLM checks it on /v1 routes (VLLM_API_KEY)
+    request_limits: RequestLimits | None = None   # HyperPod worker.requestLimits
+    sidecar_image: str | None = None  # the router image: its HAProxy runs the request limits
+    lmcache_mode: str = "InProcess"   # HyperPod lmcache.mode (k8s/lmcache_server.py)
+
+    @property
+    def multi_process(self) -> bool:
+        return self.lmcache_mode == "MultiProcess"
+
+    @property
+    def l1_total_gib(self) -> int:
+        return self.l1_size_gib * self.ranks if self.l1_enabled else 0
+
+    @property
+    def router_port(self) -> int:
+        """Where the router reaches the worker: the request-limit sidecar, or vLLM itself."""
+        return WORKER_LIMITS_PORT if self.request_limits else self.port
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,7 +419,8 @@ def kv_transfer_config(vllm: tuple[int, int, int] | None, l2: bool) -> dict[str,
 
 def layerwise(p: WorkerProps) -> bool:
     """Does this worker's LMCache store layer by layer (TIER_POLICY, with its guard)?"""
-    return (tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
+    return (not p.multi_process
+            and tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
             and layerwise_guard(p.vllm, (*p.command, *p.extra_args)))
 
 
@@ -588,9 +611,12 @@ def vllm_args(p: WorkerProps) -> list[str]:
     given = _flags(p.extra_args)
     args = [] if p.command or named_model(p.extra_args) else [p.model_mount_path]
     args += list(p.extra_args)
+    transfer = kv_transfer_config(p.vllm, p.l2 is not None)
+    if p.multi_process:
+        transfer = {**mp_kv_transfer_config(), **{k: v for k, v in transfer.items()
+                                                  if k == "kv_load_failure_policy"}}
     own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
-           "--kv-transfer-config": json.dumps(kv_transfer_config(p.vllm, p.l2 is not None),
-                                              separators=(",", ":"))}
+           "--kv-transfer-config": json.dumps(transfer, separators=(",", ":"))}
     for flag, value in own.items():
         if flag not in given:
             args += [flag, value]
@@ -610,7 +636,7 @@ def vllm_args(p: WorkerProps) -> list[str]:
 def worker_urls(p: WorkerProps) -> tuple[str, ...]:
     """Stable DNS names of StatefulSet workers, for the router's static lists."""
     svc = f"{p.endpoint}-workers"
-    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{p.port}"
+    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{p.router_port}"
                  for i in range(p.replicas))
 
 
@@ -683,6 +709,45 @@ class WorkersChart(Chart):
             config_file = "/run/lmcache/lmcache.yaml"
         if p.api_key:
             init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
+        pod_annotations: dict[str, str] = {}
+        extra_volumes: list[dict] = []
+        vllm_memory, shm_gib = p.memory, p.shm_gib
+        if p.multi_process:
+            # L1 moves from vLLM's container into the server's, in the shared /dev/shm
+            why = mp_refusal(p.endpoint, p.l2.url if p.l2 else None,
+                             bool(p.l2 and p.l2.secret_arn))
+            if p.family is None or p.lmcache is None or p.lmcache < LMCACHE_MP_SINCE:
+                why = (f"endpoint {p.endpoint}: spec.lmcache.mode MultiProcess needs LMCache "
+                       "0.5.0 or newer in a worker image we know")
+            if not p.l1_total_gib:
+                why = (f"endpoint {p.endpoint}: spec.lmcache.mode MultiProcess keeps KV in the "
+                       "server's L1: kvCacheSpec.enableL1Cache false leaves it none")
+            if why:
+                raise ValueError(why)
+            server_gib = p.l1_total_gib + SERVER_OVERHEAD_GIB
+            vllm_memory = f"{_memory_gib(p.memory) - server_gib}Gi"
+            shm_gib += p.l1_total_gib
+            init.append(server_container(
+                image=p.image, python=p.family.python,
+                args=server_args(p.l1_total_gib, CHUNK_TOKENS,
+                                 p.l2.url if p.l2 else None),
+                memory_gib=server_gib, security_context=hardened(run_as_user=WORKER_UID),
+                mounts=[{"name": "dshm", "mountPath": "/dev/shm"},
+                        {"name": "home", "mountPath": WORKER_HOME},
+                        {"name": "tmp", "mountPath": "/tmp"}],
+                env=[*SCRATCH_ENV]))
+        if p.request_limits:
+            if not p.sidecar_image:
+                raise ValueError(f"endpoint {p.endpoint}: request limits need the sidecar image")
+            text = limits_config(p.request_limits)
+            k8s_object(self, "LimitsConfig", api_version="v1", kind="ConfigMap",
+                       name=f"{name}-limits", namespace=p.namespace, labels=labels,
+                       body={"data": {LIMITS_CONFIG: text}})
+            init.append(limits_container(p.sidecar_image, "limits-config", p.port))
+            extra_volumes.append({"name": "limits-config",
+                                  "configMap": {"name": f"{name}-limits"}})
+            pod_annotations["kvcache.io/limits-config"] = hashlib.sha256(
+                text.encode()).hexdigest()[:16]
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -710,8 +775,8 @@ class WorkersChart(Chart):
             "command": container_command(p),
             "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
-                "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus)},
-                "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus)}},
+                "requests": {"cpu": p.cpu, "memory": vllm_memory, GPU_RESOURCE: str(p.gpus)},
+                "limits": {"memory": vllm_memory, GPU_RESOURCE: str(p.gpus)}},
             "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
             "readinessProbe": {**health, "failureThreshold": 3},
             "livenessProbe": liveness_probe(p, health),
@@ -732,7 +797,8 @@ class WorkersChart(Chart):
         if p.working_dir:
             worker["workingDir"] = p.working_dir
         pod = {
-            "metadata": {"labels": labels},
+            "metadata": {"labels": labels,
+                         **({"annotations": pod_annotations} if pod_annotations else {})},
             "spec": {
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
@@ -746,14 +812,14 @@ class WorkersChart(Chart):
                 "volumes": [
                     {"name": "model-weights", "emptyDir": {}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                  "sizeLimit": f"{p.shm_gib}Gi"}},
+                                                  "sizeLimit": f"{shm_gib}Gi"}},
                     {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},   # compile caches
                     {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
                     {"name": "prometheus", "emptyDir": {"sizeLimit": "1Gi"}},
                     {"name": "lmcache-base", "configMap": {"name": f"{name}-lmcache"}},
                     {"name": "lmcache-runtime", "emptyDir": {"medium": "Memory",
                                                              "sizeLimit": "1Mi"}},
-                    *(API_KEY_VOLUMES if p.api_key else [])],
+                    *(API_KEY_VOLUMES if p.api_key else []), *extra_volumes],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
         if p.stateful:
@@ -767,6 +833,9 @@ class WorkersChart(Chart):
                    namespace=p.namespace, labels=labels, body={"spec": spec})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         svc_ports = [{"name": "http", "port": p.port, "targetPort": "http"}]
+        if p.request_limits:
+            svc_ports.append({"name": "limited", "port": WORKER_LIMITS_PORT,
+                              "targetPort": "limited"})
         if p.publish_kv_events:
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})
@@ -811,6 +880,15 @@ class WorkersChart(Chart):
                            "scaleDown": {
                                "stabilizationWindowSeconds": s.scale_down_stabilization}}}},
                        "triggers": triggers}})
+
+
+def _memory_gib(quantity: str) -> int:
+    """Whole GiB of a worker's memory quantity (`96Gi`, `98304Mi`, bytes)."""
+    units = {"Ti": 1024, "Gi": 1, "Mi": 1 / 1024, "Ki": 1 / 1024 ** 2}
+    for unit, scale in units.items():
+        if quantity.endswith(unit):
+            return int(float(quantity[:-2]) * scale)
+    return int(float(quantity) / 2 ** 30)
 
 
 def _num(value: float) -> str:

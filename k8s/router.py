@@ -18,6 +18,7 @@ from config.contracts import (
     ROUTER_BACKEND_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
 from config.endpoint_spec import ROUTING_POLICIES, arg_value
+from k8s.certificate import certificate_objects, secret_name
 from k8s.flows import PROMETHEUS, Flow, Peer, load_balancer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
@@ -98,6 +99,12 @@ class RouterProps:
     max_workers: int = 2
     api_key: ApiKey | None = None
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
+    # No ACM certificate: the front serves HTTPS with one made in the cluster (k8s/certificate.py)
+    generated_tls: bool = False
+    tls_names: tuple[str, ...] = ()              # what the certificate names (dns_names)
+    certificate_s3_uri: str | None = None        # tlsConfig.tlsCertificateOutputS3Uri
+    aws_cli_image: str | None = None             # writes the certificate to S3
+    region: str = ""
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
     load_balancer_subnets: str | None = None     # comma-separated ids: the public subnets
     # The NLB's own addresses (its subnets' ranges, cfg.network.load_balancer_cidrs): the only
@@ -295,8 +302,21 @@ class RouterChart(Chart):
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}
         key_pod["volumes"] = [*key_pod.get("volumes", []), front_volume, DRAIN_VOLUME]
+        tls_volume = None
+        if props.generated_tls:
+            certificate_objects(self, router=name, endpoint=props.endpoint, namespace=ns,
+                                labels=labels, image=props.image,
+                                aws_cli_image=props.aws_cli_image or props.image,
+                                region=props.region, names=props.tls_names,
+                                s3_uri=props.certificate_s3_uri)
+            tls_volume = "front-tls"
+            # the pod waits for the Job's key (kubelet retries the mount until it is there)
+            key_pod["volumes"].append({"name": tls_volume, "secret": {
+                "secretName": secret_name(name), "items": [{"key": "front.pem",
+                                                            "path": "front.pem"}]}})
         # Probes reach the router through the front (the router listens on 127.0.0.1 only).
-        probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT},
+        probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT,
+                             **({"scheme": "HTTPS"} if props.generated_tls else {})},
                  "periodSeconds": PROBE_PERIOD_S,
                  "timeoutSeconds": 3}
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
@@ -327,12 +347,12 @@ class RouterChart(Chart):
                                    "ports": [{"name": "metrics",
                                               "containerPort": ROUTER_METRICS_PORT}],
                                    "startupProbe": {**probe, "httpGet": {
-                                       "path": "/liveness", "port": ROUTER_PORT},
+                                       **probe["httpGet"], "path": "/liveness"},
                                        "failureThreshold": STARTUP_PROBE_FAILURES},
                                    "readinessProbe": {**probe, "httpGet": {
-                                       "path": "/readiness", "port": ROUTER_PORT}},
+                                       **probe["httpGet"], "path": "/readiness"}},
                                    "livenessProbe": {**probe, "httpGet": {
-                                       "path": "/liveness", "port": ROUTER_PORT},
+                                       **probe["httpGet"], "path": "/liveness"},
                                        "failureThreshold": 6},
                                    "resources": {
                                        "requests": {"cpu": props.cpu, "memory": props.memory},
@@ -342,7 +362,8 @@ class RouterChart(Chart):
                                    "securityContext": hardened(),
                                }, front_container(
                                    props.image, front_volume["name"], props.load_balancer_cidrs,
-                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key")],
+                                   API_KEY_DIGEST_FILE if props.api_key else None, "api-key",
+                                   tls_volume)],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
         if props.metrics is not None:
@@ -386,7 +407,7 @@ class RouterChart(Chart):
                        "service.beta.kubernetes.io/aws-load-balancer-healthcheck-port":
                            str(ROUTER_PORT),
                        "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol":
-                           "HTTP",
+                           "HTTPS" if props.generated_tls else "HTTP",
                    }, body={"spec": {
                        "type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
                        **lb_spec, "selector": sel,

@@ -32,11 +32,12 @@ from k8s.l2 import (
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
     gpu_kv_gib, in_cluster_host, in_cluster_server, l2_verdict, node_hourly_usd, server_gbs,
 )
+from k8s.certificate import dns_names
 from k8s.lmcache_server import mp_refusal
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
-from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens
+from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens, router_name
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
@@ -539,6 +540,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             max_workers=scaling.max_replicas if scaling else s.replicas,
             **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
+            **generated_tls(cfg, s),
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets,
             load_balancer_cidrs=cfg.network.load_balancer_cidrs))
@@ -550,6 +552,20 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         flows=tuple(f for c in charts for f in getattr(c, "flows", ()))))
     policies.add_dependency(ns)
     return charts + [policies]
+
+
+def generated_tls(cfg: EnvironmentConfig, s: EndpointSpec) -> dict:
+    """RouterProps for the front's own certificate (k8s/certificate.py): every endpoint without
+    an ACM certificate, unless the environment turns it off; a file's
+    tlsCertificateOutputS3Uri asks for it whatever the environment says."""
+    if s.tls_certificate_arn or cfg.listener.certificate_arn:
+        return {}
+    if not (cfg.listener.generated_certificate or s.tls_certificate_s3_uri):
+        return {}
+    return {"generated_tls": True, "certificate_s3_uri": s.tls_certificate_s3_uri,
+            "tls_names": dns_names(router_name(s.name), SERVING_NAMESPACE, cfg.region,
+                                   cfg.facts.domain_suffix),
+            "aws_cli_image": cfg.images.uri("aws-cli"), "region": cfg.region}
 
 
 def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[str]:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import cdk8s
-from aws_cdk import CfnOutput, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import Aws, CfnOutput, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
 from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
 
@@ -12,7 +12,10 @@ from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
 from config.endpoint_spec import EndpointSpec
 from k8s.router import router_name
-from k8s.serving import ServingFacts, build_charts, reads_managed_l2, worker_service_account
+from k8s.certificate import cert_service_account, s3_object
+from k8s.serving import (
+    ServingFacts, build_charts, generated_tls, reads_managed_l2, worker_service_account,
+)
 from stacks.common import removal_policy
 from k8s.workers import L2Connection, MetricsSource
 
@@ -71,6 +74,15 @@ class ServingStack(Stack):
                     service_account=router_name(spec.name)))
             router_role = identities[router_name(spec.name)].role
             api_key.grant_read(router_role)
+            uri = generated_tls(cfg, spec).get("certificate_s3_uri")
+            if uri:   # the front's certificate (public part) to tlsCertificateOutputS3Uri
+                cert_sa = cert_service_account(router_name(spec.name))
+                identities[cert_sa] = PodIdentityRole(
+                    self, f"{logical_id(spec.name)}CertIdentity", props=PodIdentityRoleProps(
+                        cluster=cluster, namespace=SERVING_NAMESPACE, service_account=cert_sa))
+                bucket_key = s3_object(uri, spec.name).removeprefix("s3://")
+                identities[cert_sa].role.add_to_policy(iam.PolicyStatement(
+                    actions=["s3:PutObject"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket_key}"]))
             if l2_secret_arn and reads_managed_l2(cfg, spec):
                 role.add_to_policy(iam.PolicyStatement(
                     actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))

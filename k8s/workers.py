@@ -24,10 +24,12 @@ from config.contracts import (
 from config.endpoint_spec import AutoScaling, RequestLimits, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.lmcache_server import (
-    LMCACHE_MP_SINCE, SERVER_OVERHEAD_GIB, mp_kv_transfer_config, mp_refusal, server_args,
+    LMCACHE_MP_SINCE, SERVER_CPU, SERVER_OVERHEAD_GIB, mp_kv_transfer_config, mp_refusal, server_args,
     server_container,
 )
-from k8s.request_limits import LIMITS_CONFIG, limits_config, limits_container
+from k8s.request_limits import (
+    LIMITS_CONFIG, LIMITS_CPU, LIMITS_MEMORY, limits_config, limits_container,
+)
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
@@ -711,7 +713,8 @@ class WorkersChart(Chart):
             init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
         pod_annotations: dict[str, str] = {}
         extra_volumes: list[dict] = []
-        vllm_memory, shm_gib = p.memory, p.shm_gib
+        # the pod's sidecars come out of the worker's share, so the pod still fits its node
+        vllm_cpu_m, vllm_mib, shm_gib = _millicores(p.cpu), _memory_gib(p.memory) * 1024, p.shm_gib
         if p.multi_process:
             # L1 moves from vLLM's container into the server's, in the shared /dev/shm
             why = mp_refusal(p.endpoint, p.l2.url if p.l2 else None,
@@ -725,7 +728,8 @@ class WorkersChart(Chart):
             if why:
                 raise ValueError(why)
             server_gib = p.l1_total_gib + SERVER_OVERHEAD_GIB
-            vllm_memory = f"{_memory_gib(p.memory) - server_gib}Gi"
+            vllm_mib -= server_gib * 1024
+            vllm_cpu_m -= _millicores(SERVER_CPU)
             shm_gib += p.l1_total_gib
             init.append(server_container(
                 image=p.image, python=p.family.python,
@@ -744,6 +748,8 @@ class WorkersChart(Chart):
                        name=f"{name}-limits", namespace=p.namespace, labels=labels,
                        body={"data": {LIMITS_CONFIG: text}})
             init.append(limits_container(p.sidecar_image, "limits-config", p.port))
+            vllm_cpu_m -= _millicores(LIMITS_CPU)
+            vllm_mib -= int(LIMITS_MEMORY.removesuffix("Mi"))
             extra_volumes.append({"name": "limits-config",
                                   "configMap": {"name": f"{name}-limits"}})
             pod_annotations["kvcache.io/limits-config"] = hashlib.sha256(
@@ -770,12 +776,18 @@ class WorkersChart(Chart):
         ports = [{"name": "http", "containerPort": p.port}]
         if p.publish_kv_events:
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
+        vllm_cpu = p.cpu if vllm_cpu_m == _millicores(p.cpu) else f"{vllm_cpu_m}m"
+        vllm_memory = p.memory if vllm_mib == _memory_gib(p.memory) * 1024 else f"{vllm_mib}Mi"
+        if vllm_cpu_m < 1000 or vllm_mib < 8 * 1024:
+            raise ValueError(f"endpoint {p.endpoint}: worker resources cpu {p.cpu}, memory "
+                             f"{p.memory} leave vLLM {vllm_cpu_m}m, {vllm_mib}Mi beside its "
+                             "sidecars; allowed: more (spec.worker.resources.requests)")
         worker = {
             "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
             "command": container_command(p),
             "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
-                "requests": {"cpu": p.cpu, "memory": vllm_memory, GPU_RESOURCE: str(p.gpus)},
+                "requests": {"cpu": vllm_cpu, "memory": vllm_memory, GPU_RESOURCE: str(p.gpus)},
                 "limits": {"memory": vllm_memory, GPU_RESOURCE: str(p.gpus)}},
             "startupProbe": {**health, "failureThreshold": 180},   # up to 30 min to load
             "readinessProbe": {**health, "failureThreshold": 3},
@@ -880,6 +892,10 @@ class WorkersChart(Chart):
                            "scaleDown": {
                                "stabilizationWindowSeconds": s.scale_down_stabilization}}}},
                        "triggers": triggers}})
+
+
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
 
 
 def _memory_gib(quantity: str) -> int:

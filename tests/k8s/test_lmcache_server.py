@@ -42,9 +42,13 @@ def _worker_pod(env: str, raw: dict) -> tuple[dict, dict]:
     return workload["spec"]["template"]["spec"], {"spec": spec}
 
 
-def _gi(quantity: str) -> int:
-    assert quantity.endswith("Gi"), quantity
-    return int(quantity[:-2])
+def _gi(quantity: str) -> float:
+    scale = {"Gi": 1, "Mi": 1 / 1024}[quantity[-2:]]
+    return float(quantity[:-2]) * scale
+
+
+def _cores(quantity: str) -> float:
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +80,17 @@ def test_multiprocess_runs_the_lmcache_server_beside_vllm(rendered, env, l2):
     assert _gi(shm) >= l1 > 0
     mounts = {m["mountPath"] for m in server["volumeMounts"]}
     assert "/dev/shm" in mounts and "/dev/shm" in {m["mountPath"] for m in vllm["volumeMounts"]}
+    # the pod still fits the worker's share of its node: the server comes out of vLLM's
+    spec = _seed(env)
     assert (_gi(server["resources"]["limits"]["memory"])
-            + _gi(vllm["resources"]["limits"]["memory"])) <= _gi(_worker_memory(env))
+            + _gi(vllm["resources"]["limits"]["memory"])) <= _gi(spec.memory)
+    assert (_cores(server["resources"]["requests"]["cpu"])
+            + _cores(vllm["resources"]["requests"]["cpu"])) <= _cores(spec.cpu)
 
 
-def _worker_memory(env: str) -> str:
+def _seed(env: str):
     cfg = _env(env)
-    return parse_endpoint(cfg.name, "endpoints/test.yaml", copy.deepcopy(SEED)).memory
+    return parse_endpoint(cfg.name, "endpoints/test.yaml", copy.deepcopy(SEED))
 
 
 @pytest.mark.parametrize("l2", [True, False])

@@ -260,6 +260,10 @@ def test_the_routers_answer_busy_and_keep_the_worker():
         assert 1 <= r["calls"] <= RETRY_ATTEMPTS, case
 
 
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
 def _can_connect(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -289,6 +293,12 @@ def test_the_routers_reach_the_workers_only_through_the_sidecar(strategy):
                    if c["name"] == "request-limits")
     assert sidecar["restartPolicy"] == "Always"
     assert sidecar["image"] == router["spec"]["template"]["spec"]["containers"][0]["image"]
+    # the sidecar comes out of the worker's share: the pod still fits its node
+    vllm = worker["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    cfg = _env("dev")
+    seed = parse_endpoint(cfg.name, "endpoints/test.yaml", copy.deepcopy(SEED))
+    assert _millicores(vllm["cpu"]) + _millicores(sidecar["resources"]["requests"]["cpu"]) \
+        <= _millicores(seed.cpu)
 
 
 @pytest.mark.parametrize("limits,field", [

@@ -372,6 +372,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                         "not s3://BUCKET[/PREFIX]: the front's certificate is made but not "
                         "written to S3 (kubectl reads it from the Secret: docs/serving.md)")
         s3_uri = None
+    if s3_uri and tls_arn:
+        warnings.append(f"{file}: spec.tlsConfig.tlsCertificateOutputS3Uri: ignored: the ACM "
+                        "certificate (customCertificateConfig.acmArn) serves, so none is made "
+                        "to write there")
     tls.done(warnings)
 
     image_ref = worker.get("image", str)

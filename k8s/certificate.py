@@ -139,6 +139,7 @@ def certificate_objects(scope: Construct, *, router: str, endpoint: str, namespa
                 {"name": "RENEW_DAYS", "value": str(RENEW_DAYS)},
                 {"name": "PUBLIC_OUT", "value": PUBLIC_FILE}],
         "volumeMounts": [{"name": "public", "mountPath": PUBLIC_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"},   # openssl's files (read-only root)
                          {"name": "token", "mountPath":
                           "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}],
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
@@ -164,7 +165,7 @@ def certificate_objects(scope: Construct, *, router: str, endpoint: str, namespa
         # the make step first (an init container), the upload after it
         "initContainers": steps[:-1], "containers": steps[-1:],
         "volumes": [{"name": "public", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                     # the API token only in this pod's make step (projected, short-lived)
                     {"name": "token", "projected": {"sources": [
                         {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},

@@ -25,9 +25,12 @@ It runs as a native sidecar (an init container with `restartPolicy: Always`): th
 it, and waits for its startup probe, before vLLM, whose connector connects at engine start; and
 stops it only after vLLM has drained, whose last stores go to it.
 
-Upstream issues read: LMCache #4114 (MP mode has no HyperPod L2 adapter: MP keeps its CPU L1),
-#3928 (docs drift: `mp_transfer_mode` routing swapped in #3679), kaito-project/kaito #2363 (MP is
-LMCache's recommended mode), aws/sagemaker-hyperpod-cli #464 (operator v3.7 `lmcache.mode`).
+Upstream threads read: LMCache #2128 (its Kubernetes sidecar example gives the server the
+pod's GPUs and hostIPC for the default CUDA IPC path: what engine_driven avoids here), #4213
+(an MP server needs LMCacheMPConnector, not LMCacheConnectorV1), #4114 (MP has no HyperPod L2
+adapter: HyperPod's MP keeps its CPU L1), #3928 (docs drift: `mp_transfer_mode` routing swapped
+in #3679), #3262 (MP is node-local), kaito-project/kaito #2363/#2364 (MP is LMCache's
+recommended mode), aws/sagemaker-hyperpod-cli #464 (operator v3.7 `lmcache.mode`).
 """
 from __future__ import annotations
 

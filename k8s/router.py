@@ -312,8 +312,8 @@ class RouterChart(Chart):
             tls_volume = "front-tls"
             # the pod waits for the Job's key (kubelet retries the mount until it is there)
             key_pod["volumes"].append({"name": tls_volume, "secret": {
-                "secretName": secret_name(name), "items": [{"key": "front.pem",
-                                                            "path": "front.pem"}]}})
+                "secretName": secret_name(name), "defaultMode": 0o440,   # group: the fsGroup
+                "items": [{"key": "front.pem", "path": "front.pem"}]}})
         # Probes reach the router through the front (the router listens on 127.0.0.1 only).
         probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT,
                              **({"scheme": "HTTPS"} if props.generated_tls else {})},

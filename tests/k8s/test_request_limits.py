@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -38,6 +40,13 @@ TEST_BACKOFF_MS = "100"
 
 
 def _render(limits: dict, strategy: str = "prefixaware") -> list[dict]:
+    return _rendered(json.dumps(limits, sort_keys=True), strategy)
+
+
+@functools.lru_cache(maxsize=None)
+def _rendered(limits_json: str, strategy: str) -> list[dict]:
+    """Rendered once per limits and strategy (jsii renders take most of this file's time)."""
+    limits = json.loads(limits_json)
     cfg = _env("dev")
     raw = copy.deepcopy(SEED)
     raw["spec"]["worker"]["requestLimits"] = limits

@@ -477,6 +477,11 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                          + ", ".join(RESERVED_MOUNTS) + " and their parents")
     mount.done(warnings)
     _check_args(worker, args, port, mount_path, warnings)
+    if lmcache_mode == "MultiProcess" and arg_value(args, "--kv-transfer-config") is not None:
+        # an in-process connector beside an LMCache server never talks to it (LMCache #4213)
+        raise worker.fail("args", "--kv-transfer-config ...", "no --kv-transfer-config with "
+                          "lmcache.mode MultiProcess: the LMCacheMPConnector that reaches the "
+                          "pod's LMCache server is rendered (k8s/lmcache_server.py)")
     worker.done(warnings)
     spec.done(warnings)
 

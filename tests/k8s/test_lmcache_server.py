@@ -53,12 +53,15 @@ def _cores(quantity: str) -> float:
 
 @pytest.fixture(scope="module")
 def rendered():
+    """Each environment once, one with the in-cluster Valkey L2 and one without an L2."""
     return {(env, l2): _worker_pod(env, _file("lmcache/vllm-openai:v0.5.4", l2=l2))
-            for env in ("dev", "china") for l2 in (True, False)}
+            for env, l2 in CASES}
 
 
-@pytest.mark.parametrize("env", ["dev", "china"])
-@pytest.mark.parametrize("l2", [True, False])
+CASES = [("dev", True), ("china", False)]
+
+
+@pytest.mark.parametrize("env,l2", CASES)
 def test_multiprocess_runs_the_lmcache_server_beside_vllm(rendered, env, l2):
     pod, _ = rendered[(env, l2)]
     server = next(c for c in pod["initContainers"] if c["name"] == "lmcache-server")
@@ -93,11 +96,11 @@ def _seed(env: str):
     return parse_endpoint(cfg.name, "endpoints/test.yaml", copy.deepcopy(SEED))
 
 
-@pytest.mark.parametrize("l2", [True, False])
-def test_the_server_args_are_what_lmcache_0_5_4_reads(rendered, l2):
+@pytest.mark.parametrize("env,l2", CASES)
+def test_the_server_args_are_what_lmcache_0_5_4_reads(rendered, env, l2):
     """LMCache 0.5.4's own `lmcache server` parser (the image's release) reads the rendered
     arguments: every value as meant, the L2 (where the verdict deploys one) as its RESP adapter."""
-    pod, _ = rendered[("dev", l2)]
+    pod, _ = rendered[(env, l2)]
     server = next(c for c in pod["initContainers"] if c["name"] == "lmcache-server")
     assert server["command"][-2:] == ["-m", "lmcache.cli.main"]
     read = parse_server_args("0.5.4", server["args"])
@@ -148,3 +151,14 @@ def test_inprocess_renders_no_server():
     pod, _ = _worker_pod("dev", raw)
     assert all(c["name"] != "lmcache-server" for c in pod.get("initContainers", []))
     assert cfg
+
+
+def test_multiprocess_with_the_files_own_connector_is_one_line():
+    """An in-process connector beside the server would never reach it (LMCache #4213)."""
+    cfg = _env("dev")
+    raw = _file("lmcache/vllm-openai:v0.5.4")
+    raw["spec"]["worker"]["args"] = [*raw["spec"]["worker"].get("args", []),
+                                     "--kv-transfer-config",
+                                     '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}']
+    with pytest.raises(ConfigError, match="LMCacheMPConnector"):
+        parse_endpoint(cfg.name, "endpoints/test.yaml", raw)

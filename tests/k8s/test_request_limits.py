@@ -24,7 +24,10 @@ import cdk8s
 import pytest
 import requests
 
-from bench.loopback import RouterProcess, container_env, localize_router_args, router_launch
+from bench.loopback import (
+    RouterProcess, RouterStartError, container_env, localize_router_args, port_clash,
+    router_launch,
+)
 
 from config.contracts import WORKER_LIMITS_PORT
 from config.errors import ConfigError
@@ -154,20 +157,26 @@ def _worker(config: str):
     vllm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=vllm.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
-    port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cfg, stats = Path(tmp) / "haproxy.cfg", Path(tmp) / "stats.sock"
         cfg.write_text(config)
         # the test's own second file: a stats socket to see the queue (the rendered text
         # is loaded unchanged)
         (Path(tmp) / "stats.cfg").write_text(f"global\n    stats socket {stats} level user\n")
-        env = {**os.environ, BIND_ENV: f"127.0.0.1:{port}",
-               VLLM_ENV: f"127.0.0.1:{vllm.server_address[1]}"}
-        proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg), "-f",
-                                 str(Path(tmp) / "stats.cfg")], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(3):   # again on a fresh port if another process took this one first
+            port = _free_port()
+            env = {**os.environ, BIND_ENV: f"127.0.0.1:{port}",
+                   VLLM_ENV: f"127.0.0.1:{vllm.server_address[1]}"}
+            proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg), "-f",
+                                     str(Path(tmp) / "stats.cfg")], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _until(lambda: proc.poll() is not None or (stats.exists() and _can_connect(port)),
+                   "the sidecar listens or exits")
+            if proc.poll() is None:
+                break
+            stats.unlink(missing_ok=True)
         try:
-            _until(lambda: stats.exists() and _can_connect(port), "the sidecar listens")
+            assert proc.poll() is None, "the sidecar did not start"
             yield port, stats, handler
         finally:
             handler.release.set()
@@ -234,10 +243,16 @@ def _busy_worker_through_router(implementation: str, docs: list[dict]) -> dict:
     # for a dead worker's exit from the list); how many attempts, and what they get, are not
     args = [TEST_BACKOFF_MS if a == str(RETRY_BACKOFF_MS) else a for a in container["args"]]
     with _worker(_limits_text(docs)) as (port, stats, vllm), contextlib.ExitStack() as stack:
-        binary, argv = router_launch(implementation, localize_router_args(
-            args, [f"http://127.0.0.1:{port}"], _free_port(), _free_port()))
-        process = stack.enter_context(RouterProcess(argv, binary=binary,
-                                                    env=container_env(container)))
+        for attempt in range(3):   # again on fresh ports if another process took one first
+            binary, argv = router_launch(implementation, localize_router_args(
+                args, [f"http://127.0.0.1:{port}"], _free_port(), _free_port()))
+            try:
+                process = stack.enter_context(RouterProcess(argv, binary=binary,
+                                                            env=container_env(container)))
+                break
+            except RouterStartError as exc:
+                if not port_clash(exc) or attempt == 2:
+                    raise
         first = _send(process.port)                     # takes the worker's one slot
         _until(lambda: len(vllm.arrived) == 1, "the first request runs")
         before = _sidecar_refusals(stats)

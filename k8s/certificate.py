@@ -99,7 +99,8 @@ def dns_names(router: str, namespace: str, region: str, domain_suffix: str) -> t
 
 
 def s3_object(uri: str, endpoint: str) -> str:
-    """Where the certificate goes: the URI itself if it names a .pem, else `<uri>/<endpoint>.pem`."""
+    """Where the certificate goes: the URI itself if it names a .pem, else
+    `<uri>/<endpoint>.pem`."""
     return uri if uri.endswith(".pem") else f"{uri.rstrip('/')}/{endpoint}.pem"
 
 

@@ -37,7 +37,9 @@ from k8s.lmcache_server import mp_refusal
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
-from k8s.router import POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens, router_name
+from k8s.router import (
+    POD_READINESS_GATE_LABEL, RouterChart, RouterProps, context_tokens, router_name,
+)
 from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,

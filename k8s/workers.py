@@ -24,8 +24,8 @@ from config.contracts import (
 from config.endpoint_spec import AutoScaling, RequestLimits, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
 from k8s.lmcache_server import (
-    LMCACHE_MP_SINCE, SERVER_CPU, SERVER_OVERHEAD_GIB, mp_kv_transfer_config, mp_refusal, server_args,
-    server_container,
+    LMCACHE_MP_SINCE, SERVER_CPU, SERVER_OVERHEAD_GIB, mp_kv_transfer_config, mp_refusal,
+    server_args, server_container,
 )
 from k8s.request_limits import (
     LIMITS_CONFIG, LIMITS_CPU, LIMITS_MEMORY, limits_config, limits_container,
@@ -714,7 +714,8 @@ class WorkersChart(Chart):
         pod_annotations: dict[str, str] = {}
         extra_volumes: list[dict] = []
         # the pod's sidecars come out of the worker's share, so the pod still fits its node
-        vllm_cpu_m, vllm_mib, shm_gib = _millicores(p.cpu), _memory_gib(p.memory) * 1024, p.shm_gib
+        vllm_cpu_m, vllm_mib = _millicores(p.cpu), _memory_gib(p.memory) * 1024
+        shm_gib = p.shm_gib
         if p.multi_process:
             # L1 moves from vLLM's container into the server's, in the shared /dev/shm
             why = mp_refusal(p.endpoint, p.l2.url if p.l2 else None,
@@ -778,7 +779,8 @@ class WorkersChart(Chart):
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         vllm_cpu = p.cpu if vllm_cpu_m == _millicores(p.cpu) else f"{vllm_cpu_m}m"
         vllm_memory = p.memory if vllm_mib == _memory_gib(p.memory) * 1024 else f"{vllm_mib}Mi"
-        if vllm_cpu_m < 1000 or vllm_mib < 8 * 1024:
+        if (vllm_cpu, vllm_memory) != (p.cpu, p.memory) and (vllm_cpu_m < 1000
+                                                            or vllm_mib < 8 * 1024):
             raise ValueError(f"endpoint {p.endpoint}: worker resources cpu {p.cpu}, memory "
                              f"{p.memory} leave vLLM {vllm_cpu_m}m, {vllm_mib}Mi beside its "
                              "sidecars; allowed: more (spec.worker.resources.requests)")

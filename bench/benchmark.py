@@ -32,6 +32,7 @@ import http.client
 import json
 import math
 import random
+import ssl
 import threading
 import time
 import urllib.parse
@@ -131,6 +132,7 @@ class BenchConfig:
     instances: float = 1.0
     ignore_eos: bool = True
     api_key: str | None = field(default=None, repr=False)
+    ca_file: str | None = None      # the front's own certificate (k8s/certificate.py)
     salt: str = ""
     seed: int = 1                 # the request plan: order, jitter, arrivals
     repeats: int = 3
@@ -254,7 +256,8 @@ class Client:
     """Streams chat completions over http.client (http or https), one connection per request."""
 
     def __init__(self, url: str, model: str | None, *, api_key: str | None = None,
-                 timeout_s: float = 300.0, max_tokens: int = 64, ignore_eos: bool = True):
+                 timeout_s: float = 300.0, max_tokens: int = 64, ignore_eos: bool = True,
+                 ca_file: str | None = None):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ToolError.bad_input("--url", url, "an http:// or https:// base URL")
@@ -266,11 +269,16 @@ class Client:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.max_tokens, self.ignore_eos = max_tokens, ignore_eos
+        # https: the system's CAs, or the endpoint's own certificate (--ca-file)
+        self.tls = ssl.create_default_context(cafile=ca_file) \
+            if parts.scheme == "https" else None
 
     def _conn(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.parts.scheme == "https" else \
-            http.client.HTTPConnection
-        return cls(self.parts.hostname, self.parts.port, timeout=self.timeout_s)
+        if self.tls is not None:
+            return http.client.HTTPSConnection(self.parts.hostname, self.parts.port,
+                                               timeout=self.timeout_s, context=self.tls)
+        return http.client.HTTPConnection(self.parts.hostname, self.parts.port,
+                                          timeout=self.timeout_s)
 
     def get_json(self, path: str) -> Any:
         conn = self._conn()
@@ -508,7 +516,7 @@ def router_overhead(c: BenchConfig, model: str) -> dict:
                + words(f"{c.salt}-overhead", c.overhead_prompt_words)},
               {"role": "user", "content": "Say something."}]
     routes = {"endpoint": Client(c.url, model, api_key=c.api_key, timeout_s=c.timeout_s,
-                                 max_tokens=8, ignore_eos=c.ignore_eos),
+                                 max_tokens=8, ignore_eos=c.ignore_eos, ca_file=c.ca_file),
               "direct": Client(c.direct_url, model, api_key=c.api_key, timeout_s=c.timeout_s,
                                max_tokens=8, ignore_eos=c.ignore_eos)}
     warmups = 2 * len(c.worker_metrics) or 8  # enough for every worker the endpoint may pick
@@ -552,7 +560,7 @@ def run_benchmark(c: BenchConfig, *, progress: bool = True,
         TimeElapsedColumn
 
     client = Client(c.url, c.model, api_key=c.api_key, timeout_s=c.timeout_s,
-                    max_tokens=c.max_tokens, ignore_eos=c.ignore_eos)
+                    max_tokens=c.max_tokens, ignore_eos=c.ignore_eos, ca_file=c.ca_file)
     model, max_len = c.model, None
     try:
         card = (client.get_json("/v1/models").get("data") or [{}])[0]
@@ -712,6 +720,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "environment (instanceHourlyUsd x replicas)")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding a "
                    "bearer token")
+    p.add_argument("--ca-file", metavar="PEM", help="the certificate to trust for https:// "
+                   "(the endpoint's own, from its tlsCertificateOutputS3Uri or Secret)")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send vLLM's ignore_eos (for non-vLLM servers)")
     p.add_argument("--request-rate", type=finite_float,
@@ -783,6 +793,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         time_limit_s=a.time_limit, worker_metrics=tuple(a.worker_metrics),
         direct_url=a.direct_url, overhead_requests=a.overhead_requests, hourly_usd=hourly,
         instances=instances or 1.0, ignore_eos=not a.no_ignore_eos, api_key=api_key,
+        ca_file=a.ca_file,
         seed=a.seed, repeats=a.repeats, request_rate=a.request_rate, jitter_s=a.jitter,
         think_s=a.think_time, warmup=a.warmup, session_header=not a.no_session_header)
 

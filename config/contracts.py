@@ -39,6 +39,10 @@ ROUTER_PORT = 8000            # the router pod's client port (its front), and th
 ROUTER_BACKEND_PORT = 8001    # the router binary itself, on 127.0.0.1 behind the front
 ROUTER_METRICS_PORT = 29000   # vllm-router --prometheus-port
 KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
+# A worker's request-limit sidecar (HyperPod `worker.requestLimits`): the router's way in
+WORKER_LIMITS_PORT = 8090
+LMCACHE_SERVER_PORT = 5555    # `lmcache server` in the worker pod (lmcache.mode MultiProcess)
+LMCACHE_SERVER_HTTP_PORT = 8091
 KV_EVENTS_REPLAY_PORT = 5558
 CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
 # The longest a request may take end to end (the router's --request-timeout-secs): what a

@@ -18,7 +18,8 @@ import promql_parser
 
 from config.errors import ConfigError, allowed_for, excerpt, type_name
 from config.files import load_json_object, load_yaml_document, read_repository_file
-from config.images import Image, image_for
+from config.images import Image, image_for, lmcache_version
+from config.contracts import LMCACHE_SERVER_HTTP_PORT, LMCACHE_SERVER_PORT, WORKER_LIMITS_PORT
 from config.instances import ec2_type, gpu_shape, pod_share
 from config.models import (
     FAMILIES, RECORDED, ModelShape, known_model, shape_from_config, shape_from_config_json,
@@ -103,6 +104,22 @@ DEFAULT_STARTUP_S = 1800
 DEFAULT_SCRAPE_S = 15    # HyperPod's default, and k8s/monitoring.py SCRAPE_INTERVAL
 MIN_STARTUP_S, MAX_STARTUP_S = 120, 86400
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """HyperPod `worker.requestLimits`: per worker, at most `max_concurrent` inference requests
+    run and `max_queue` wait; the next one is answered `status` (k8s/request_limits.py)."""
+
+    max_concurrent: int
+    max_queue: int = 0
+    status: int = 429
+
+
+# HyperPod `lmcache.mode`: LMCache inside vLLM (InProcess, the default) or as an LMCache server
+# beside it in the worker pod (MultiProcess, LMCache >= 0.5.0; k8s/lmcache_server.py).
+LMCACHE_MODES = ("InProcess", "MultiProcess")
+MAX_CONCURRENT_LIMIT, MAX_QUEUE_LIMIT = 4096, 65536
+
+
 # Default trigger when the file has none: waiting requests per worker (vLLM's own queue).
 DEFAULT_WAITING_PER_WORKER = 4.0
 
@@ -184,6 +201,9 @@ class EndpointSpec:
     working_set_tokens: int | None = None   # workingSetTokens: what the L2 must keep (k8s/l2.py)
     model: ModelShape | None = None   # modelShape, or the shape modelName names; None: unknown
     tls_certificate_arn: str | None = None
+    tls_certificate_s3_uri: str | None = None   # tlsConfig.tlsCertificateOutputS3Uri
+    request_limits: RequestLimits | None = None
+    lmcache_mode: str = "InProcess"
     autoscaling: AutoScaling | None = None
     # Pod-level fields (config/pod_fields.py), checked against node groups in fit_endpoint
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -365,6 +385,10 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         kv.used.add("l2CacheSpec")
         warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec: ignored: enableL2Cache is "
                         "false")
+    mode_docs = [d for d in (kv, spec) if "lmcache" in d.data]
+    if len(mode_docs) > 1:
+        raise spec.fail("lmcache", "twice", "one lmcache, under spec or kvCacheSpec")
+    lmcache_mode = _lmcache_mode(mode_docs[0].child("lmcache")) if mode_docs else "InProcess"
     kv.done(warnings)
 
     routing = spec.child("intelligentRoutingSpec", {})
@@ -393,6 +417,11 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if not 1024 <= port <= 65535:
         raise port_doc.fail("containerPort", port, "a port from 1024 to 65535 (vLLM runs as a "
                             "non-root user)")
+    if port in (WORKER_LIMITS_PORT, LMCACHE_SERVER_PORT, LMCACHE_SERVER_HTTP_PORT):
+        raise port_doc.fail("containerPort", port, "a port other than "
+                            f"{WORKER_LIMITS_PORT} (the request-limit sidecar) and "
+                            f"{LMCACHE_SERVER_PORT}, {LMCACHE_SERVER_HTTP_PORT} (the LMCache "
+                            "server)")
     port_doc.done(warnings)
 
     metrics = spec.child("metrics", {})
@@ -428,6 +457,17 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
             raise custom.fail("acmArn", tls_arn, "an ACM certificate ARN, "
                               "arn:<partition>:acm:<region>:<account>:certificate/<id>")
         custom.done(warnings)
+    s3_uri = tls.get("tlsCertificateOutputS3Uri", str, None)
+    if s3_uri is not None and not _S3_URI.fullmatch(s3_uri):
+        # published samples carry placeholders (s3://<YOUR_TLS_BUCKET>): served, not written
+        warnings.append(f"{file}: spec.tlsConfig.tlsCertificateOutputS3Uri: {excerpt(s3_uri)} is "
+                        "not s3://BUCKET[/PREFIX]: the front's certificate is made but not "
+                        "written to S3 (kubectl reads it from the Secret: docs/serving.md)")
+        s3_uri = None
+    if s3_uri and tls_arn:
+        warnings.append(f"{file}: spec.tlsConfig.tlsCertificateOutputS3Uri: ignored: the ACM "
+                        "certificate (customCertificateConfig.acmArn) serves, so none is made "
+                        "to write there")
     tls.done(warnings)
 
     image_ref = worker.get("image", str)
@@ -435,6 +475,14 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         image = image_for(image_ref)
     except ValueError as err:
         raise worker.fail("image", image_ref, str(err)) from None
+    if lmcache_mode == "MultiProcess" and not _lmcache_at_least(image, (0, 5, 0)):
+        found = lmcache_version(image)
+        raise ConfigError(env, f"{file}: spec.lmcache.mode", "MultiProcess",
+                          "InProcess for this image: MultiProcess needs LMCache 0.5.0 or newer "
+                          f"(its `lmcache server`); {image_ref} carries LMCache "
+                          + (".".join(map(str, found)) if found else "of no known release"))
+    request_limits = _request_limits(worker.child("requestLimits"), warnings) \
+        if "requestLimits" in worker.data else None
     args = _strings(worker, "args")
     command = _strings(worker, "command")
     working_dir = worker.get("workingDir", str, None)
@@ -522,6 +570,11 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     mount.done(warnings)
     _check_args(worker, args, port, mount_path, warnings)
     model_volume = mount.data.get("name", "model-weights")
+    if lmcache_mode == "MultiProcess" and arg_value(args, "--kv-transfer-config") is not None:
+        # an in-process connector beside an LMCache server never talks to it (LMCache #4213)
+        raise worker.fail("args", "--kv-transfer-config ...", "no --kv-transfer-config with "
+                          "lmcache.mode MultiProcess: the LMCacheMPConnector that reaches the "
+                          "pod's LMCache server is rendered (k8s/lmcache_server.py)")
     worker.done(warnings)
 
     def fail(path: str, value: Any, allowed: Any) -> ConfigError:
@@ -562,7 +615,8 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,
         memory=memory, gpus=gpus, port=port, model_mount_path=mount_path, source_file=file,
         image=image, worker_command=command, working_dir=working_dir, l2_url=l2_url,
-        tls_certificate_arn=tls_arn, autoscaling=autoscaling, tolerations=tolerations,
+        tls_certificate_arn=tls_arn, tls_certificate_s3_uri=s3_uri, request_limits=request_limits,
+        lmcache_mode=lmcache_mode, autoscaling=autoscaling, tolerations=tolerations,
         node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
         dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None, hub=hub,
         pd=pd, warnings=tuple(warnings),
@@ -621,6 +675,42 @@ def _data_capture(spec: _Doc) -> None:
 
 
 MIN_PREFIX_TOKENS, MAX_PREFIX_TOKENS = 256, 1 << 20
+_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()/-]*)?", re.A)
+
+
+def _lmcache_mode(doc: _Doc) -> str:
+    mode = doc.get("mode", str, "InProcess")
+    if mode not in LMCACHE_MODES:
+        raise doc.fail("mode", mode, LMCACHE_MODES)
+    doc.done([])
+    return mode
+
+
+def _lmcache_at_least(image: Image, release: tuple[int, int, int]) -> bool:
+    found = lmcache_version(image)
+    return found is not None and tuple(found) >= release
+
+
+def _request_limits(doc: _Doc, warnings: list[str]) -> RequestLimits | None:
+    """HyperPod's per-worker admission limit; without maxConcurrentRequests there is none."""
+    if "maxConcurrentRequests" not in doc.data:
+        doc.used.update(doc.data)
+        warnings.append(f"{doc.file}: {doc.path}: ignored: no maxConcurrentRequests, no limit")
+        return None
+    running = doc.get("maxConcurrentRequests", int)
+    if not 1 <= running <= MAX_CONCURRENT_LIMIT:
+        raise doc.fail("maxConcurrentRequests", running, f"an integer from 1 to "
+                       f"{MAX_CONCURRENT_LIMIT} (requests one worker runs at once)")
+    queue = doc.get("maxQueueSize", int, 0)
+    if not 0 <= queue <= MAX_QUEUE_LIMIT:
+        raise doc.fail("maxQueueSize", queue, f"an integer from 0 to {MAX_QUEUE_LIMIT} "
+                       "(requests that wait for one of the worker's slots)")
+    status = doc.get("overflowStatusCode", int, 429)
+    if not 400 <= status <= 599:
+        raise doc.fail("overflowStatusCode", status, "an HTTP error status from 400 to 599 "
+                       "(429, HyperPod's default, or 503)")
+    doc.done(warnings)
+    return RequestLimits(running, queue, status)
 MAX_WORKING_SET = 1 << 40
 
 

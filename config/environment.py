@@ -108,6 +108,9 @@ class ListenerConfig:
 
     certificate_arn: str | None = None
     source_ranges: tuple[str, ...] = ()
+    # Without an ACM certificate, the router's front serves HTTPS with a certificate made in
+    # the cluster (k8s/certificate.py), as HyperPod does; false: plain HTTP inside the VPC.
+    generated_certificate: bool = True
 
 
 @dataclass(frozen=True)
@@ -316,13 +319,14 @@ def _listener(r: _Reader, facts: RegionFacts, account: str, public: bool) -> Lis
                      f"{facts.region} (arn:{facts.partition}:acm:{facts.region}:{account}:"
                      "certificate/<uuid>)")
     ranges = _cidrs(r, "sourceRanges", public)
+    generated = r.get("generatedCertificate", bool, True)
     if public and (arn is None or not ranges):
         missing = "certificateArn" if arn is None else "sourceRanges"
         raise r.fail(missing, None, "a value when publicListener is true: an internet-facing "
                      "listener needs TLS (listener.certificateArn) and client CIDRs "
                      "(listener.sourceRanges)")
     r.done()
-    return ListenerConfig(arn, ranges)
+    return ListenerConfig(arn, ranges, generated)
 
 
 def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) -> NodeGroupConfig:

@@ -61,8 +61,6 @@ _ROWS = (
           "of the environment satisfies is an error at synth, not a Pending pod"),
     Field("spec.tolerations", USED, "added to the workers' own GPU toleration; one that "
           "matches no node group's taint is a warning"),
-    Field("spec.lmcache", IGNORED, "LMCache runs inside vLLM (InProcess); MultiProcess is "
-          "not rendered"),
     Field("spec.inferenceGateway", IGNORED, "no SageMaker Inference Gateway: the router's "
           "load balancer is the endpoint"),
     Field("spec.modelCacheConfig", IGNORED, "images are pulled per node (IfNotPresent) and "
@@ -223,10 +221,12 @@ _ROWS = (
           "region; otherwise the environment's listener.certificateArn serves (a warning)"),
     Field("spec.tlsConfig.customCertificateConfig.domainName", USED, "the name of the "
           "dnsConfig record (without dnsConfig: point it at the load balancer yourself)"),
-    Field("spec.tlsConfig.tlsCertificateOutputS3Uri", IGNORED, "no certificate is generated or "
-          "written to S3: TLS terminates at the router's load balancer only with an ACM "
-          "certificate (customCertificateConfig.acmArn or the environment's "
-          "listener.certificateArn); without one the listener is plain TCP inside the VPC"),
+    Field("spec.tlsConfig.tlsCertificateOutputS3Uri", USED, "the router's front serves HTTPS "
+          "with a certificate made in the cluster at deploy (its key only in a Kubernetes "
+          "Secret, renewed before expiry); the certificate (public part) is written there for "
+          "clients to trust, as HyperPod does. Without the field the same happens, unless the "
+          "environment turns it off (listener.generatedCertificate: false) or an ACM "
+          "certificate serves"),
     # Worker
     Field("spec.worker.image", USED, "the worker image as written (a vLLM image carrying "
           "LMCache); in China and with useEcrImages, its copy in the account's ECR "
@@ -249,8 +249,14 @@ _ROWS = (
     Field("spec.worker.workingDir", USED, "the container's working directory"),
     Field("spec.worker.probes", IGNORED, "startup, readiness and liveness probes on "
           "healthCheckPath are rendered"),
-    Field("spec.worker.requestLimits", IGNORED, "no per-worker admission limit: vLLM queues; "
-          "autoscaling follows its queue"),
+    Field("spec.worker.requestLimits", USED, "a sidecar (HAProxy) in each worker pod lets "
+          "maxConcurrentRequests inference requests run and maxQueueSize wait; the next gets "
+          "overflowStatusCode (default 429) at once. The routers try once more, pass the status "
+          "on and keep the worker in rotation"),
+    Field("spec.lmcache", USED, "mode InProcess (default): LMCache inside vLLM; MultiProcess: "
+          "an LMCache server (`lmcache server`, LMCache >= 0.5.0, refused for older images) "
+          "beside vLLM in the worker pod holds L1; the L2 is the same"),
+    Field("spec.kvCacheSpec.lmcache", USED, "as spec.lmcache"),
 )
 
 FIELDS: dict[str, Field] = {f.path: f for f in _ROWS}

@@ -18,6 +18,7 @@ from config.contracts import (
     ROUTER_BACKEND_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ROUTER_STRATEGIES, WORKER_PORT,
 )
 from config.endpoint_spec import ROUTING_POLICIES, arg_value
+from k8s.certificate import certificate_objects, secret_name
 from k8s.flows import PROMETHEUS, Flow, Peer, load_balancer
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
@@ -109,6 +110,12 @@ class RouterProps:
     max_workers: int = 2
     api_key: ApiKey | None = None
     tls_certificate_arn: str | None = None       # ACM: the NLB listener terminates TLS
+    # No ACM certificate: the front serves HTTPS with one made in the cluster (k8s/certificate.py)
+    generated_tls: bool = False
+    tls_names: tuple[str, ...] = ()              # what the certificate names (dns_names)
+    certificate_s3_uri: str | None = None        # tlsConfig.tlsCertificateOutputS3Uri
+    aws_cli_image: str | None = None             # writes the certificate to S3
+    region: str = ""
     source_ranges: tuple[str, ...] = ()          # client CIDRs the NLB accepts
     load_balancer_subnets: str | None = None     # comma-separated ids of the NLB's subnets
     # The NLB's own addresses (its subnets' ranges, or its /32s in a private-only VPC:
@@ -376,8 +383,21 @@ class RouterChart(Chart):
         key_pod["volumes"] = [*key_pod.get("volumes", []), front_volume, DRAIN_VOLUME]
         sidecars, annotations = reaper_parts(self, props, name, labels, key_pod,
                                              key_container)
+        tls_volume = None
+        if props.generated_tls:
+            certificate_objects(self, router=name, endpoint=props.endpoint, namespace=ns,
+                                labels=labels, image=props.image,
+                                aws_cli_image=props.aws_cli_image or props.image,
+                                region=props.region, names=props.tls_names,
+                                s3_uri=props.certificate_s3_uri)
+            tls_volume = "front-tls"
+            # the pod waits for the Job's key (kubelet retries the mount until it is there)
+            key_pod["volumes"].append({"name": tls_volume, "secret": {
+                "secretName": secret_name(name), "defaultMode": 0o440,   # group: the fsGroup
+                "items": [{"key": "front.pem", "path": "front.pem"}]}})
         # Probes reach the router through the front (the router listens on 127.0.0.1 only).
-        probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT},
+        probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT,
+                             **({"scheme": "HTTPS"} if props.generated_tls else {})},
                  "periodSeconds": PROBE_PERIOD_S,
                  "timeoutSeconds": 3}
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
@@ -410,12 +430,12 @@ class RouterChart(Chart):
                                    "ports": [{"name": "metrics",
                                               "containerPort": ROUTER_METRICS_PORT}],
                                    "startupProbe": {**probe, "httpGet": {
-                                       "path": "/liveness", "port": ROUTER_PORT},
+                                       **probe["httpGet"], "path": "/liveness"},
                                        "failureThreshold": STARTUP_PROBE_FAILURES},
                                    "readinessProbe": {**probe, "httpGet": {
-                                       "path": "/readiness", "port": ROUTER_PORT}},
+                                       **probe["httpGet"], "path": "/readiness"}},
                                    "livenessProbe": {**probe, "httpGet": {
-                                       "path": "/liveness", "port": ROUTER_PORT},
+                                       **probe["httpGet"], "path": "/liveness"},
                                        "failureThreshold": 6},
                                    "resources": {
                                        "requests": {"cpu": props.cpu, "memory": props.memory},
@@ -427,7 +447,7 @@ class RouterChart(Chart):
                                front_container(
                                    props.image, front_volume["name"], props.load_balancer_cidrs,
                                    API_KEY_DIGEST_FILE if props.api_key else None, "api-key",
-                                   decode_router=decode_router(props)),
+                                   decode_router=decode_router(props), tls_volume=tls_volume),
                                    *sidecars],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
@@ -482,7 +502,7 @@ class RouterChart(Chart):
                        "service.beta.kubernetes.io/aws-load-balancer-healthcheck-port":
                            str(ROUTER_PORT),
                        "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol":
-                           "HTTP",
+                           "HTTPS" if props.generated_tls else "HTTP",
                    }, body={"spec": {
                        "type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
                        **lb_spec, "selector": sel,

@@ -53,6 +53,11 @@ FRONT_CONFIG = "haproxy.cfg"
 BIND_ENV, ROUTER_ENV = "FRONT_BIND", "ROUTER_ADDR"
 DECODE_ROUTER_ENV = "DECODE_ROUTER_ADDR"   # a disaggregated endpoint's decode-only router
 LOAD_BALANCER_ENV, KEY_DIGEST_ENV = "FRONT_LOAD_BALANCER", "FRONT_KEY_DIGEST"
+# The bind's TLS words (`ssl crt FILE`), empty for plain HTTP: one config text either way
+# (k8s/certificate.py makes the certificate; the loopback tests run both).
+TLS_ENV = "FRONT_TLS"
+TLS_DIR = "/etc/kvcache-tls"
+TLS_FILE = f"{TLS_DIR}/front.pem"
 # Concurrent client connections per router replica; HAProxy allocates two buffers of
 # tune.bufsize (16 KiB) per active stream, so 4096 streams fit in FRONT_MEMORY.
 MAX_CONNECTIONS = 4096
@@ -220,7 +225,7 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f"    timeout server {request_timeout_s + 30}s",
         f"    timeout queue {QUEUE_S}s",
         "frontend clients",
-        f'    bind "${{{BIND_ENV}}}" proto h1',
+        f'    bind "${{{BIND_ENV}}}" proto h1 "${{{TLS_ENV}[*]}}"',
         # an NLB connection starts with its PROXY v2 header (the NLB's health checks' too,
         # with command LOCAL); nothing else may send one
         f'    tcp-request connection expect-proxy layer4 if {{ src "${{{LOAD_BALANCER_ENV}[*]}}" }}',
@@ -264,10 +269,11 @@ def front_config_hash(text: str) -> str:
 
 def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[str, ...],
                     key_digest_file: str | None, key_volume: str | None,
-                    decode_router: str | None = None) -> dict:
+                    decode_router: str | None = None, tls_volume: str | None = None) -> dict:
     """The front's container: the router image's haproxy in the foreground (`-db`), the
     Service's port, the config from ``config_volume``; the NLB's addresses and, where the
-    endpoint has a key, its digest (on ``key_volume``)."""
+    endpoint has a key, its digest (on ``key_volume``); with ``tls_volume`` (the Secret
+    k8s/certificate.py fills) it serves HTTPS."""
     env = [{"name": BIND_ENV, "value": f":{ROUTER_PORT}"},
            {"name": ROUTER_ENV, "value": f"127.0.0.1:{ROUTER_BACKEND_PORT}"},
            # one word per CIDR: `${VAR[*]}` in the config makes each an argument of its own
@@ -275,6 +281,9 @@ def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[s
     if decode_router:
         env.append({"name": DECODE_ROUTER_ENV, "value": decode_router})
     mounts = [{"name": config_volume, "mountPath": FRONT_DIR, "readOnly": True}, DRAIN_MOUNT]
+    if tls_volume:
+        env.append({"name": TLS_ENV, "value": f"ssl crt {TLS_FILE}"})
+        mounts.append({"name": tls_volume, "mountPath": TLS_DIR, "readOnly": True})
     if key_digest_file:
         env.append({"name": KEY_DIGEST_ENV, "value": key_digest_file})
         mounts.append({"name": key_volume, "mountPath": key_digest_file.rsplit("/", 1)[0],

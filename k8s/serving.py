@@ -39,6 +39,8 @@ from k8s.l2 import (
     node_hourly_usd, server_gbs,
 )
 from k8s.pd import BODY_BYTES_PER_TOKEN, pd_verdict, refusal as pd_refusal
+from k8s.certificate import dns_names
+from k8s.lmcache_server import mp_refusal
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
 from k8s.placeholders import token
@@ -75,7 +77,27 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
                               account, "a name no other endpoint's workers or router use "
                               "(each is bound to its own role)")
         taken.add(account)
-    return _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
+    specs = _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
+    for s in specs:
+        multi_process_check(cfg, s)
+    return specs
+
+
+def multi_process_check(cfg: EnvironmentConfig, s: EndpointSpec) -> None:
+    """`lmcache.mode: MultiProcess` with an L2 the image's LMCache server cannot reach is one
+    line before deploy (k8s/lmcache_server.py mp_refusal), not a server that fails at start."""
+    if s.lmcache_mode != "MultiProcess":
+        return
+    plan = l2_plan(cfg, s)
+    url = secret = None
+    if plan and plan.target == OWN:
+        url = s.l2_url
+    elif plan and plan.target == ELASTICACHE:
+        url, secret = "rediss://elasticache", True
+    why = mp_refusal(s.name, url, bool(secret))
+    if why:
+        raise ConfigError(cfg.name, f"{s.source_file}: spec.lmcache.mode", "MultiProcess",
+                          why.split("MultiProcess: ", 1)[1])
 
 
 def _shared_l2_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
@@ -676,7 +698,10 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             extra_init=tuple({**c, "image": images.resolve(image_for(c["image"]))}
                              for c in s.pod.init_containers),
             startup_budget_s=s.startup_budget_s, hub=s.hub,
-            hub_token_arn=facts.hub_token_secret_arn if s.hub and s.hub.token else None)
+            hub_token_arn=facts.hub_token_secret_arn if s.hub and s.hub.token else None,
+            request_limits=s.request_limits,
+            sidecar_image=facts.router_image if s.request_limits else None,
+            lmcache_mode=s.lmcache_mode)
         if s.pd is not None:
             roles = _pd_charts(app, s, wp, facts.metrics)
             workers = roles[0]
@@ -685,7 +710,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         router = RouterChart(app, f"{s.name}-router", props=replace(RouterProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE, image=facts.router_image,
             policy=s.router_policy, implementation=cfg.router_implementation(s.routing_strategy),
-            worker_selector=workers.selector, worker_port=s.port,
+            worker_selector=workers.selector, worker_port=wp.router_port,
             health_check_path=s.health_check_path, public_listener=cfg.public_listener,
             static_workers=worker_urls(wp) if kvaware else (),
             kv_event_sources=tuple(zip(worker_urls(wp), kv_event_endpoints(wp)))
@@ -696,6 +721,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             max_workers=scaling.max_replicas if scaling else s.replicas,
             **context_tokens(s.worker_args),
             tls_certificate_arn=s.tls_certificate_arn or cfg.listener.certificate_arn,
+            **generated_tls(cfg, s),
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets,
             load_balancer_cidrs=router_load_balancer_cidrs(cfg.network, s.name),
@@ -752,6 +778,20 @@ def _pd_routing(s: EndpointSpec) -> dict:
                             threshold * BODY_BYTES_PER_TOKEN if threshold else None,
                             decode_policy(s.pd.decode.autoscaling.max_replicas
                                           if s.pd.decode.autoscaling else s.pd.decode.replicas))}
+
+
+def generated_tls(cfg: EnvironmentConfig, s: EndpointSpec) -> dict:
+    """RouterProps for the front's own certificate (k8s/certificate.py): every endpoint without
+    an ACM certificate, unless the environment turns it off; a file's
+    tlsCertificateOutputS3Uri asks for it whatever the environment says."""
+    if s.tls_certificate_arn or cfg.listener.certificate_arn:
+        return {}
+    if not (cfg.listener.generated_certificate or s.tls_certificate_s3_uri):
+        return {}
+    return {"generated_tls": True, "certificate_s3_uri": s.tls_certificate_s3_uri,
+            "tls_names": dns_names(router_name(s.name), SERVING_NAMESPACE, cfg.region,
+                                   cfg.facts.domain_suffix),
+            "aws_cli_image": cfg.images.uri("aws-cli"), "region": cfg.region}
 
 
 def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> list[str]:

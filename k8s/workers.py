@@ -7,6 +7,7 @@ start, so no manifest or template ever carries it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -17,11 +18,19 @@ from constructs import Construct
 
 from config.images import IMAGES, ImageFamily, image_release
 from config.contracts import (
-    EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, GPU_RESOURCE, GPU_TAINT_KEY, KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL,
-    NODE_ROLE_GPU, NODE_ROLE_LABEL, WORKER_PORT,
+    EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, GPU_RESOURCE, GPU_TAINT_KEY,
+    KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
+    WORKER_LIMITS_PORT, WORKER_PORT,
 )
-from config.endpoint_spec import AutoScaling, HubModel, arg_value, named_model
+from config.endpoint_spec import AutoScaling, HubModel, RequestLimits, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
+from k8s.lmcache_server import (
+    LMCACHE_MP_SINCE, SERVER_CPU, SERVER_OVERHEAD_GIB, mp_kv_transfer_config, mp_refusal,
+    server_args, server_container,
+)
+from k8s.request_limits import (
+    LIMITS_CONFIG, LIMITS_CPU, LIMITS_MEMORY, limits_config, limits_container,
+)
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
 )
@@ -117,6 +126,23 @@ class WorkerProps:
     pd: PDWorker | None = None        # one role of a disaggregated endpoint (k8s/pd.py)
     node_gpus: int = 8                # GPUs on the node type (the EFA share follows them)
     owns_service_account: bool = True  # P/D: the prefill chart renders the shared one
+
+    request_limits: RequestLimits | None = None   # HyperPod worker.requestLimits
+    sidecar_image: str | None = None  # the router image: its HAProxy runs the request limits
+    lmcache_mode: str = "InProcess"   # HyperPod lmcache.mode (k8s/lmcache_server.py)
+
+    @property
+    def multi_process(self) -> bool:
+        return self.lmcache_mode == "MultiProcess"
+
+    @property
+    def l1_total_gib(self) -> int:
+        return self.l1_size_gib * self.ranks if self.l1_enabled else 0
+
+    @property
+    def router_port(self) -> int:
+        """Where the router reaches the worker: the request-limit sidecar, or vLLM itself."""
+        return WORKER_LIMITS_PORT if self.request_limits else self.port
 
 
 @dataclass(frozen=True)
@@ -447,6 +473,7 @@ def kv_transfer_config(vllm: tuple[int, int, int] | None, l2: bool) -> dict[str,
 def layerwise(p: WorkerProps) -> bool:
     """Does this worker's LMCache store layer by layer (TIER_POLICY, with its guard)?"""
     return (p.pd is None   # not on P/D workers until a GPU run shows it beside NIXL
+            and not p.multi_process
             and tier_settings(p.lmcache, p.l2 is not None).get("use_layerwise") is True
             and layerwise_guard(p.vllm, (*p.command, *p.extra_args)))
 
@@ -697,6 +724,9 @@ def vllm_args(p: WorkerProps) -> list[str]:
     args += list(p.extra_args)
     transfer = (pd_transfer_config(p.pd.role, p.l1_enabled) if p.pd else
                 kv_transfer_config(p.vllm, p.l2 is not None))
+    if p.multi_process:
+        transfer = {**mp_kv_transfer_config(), **{k: v for k, v in transfer.items()
+                                                  if k == "kv_load_failure_policy"}}
     own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
            "--kv-transfer-config": json.dumps(transfer, separators=(",", ":"))}
     for flag, value in own.items():
@@ -737,7 +767,7 @@ def served_model_names(p: WorkerProps) -> tuple[str, ...]:
 def worker_urls(p: WorkerProps) -> tuple[str, ...]:
     """Stable DNS names of StatefulSet workers, for the router's static lists."""
     svc = f"{p.endpoint}-workers"
-    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{p.port}"
+    return tuple(f"http://{svc}-{i}.{svc}.{p.namespace}.svc.cluster.local:{p.router_port}"
                  for i in range(p.replicas))
 
 
@@ -821,6 +851,53 @@ class WorkersChart(Chart):
         if p.api_key:
             init.append(fetch_api_key_container(p.api_key, run_as_user=WORKER_UID))
         init += [file_init_container(c) for c in p.extra_init]
+        pod_annotations: dict[str, str] = dict(p.pod_annotations)   # ours win below
+        extra_volumes: list[dict] = [*map(dict, p.extra_volumes)]
+        # the pod's sidecars come out of the worker's share, so the pod still fits its node
+        vllm_cpu_m, vllm_mib = _millicores(p.cpu), _memory_gib(p.memory) * 1024
+        shm_gib = p.shm_gib
+        if p.multi_process:
+            # L1 moves from vLLM's container into the server's, in the shared /dev/shm
+            why = mp_refusal(p.endpoint, p.l2.url if p.l2 else None,
+                             bool(p.l2 and p.l2.secret_arn))
+            if p.family is None or p.lmcache is None or p.lmcache < LMCACHE_MP_SINCE:
+                why = (f"endpoint {p.endpoint}: spec.lmcache.mode MultiProcess needs LMCache "
+                       "0.5.0 or newer in a worker image we know")
+            if not p.l1_total_gib:
+                why = (f"endpoint {p.endpoint}: spec.lmcache.mode MultiProcess keeps KV in the "
+                       "server's L1: kvCacheSpec.enableL1Cache false leaves it none")
+            if p.pd is not None:   # NIXL's connector is the engine's; the server's would replace it
+                why = (f"endpoint {p.endpoint}: spec.lmcache.mode MultiProcess with pdSpec is "
+                       "not rendered: use InProcess on a disaggregated endpoint")
+            if why:
+                raise ValueError(why)
+            server_gib = p.l1_total_gib + SERVER_OVERHEAD_GIB
+            vllm_mib -= server_gib * 1024
+            vllm_cpu_m -= _millicores(SERVER_CPU)
+            shm_gib += p.l1_total_gib
+            init.append(server_container(
+                image=p.image, python=p.family.python,
+                args=server_args(p.l1_total_gib, CHUNK_TOKENS,
+                                 p.l2.url if p.l2 else None),
+                memory_gib=server_gib, security_context=hardened(run_as_user=WORKER_UID),
+                mounts=[{"name": "dshm", "mountPath": "/dev/shm"},
+                        {"name": "home", "mountPath": WORKER_HOME},
+                        {"name": "tmp", "mountPath": "/tmp"}],
+                env=[*SCRATCH_ENV]))
+        if p.request_limits:
+            if not p.sidecar_image:
+                raise ValueError(f"endpoint {p.endpoint}: request limits need the sidecar image")
+            text = limits_config(p.request_limits)
+            k8s_object(self, "LimitsConfig", api_version="v1", kind="ConfigMap",
+                       name=f"{name}-limits", namespace=p.namespace, labels=labels,
+                       body={"data": {LIMITS_CONFIG: text}})
+            init.append(limits_container(p.sidecar_image, "limits-config", p.port))
+            vllm_cpu_m -= _millicores(LIMITS_CPU)
+            vllm_mib -= int(LIMITS_MEMORY.removesuffix("Mi"))
+            extra_volumes.append({"name": "limits-config",
+                                  "configMap": {"name": f"{name}-limits"}})
+            pod_annotations["kvcache.io/limits-config"] = hashlib.sha256(
+                text.encode()).hexdigest()[:16]
         health = {"httpGet": {"path": p.health_check_path, "port": "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -856,14 +933,22 @@ class WorkersChart(Chart):
                            ) if p.pd.role == "prefill" else ()
         if p.publish_kv_events:
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
+        vllm_cpu = p.cpu if vllm_cpu_m == _millicores(p.cpu) else f"{vllm_cpu_m}m"
+        vllm_memory = p.memory if vllm_mib == _memory_gib(p.memory) * 1024 else f"{vllm_mib}Mi"
+        if (vllm_cpu, vllm_memory) != (p.cpu, p.memory) and (vllm_cpu_m < 1000
+                                                            or vllm_mib < 8 * 1024):
+            raise ValueError(f"endpoint {p.endpoint}: worker resources cpu {p.cpu}, memory "
+                             f"{p.memory} leave vLLM {vllm_cpu_m}m, {vllm_mib}Mi beside its "
+                             "sidecars; allowed: more (spec.worker.resources.requests)")
         worker = {
             "name": "vllm", "image": p.image, "imagePullPolicy": "IfNotPresent",
             "command": container_command(p),
             "args": vllm_args(p), "env": env, "ports": ports,
             "resources": {
-                "requests": {"cpu": p.cpu, "memory": p.memory, GPU_RESOURCE: str(p.gpus),
+                "requests": {"cpu": vllm_cpu, "memory": vllm_memory, GPU_RESOURCE: str(p.gpus),
                              **efa_resources(p)},
-                "limits": {"memory": p.memory, GPU_RESOURCE: str(p.gpus), **efa_resources(p)}},
+                "limits": {"memory": vllm_memory, GPU_RESOURCE: str(p.gpus),
+                           **efa_resources(p)}},
             # the startup budget (default 30 min) to load weights and start
             "startupProbe": {**health, "failureThreshold": startup_failures(p)},
             "readinessProbe": {**health, "failureThreshold": 3},
@@ -886,8 +971,7 @@ class WorkersChart(Chart):
             worker["workingDir"] = p.working_dir
         pod = {
             "metadata": {"labels": labels,
-                         **({"annotations": dict(p.pod_annotations)} if p.pod_annotations
-                            else {})},
+                         **({"annotations": pod_annotations} if pod_annotations else {})},
             "spec": {
                 "serviceAccountName": p.service_account,
                 "automountServiceAccountToken": False,
@@ -905,7 +989,7 @@ class WorkersChart(Chart):
                 "volumes": [
                     {"name": "model-weights", "emptyDir": {}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                  "sizeLimit": f"{p.shm_gib}Gi"}},
+                                                  "sizeLimit": f"{shm_gib}Gi"}},
                     {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},   # compile caches
                     {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
                     {"name": "prometheus", "emptyDir": {"sizeLimit": "1Gi"}},
@@ -916,7 +1000,7 @@ class WorkersChart(Chart):
                     *(HUB_TOKEN_VOLUMES if p.hub and p.hub_token_arn else []),
                     *(API_KEY_VOLUMES[1:] if p.hub and p.hub_token_arn and not p.api_key
                       else []),
-                    *map(dict, p.extra_volumes)],
+                    *extra_volumes],
             }}
         spec = {"replicas": p.replicas, "selector": {"matchLabels": sel}, "template": pod}
         if p.stateful:
@@ -930,6 +1014,9 @@ class WorkersChart(Chart):
                    namespace=p.namespace, labels=labels, body={"spec": spec})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
         svc_ports = [{"name": "http", "port": p.port, "targetPort": "http"}]
+        if p.request_limits:
+            svc_ports.append({"name": "limited", "port": WORKER_LIMITS_PORT,
+                              "targetPort": "limited"})
         if p.publish_kv_events:
             svc_ports.append({"name": "kv-events", "port": KV_EVENTS_PORT,
                               "targetPort": "kv-events"})
@@ -1015,6 +1102,19 @@ def zone_affinity(p: WorkerProps) -> dict:
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": pd_selector(p.endpoint, p.pd.same_zone_as)},
         "topologyKey": "topology.kubernetes.io/zone"}]}}}
+
+
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def _memory_gib(quantity: str) -> int:
+    """Whole GiB of a worker's memory quantity (`96Gi`, `98304Mi`, bytes)."""
+    units = {"Ti": 1024, "Gi": 1, "Mi": 1 / 1024, "Ki": 1 / 1024 ** 2}
+    for unit, scale in units.items():
+        if quantity.endswith(unit):
+            return int(float(quantity[:-2]) * scale)
+    return int(float(quantity) / 2 ** 30)
 
 
 def _num(value: float) -> str:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import cdk8s
-from aws_cdk import CfnOutput, Duration, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
+from aws_cdk import Aws, CfnOutput, Duration, Fn, Stack, aws_eks_v2 as eks, aws_iam as iam
 from aws_cdk import aws_route53 as route53
 from aws_cdk import aws_kms as kms, aws_s3 as s3, aws_secretsmanager as sm
 from constructs import Construct
@@ -16,8 +16,9 @@ from config.endpoint_spec import EndpointSpec
 from config.network import existing_load_balancer_subnets
 from k8s.cache import SharedCacheChart
 from k8s.router import router_name
+from k8s.certificate import cert_service_account, s3_object
 from k8s.serving import (
-    ServingFacts, build_charts, dns_record, effective_scaling, needs_hub_token,
+    ServingFacts, build_charts, dns_record, effective_scaling, generated_tls, needs_hub_token,
     reads_managed_l2, worker_service_account,
 )
 from stacks.common import removal_policy
@@ -92,6 +93,15 @@ class ServingStack(Stack):
                     service_account=router_name(spec.name)))
             router_role = identities[router_name(spec.name)].role
             api_key.grant_read(router_role)
+            uri = generated_tls(cfg, spec).get("certificate_s3_uri")
+            if uri:   # the front's certificate (public part) to tlsCertificateOutputS3Uri
+                cert_sa = cert_service_account(router_name(spec.name))
+                identities[cert_sa] = PodIdentityRole(
+                    self, f"{logical_id(spec.name)}CertIdentity", props=PodIdentityRoleProps(
+                        cluster=cluster, namespace=SERVING_NAMESPACE, service_account=cert_sa))
+                bucket_key = s3_object(uri, spec.name).removeprefix("s3://")
+                identities[cert_sa].role.add_to_policy(iam.PolicyStatement(
+                    actions=["s3:PutObject"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket_key}"]))
             if l2_secret_arn and reads_managed_l2(cfg, spec):
                 role.add_to_policy(iam.PolicyStatement(
                     actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))

@@ -48,7 +48,9 @@ def test_every_row_names_a_field_of_the_crd_or_says_it_is_ours():
             "metadata.annotations", "spec.kvCacheSpec.l1CacheSizeGiB",
             "spec.kvCacheSpec.forceL2Cache", "spec.kvCacheSpec.prefixTokens",
             "spec.kvCacheSpec.modelShape", "spec.kvCacheSpec.workingSetTokens",
-                "spec.pdSpec.forceDisaggregation"}
+                "spec.pdSpec.forceDisaggregation",
+            # operator v3.7 (aws/sagemaker-hyperpod-cli #464): not in the 2.2.2 CRD read here
+            "spec.lmcache", "spec.kvCacheSpec.lmcache"}
     for path in FIELDS:
         assert path in crd or path in ours, path
     assert {f.handling for f in FIELDS.values()} == {USED, IGNORED}

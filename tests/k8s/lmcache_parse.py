@@ -38,9 +38,34 @@ logging.getLogger("lmcache").addHandler(Catch())
 for lg in list(logging.root.manager.loggerDict):
     if lg.startswith("lmcache"):
         logging.getLogger(lg).addHandler(Catch())
+def server(argv):
+    # `lmcache server`'s own parser (lmcache/cli/commands/server.py), which skips its arguments
+    # silently when an import fails: a parser without --l1-size-gb is an error here
+    import argparse
+    from lmcache.cli.commands.server import ServerCommand
+    from lmcache.v1.distributed.config import parse_args_to_config
+    from lmcache.v1.multiprocess.config import (
+        parse_args_to_http_frontend_config, parse_args_to_mp_server_config)
+    parser = argparse.ArgumentParser(prog="lmcache", exit_on_error=False)
+    ServerCommand().register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    if not hasattr(args, "l1_size_gb"):
+        raise SystemExit("lmcache server registered no arguments (an import failed)")
+    sm, mp = parse_args_to_config(args), parse_args_to_mp_server_config(args)
+    http = parse_args_to_http_frontend_config(args)
+    mem = sm.l1_manager_config.memory_config
+    return {"host": mp.host, "port": mp.port, "chunk_size": mp.chunk_size,
+            "transfer": mp.supported_transfer_mode, "shm_name": mem.shm_name,
+            "l1_bytes": mem.size_in_bytes, "eviction": sm.eviction_config.eviction_policy,
+            "http": [http.http_host, http.http_port],
+            "l2": [dict(vars(a), type=type(a).__name__) for a in sm.l2_adapter_config.adapters]}
 for request in sys.stdin:
     out = []
-    for path in json.loads(request):
+    asked = json.loads(request)
+    if isinstance(asked, dict):
+        print("PARSED" + json.dumps([server(asked["server_args"])], default=str), flush=True)
+        continue
+    for path in asked:
         del unknown[:]
         c = LMCacheEngineConfig.from_file(path)
         out.append({"file": lmcache.__file__, "unknown": list(unknown),
@@ -65,6 +90,17 @@ def parse(version: str, paths: list[str]) -> list[dict]:
     for line in proc.stdout:
         if line.startswith("PARSED"):
             return json.loads(line.removeprefix("PARSED"))
+    raise AssertionError(f"LMCache {version} parser exited: {log.read_text()[-2000:]}")
+
+
+def parse_server_args(version: str, argv: list[str]) -> dict:
+    """`lmcache server`'s arguments as that release's own CLI reads them."""
+    proc, log = _server(version)
+    proc.stdin.write(json.dumps({"server_args": argv}) + "\n")
+    proc.stdin.flush()
+    for line in proc.stdout:
+        if line.startswith("PARSED"):
+            return json.loads(line.removeprefix("PARSED"))[0]
     raise AssertionError(f"LMCache {version} parser exited: {log.read_text()[-2000:]}")
 
 

@@ -192,7 +192,8 @@ def test_router_deployment_is_hardened_and_discovers_its_workers():
     labels = worker["spec"]["template"]["metadata"]["labels"]
     sel = args[args.index("--selector") + 1: args.index("--service-discovery-namespace")]
     assert all(labels[k] == v for k, v in (s.split("=", 1) for s in sel))
-    (role,) = _all(docs, "Role")
+    # (the other Role is the certificate Job's: tests/k8s/test_front_tls.py)
+    (role,) = [r for r in _all(docs, "Role") if r["metadata"]["name"] == router["metadata"]["name"]]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                               "verbs": ["get", "list", "watch"]}]
     assert len(_all(docs, "PodDisruptionBudget")) == 2

@@ -16,7 +16,7 @@ import pytest
 from k8s.router import REQUEST_TIMEOUT_S, memory_bytes
 from k8s.router_front import (
     CLIENT_IDLE_S, KEY_DIGEST_ENV, LOAD_BALANCER_ENV, PARKED_RSS_PER_BODY_BYTE,
-    ROUTER_MEMORY_SHARE, SMALL_BODY_BYTES, key_digest,
+    ROUTER_MEMORY_SHARE, SMALL_BODY_BYTES, TLS_ENV, TLS_FILE, key_digest,
 )
 from k8s.secret_fetch import API_KEY_DIGEST_FILE, API_KEY_FILE
 from tests.k8s.test_charts import _env, _facts, _spec
@@ -113,7 +113,11 @@ def test_the_front_speaks_http1_bounds_bodies_and_cuts_clients_that_stop():
     CLIENT_IDLE_S after; a client that stops reading its stream cut after CLIENT_IDLE_S (it
     was 630 s, while vllm-router buffered the stream for it)."""
     config = _pod()["config"]
-    assert re.search(r'^\s*bind "\$\{FRONT_BIND\}" proto h1$', config, re.M)
+    assert re.search(r'^\s*bind "\$\{FRONT_BIND\}" proto h1 "\$\{FRONT_TLS\[\*\]\}"$', config,
+                     re.M)
+    # the TLS words (k8s/certificate.py) offer no ALPN: HTTP/1.1 over TLS too
+    tls = {e["name"]: e["value"] for e in _containers(_pod())["front"]["env"]}.get(TLS_ENV, "")
+    assert tls.split()[:2] == ["ssl", "crt"] and "alpn" not in tls and "h2" not in tls
     assert _seconds(config, "timeout client") == CLIENT_IDLE_S <= 10
     assert _seconds(config, "timeout http-request") <= 10
     assert re.search(r"^\s*http-request wait-for-body time (\d+)s$", config, re.M)
@@ -212,6 +216,14 @@ def test_the_front_loads_with_every_load_balancer_range_as_its_own_pattern(tmp_p
     (tmp_path / "digest").write_text(key_digest("k") + "\n")
     env = {e["name"]: e["value"] for e in _containers(pod)["front"]["env"]}
     env.update({LOAD_BALANCER_ENV: " ".join(cidrs), KEY_DIGEST_ENV: str(tmp_path / "digest")})
+    if TLS_ENV in env:   # the certificate the Job makes, at a path of the test's
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(tmp_path / "key"),
+                        "-out", str(tmp_path / "crt"), "-days", "1", "-subj", "/CN=front"],
+                       check=True, capture_output=True)
+        (tmp_path / "front.pem").write_bytes((tmp_path / "crt").read_bytes()
+                                             + (tmp_path / "key").read_bytes())
+        env[TLS_ENV] = env[TLS_ENV].replace(TLS_FILE, str(tmp_path / "front.pem"))
     check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
                            env={**os.environ, **env}, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr

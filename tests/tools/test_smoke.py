@@ -93,3 +93,34 @@ def test_an_unreachable_load_balancer_says_where_it_answers(monkeypatch, capsys)
     assert _smoke(f"http://127.0.0.1:{port}", monkeypatch) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "inside the VPC" in err
+
+
+def test_https_with_the_endpoints_own_certificate(monkeypatch, capsys, tmp_path):
+    """The front's own certificate (k8s/certificate.py): trusted with --ca-file, one line
+    saying where to get it without."""
+    import ssl
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(tmp_path / "key"),
+                    "-out", str(tmp_path / "crt"), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Router)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(tmp_path / "crt", tmp_path / "key")
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    url = f"https://localhost:{server.server_port}"
+    monkeypatch.setenv("SMOKE_KEY", KEY)
+    try:
+        args = ["smoke", "--env", "dev", "--url", url, "--api-key-env", "SMOKE_KEY",
+                "--timeout", "5"]
+        assert main([*args, "--ca-file", str(tmp_path / "crt")]) == 0
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "--ca-file" in err and "router-tls" in err
+    finally:
+        server.shutdown()
+        server.server_close()
+        seen.clear()

@@ -1,0 +1,335 @@
+"""HyperPod `worker.requestLimits`, as rendered: the worker pod's sidecar (real HAProxy, the
+rendered ConfigMap text unchanged) in front of a vLLM stand-in that holds every inference
+request until the test lets it go. Request maxConcurrentRequests + maxQueueSize + 1 gets
+overflowStatusCode, none before it; health and metrics still pass while the worker is full;
+the routers reach the workers only through the sidecar."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import http.server
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from concurrent.futures import ThreadPoolExecutor
+
+import cdk8s
+import pytest
+import requests
+
+from bench.loopback import (
+    RouterProcess, RouterStartError, container_env, localize_router_args, port_clash,
+    router_launch,
+)
+
+from config.contracts import WORKER_LIMITS_PORT
+from config.errors import ConfigError
+from config.endpoint_spec import parse_endpoint
+from k8s.request_limits import BIND_ENV, LIMITS_CONFIG, VLLM_ENV
+from k8s.router import RETRY_ATTEMPTS, RETRY_BACKOFF_MS
+from k8s.serving import build_charts
+from tests.k8s.test_charts import SEED, _env, _facts
+
+LIMITS = {"maxConcurrentRequests": 3, "maxQueueSize": 2}
+DEADLINE_S = 20   # bounds every wait; nothing asserts on time
+TEST_BACKOFF_MS = "100"
+
+
+def _render(limits: dict, strategy: str = "prefixaware") -> list[dict]:
+    return _rendered(json.dumps(limits, sort_keys=True), strategy)
+
+
+@functools.lru_cache(maxsize=None)
+def _rendered(limits_json: str, strategy: str) -> list[dict]:
+    """Rendered once per limits and strategy (jsii renders take most of this file's time)."""
+    limits = json.loads(limits_json)
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["requestLimits"] = limits
+    raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
+    return [d for chart in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in chart.to_json()]
+
+
+class _HeldVllm(http.server.BaseHTTPRequestHandler):
+    """vLLM's stand-in: inference requests wait for `release`; GETs answer at once."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    release = threading.Event()
+    arrived: list[str] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:   # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.arrived.append(self.path)
+        self.release.wait(DEADLINE_S)
+        self._answer(b'{"choices":[]}')
+
+    def do_GET(self) -> None:   # noqa: N802
+        self._answer(b"ok")
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _until(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {DEADLINE_S}s: {what}")
+        time.sleep(0.01)
+
+
+def _send(port: int, path: str = "/v1/chat/completions") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
+
+
+def _status(s: socket.socket, timeout: float = DEADLINE_S) -> int:
+    s.settimeout(timeout)
+    head = b""
+    while b"\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            raise AssertionError("closed before a status line")
+        head += chunk
+    return int(head.split(b" ", 2)[1])
+
+
+def _answered(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return bool(s.recv(1, socket.MSG_PEEK))
+    except BlockingIOError:
+        return False
+    finally:
+        s.setblocking(True)
+
+
+def _queued(stats: Path) -> int:
+    """The limited backend's queue, from HAProxy's own stats socket."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(stats))
+        s.sendall(b"show stat\n")
+        text = b""
+        while chunk := s.recv(65536):
+            text += chunk
+    for line in text.decode().splitlines():
+        fields = line.split(",")
+        if fields[:2] == ["limited", "BACKEND"]:
+            return int(fields[2])
+    raise AssertionError("no limited backend in the stats")
+
+
+def _limits_text(docs: list[dict]) -> str:
+    return next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"]
+                .endswith("-workers-limits"))["data"][LIMITS_CONFIG]
+
+
+@contextlib.contextmanager
+def _worker(config: str):
+    """(sidecar port, its stats socket, the stand-in's handler class): the rendered sidecar
+    text on a free port in front of a fresh held vLLM stand-in."""
+    handler = type("Held", (_HeldVllm,), {"release": threading.Event(), "arrived": []})
+    vllm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=vllm.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, stats = Path(tmp) / "haproxy.cfg", Path(tmp) / "stats.sock"
+        cfg.write_text(config)
+        # the test's own second file: a stats socket to see the queue (the rendered text
+        # is loaded unchanged)
+        (Path(tmp) / "stats.cfg").write_text(f"global\n    stats socket {stats} level user\n")
+        for _ in range(3):   # again on a fresh port if another process took this one first
+            port = _free_port()
+            env = {**os.environ, BIND_ENV: f"127.0.0.1:{port}",
+                   VLLM_ENV: f"127.0.0.1:{vllm.server_address[1]}"}
+            proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg), "-f",
+                                     str(Path(tmp) / "stats.cfg")], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _until(lambda: proc.poll() is not None or (stats.exists() and _can_connect(port)),
+                   "the sidecar listens or exits")
+            if proc.poll() is None:
+                break
+            stats.unlink(missing_ok=True)
+        try:
+            assert proc.poll() is None, "the sidecar did not start"
+            yield port, stats, handler
+        finally:
+            handler.release.set()
+            proc.terminate()
+            proc.wait(10)
+            vllm.shutdown()
+
+
+@pytest.mark.parametrize("limits", [LIMITS, {"maxConcurrentRequests": 2, "maxQueueSize": 0,
+                                             "overflowStatusCode": 503}])
+def test_the_request_after_the_limit_and_the_queue_gets_the_status_and_none_before(limits):
+    running, queue = limits["maxConcurrentRequests"], limits.get("maxQueueSize", 0)
+    status = limits.get("overflowStatusCode", 429)
+    held: list[socket.socket] = []
+    with _worker(_limits_text(_render(limits))) as (port, stats, vllm):
+        try:
+            for i in range(1, running + queue + 1):
+                held.append(_send(port))
+                _until(lambda: len(vllm.arrived) == min(i, running)
+                       and _queued(stats) == max(0, i - running),
+                       f"request {i} running or queued")
+            assert not any(_answered(s) for s in held)       # none refused before the limit
+            over = _send(port)
+            assert _status(over) == status                   # request N + Q + 1
+            over.close()
+            for path in ("/health", "/metrics"):             # a full worker is not a dead one
+                with socket.create_connection(("127.0.0.1", port)) as s:
+                    s.sendall(f"GET {path} HTTP/1.1\r\nHost: w\r\n\r\n".encode())
+                    assert _status(s) == 200
+            assert len(vllm.arrived) == running              # vLLM never saw more
+            vllm.release.set()
+            assert [_status(s) for s in held] == [200] * (running + queue)
+            _until(lambda: _queued(stats) == 0, "the queue empties")
+            vllm.release.clear()
+            again = [_send(port) for _ in range(running)]    # the slots came back
+            _until(lambda: len(vllm.arrived) == 2 * running + queue, "slots reused")
+            vllm.release.set()
+            assert [_status(s) for s in again] == [200] * running
+        finally:
+            for s in held:
+                s.close()
+
+
+def _sidecar_refusals(stats: Path) -> int:
+    """4xx answers the sidecar gave (health checks pass through it too: not req_tot)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(stats))
+        s.sendall(b"show stat\n")
+        text = b""
+        while chunk := s.recv(65536):
+            text += chunk
+    lines = text.decode().splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    row = next(line.split(",") for line in lines[1:] if line.startswith("worker,FRONTEND"))
+    return int(row[header.index("hrsp_4xx")])
+
+
+def _busy_worker_through_router(implementation: str, docs: list[dict]) -> dict:
+    """One worker whose only slot is taken; a client asks the real router (rendered args)."""
+    router = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"].endswith("-router"))["spec"]["template"]["spec"]
+    container = router["containers"][0]
+    # the wait before the second attempt shortened for the loopback (RETRY_BACKOFF_MS is sized
+    # for a dead worker's exit from the list); how many attempts, and what they get, are not
+    args = [TEST_BACKOFF_MS if a == str(RETRY_BACKOFF_MS) else a for a in container["args"]]
+    with _worker(_limits_text(docs)) as (port, stats, vllm), contextlib.ExitStack() as stack:
+        for attempt in range(3):   # again on fresh ports if another process took one first
+            binary, argv = router_launch(implementation, localize_router_args(
+                args, [f"http://127.0.0.1:{port}"], _free_port(), _free_port()))
+            try:
+                process = stack.enter_context(RouterProcess(argv, binary=binary,
+                                                            env=container_env(container)))
+                break
+            except RouterStartError as exc:
+                if not port_clash(exc) or attempt == 2:
+                    raise
+        first = _send(process.port)                     # takes the worker's one slot
+        _until(lambda: len(vllm.arrived) == 1, "the first request runs")
+        before = _sidecar_refusals(stats)
+        busy = requests.post(f"{process.url}/v1/chat/completions", timeout=DEADLINE_S,
+                             json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        calls = _sidecar_refusals(stats) - before
+        vllm.release.set()
+        first_status = _status(first)
+        first.close()
+        healthy = [w for w in process.workers() if w.get("is_healthy", True)]
+        after = requests.post(f"{process.url}/v1/chat/completions", timeout=DEADLINE_S,
+                              json={"model": "m", "messages": [{"role": "user", "content": "y"}]})
+        return {"busy": busy.status_code, "calls": calls, "first": first_status,
+                "healthy": len(healthy), "after": after.status_code}
+
+
+def test_the_routers_answer_busy_and_keep_the_worker():
+    """Both routers, as rendered (circuit breaker off, RETRY_ATTEMPTS): the client of a full
+    worker gets the worker's 429, the sidecar saw at most RETRY_ATTEMPTS calls for it (no
+    storm), and the worker stays listed and serves the next request."""
+    cases = [("sglang-router", "prefixaware"), ("vllm-router", "roundrobin")]
+    rendered = [_render({"maxConcurrentRequests": 1}, s) for _, s in cases]   # jsii: one thread
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = dict(zip(cases, pool.map(_busy_worker_through_router,
+                                           [r for r, _ in cases], rendered)))
+    for case, r in results.items():
+        assert r == {"busy": 429, "calls": r["calls"], "first": 200, "healthy": 1,
+                     "after": 200}, case
+        assert 1 <= r["calls"] <= RETRY_ATTEMPTS, case
+
+
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def _can_connect(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("strategy", ["prefixaware", "kvaware"])
+def test_the_routers_reach_the_workers_only_through_the_sidecar(strategy):
+    """Discovery's port, the static lists (kvaware) and the router's network policy all name
+    the sidecar; Prometheus still scrapes vLLM itself; the sidecar is a native sidecar."""
+    docs = _render(LIMITS, strategy)
+    router = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"].endswith("-router"))
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    if strategy == "kvaware":
+        urls = args[args.index("--worker-urls") + 1:]
+        urls = urls[:next((i for i, a in enumerate(urls) if a.startswith("--")), len(urls))]
+        assert urls and all(u.endswith(f":{WORKER_LIMITS_PORT}") for u in urls)
+    else:
+        assert args[args.index("--service-discovery-port") + 1] == str(WORKER_LIMITS_PORT)
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy"
+                  and d["metadata"]["name"].endswith("-workers"))
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])}
+    assert WORKER_LIMITS_PORT in ports
+    worker = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                  and d["metadata"]["name"].endswith("-workers"))
+    sidecar = next(c for c in worker["spec"]["template"]["spec"]["initContainers"]
+                   if c["name"] == "request-limits")
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["image"] == router["spec"]["template"]["spec"]["containers"][0]["image"]
+    # the sidecar comes out of the worker's share: the pod still fits its node
+    vllm = worker["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    cfg = _env("dev")
+    seed = parse_endpoint(cfg.name, "endpoints/test.yaml", copy.deepcopy(SEED))
+    assert _millicores(vllm["cpu"]) + _millicores(sidecar["resources"]["requests"]["cpu"]) \
+        <= _millicores(seed.cpu)
+
+
+@pytest.mark.parametrize("limits,field", [
+    ({"maxConcurrentRequests": 0}, "maxConcurrentRequests"),
+    ({"maxConcurrentRequests": 2, "maxQueueSize": -1}, "maxQueueSize"),
+    ({"maxConcurrentRequests": 2, "overflowStatusCode": 200}, "overflowStatusCode"),
+])
+def test_bad_limits_are_one_line_naming_the_field(limits, field):
+    with pytest.raises(ConfigError, match=field):
+        _render(limits)

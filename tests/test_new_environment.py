@@ -1,11 +1,11 @@
 """A team's own environments get every gate with no edit to tests/.
 
 In a scratch copy of the repository, a team adds what the samples do not have, as README.md
-says (its own files: an environment, an endpoint file, the VPC lookup CDK caches): `prod-cn`,
-China under a name of its own, on an existing private-only VPC (no public subnet: the load
-balancer in private subnets of its own), the in-cluster L2 (`cache.kind: self-hosted`, a Valkey
-on an `l2cache` node) that its own endpoint's L2 uses, beside the sample's endpoint: two models
-on one cluster.
+says (its own files: an environment, an endpoint file): `prod-cn`, China under a name of its
+own, on an existing private-only VPC described in its file (docs/existing-vpc.md: no public
+subnet and no load balancer subnet, so each router's internal NLB takes fixed addresses in the
+node subnets), the in-cluster L2 (`cache.kind: self-hosted`) that its own endpoint's L2 asks
+for, beside the sample's endpoint: two models on one cluster.
 
 The suite runs there narrowed to it (`--environment`, `-k`: the gates' parameters come from
 the copy's declarations), recording its snapshots as a team does (`--snapshot-update -k
@@ -14,12 +14,12 @@ snapshots must be in its own folder, and no other file of the copy may have chan
 starts with the session, beside the rest of it.
 
 `KVCACHE_MORE_ENVIRONMENTS=1` adds three more (about 10 s of CPU each, outside the suite's
-budget): `team-us` (existing VPC with public subnets, Kubernetes 1.34, AMP, a team endpoint's
-L2 on ElastiCache, an internet-facing listener, Arm system nodes, a Bottlerocket Spot GPU group,
-`removalPolicy: destroy`, S3-managed encryption), `edge-eu` (a created /20, Kubernetes 1.36,
-self-hosted observability in a global region, `cache.kind: none`, kvaware routing of a Mistral
-endpoint) and `research` (cn-north-1, Kubernetes 1.33, ElastiCache declared while the only L2 is a
-team endpoint's in-cluster Valkey).
+budget): `team-us` (existing VPC with load balancer subnets of its own, Kubernetes 1.34, AMP, a
+team endpoint's L2 on ElastiCache, an internet-facing listener, Arm system nodes, a Bottlerocket
+Spot GPU group, `removalPolicy: destroy`, S3-managed encryption), `edge-eu` (a created /20,
+Kubernetes 1.36, self-hosted observability in a global region, `cache.kind: none`, kvaware
+routing of a Mistral endpoint) and `research` (cn-north-1, Kubernetes 1.33, ElastiCache declared
+while the only L2 asked for is a team endpoint's in-cluster Valkey).
 """
 from __future__ import annotations
 
@@ -35,39 +35,33 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config.network import vpc_lookup_key
+from config.images import image_for, lmcache_version
+from config.network import existing_network, load_balancer_addresses
+from k8s.l2 import in_cluster_refusal
 from tests.background import Background
 from tests.conftest import ROOT
 
 CN_ZONES = ["cn-northwest-1a", "cn-northwest-1b"]
 US_ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 CN_VPC, US_VPC = "vpc-0c1d2e3f4a5b60718", "vpc-0d1e2f3a4b5c60718"
-CN_NODES = ["subnet-0a1a2b3c4d5e6f708", "subnet-0b1a2b3c4d5e6f708"]
-CN_LB = ["subnet-0c1a2b3c4d5e6f708", "subnet-0d1a2b3c4d5e6f708"]
 
 
-def _subnets(ids, zones, cidrs, kind):
-    return {"name": kind, "type": kind, "subnets": [
-        {"subnetId": i, "cidr": c, "availabilityZone": z, "routeTableId": "rtb-0e1a2b3c4d5e6f708"}
-        for i, z, c in zip(ids, zones, cidrs)]}
+def _subnets(kind: str, zones: list[str], cidrs: list[str]) -> list[dict]:
+    return [{"subnetId": f"subnet-0{i}{kind}1a2b3c4d5e6f70", "zone": z, "cidr": c,
+             "routeTableId": f"rtb-0{i}{kind}1a2b3c4d5e6f70"}
+            for i, (z, c) in enumerate(zip(zones, cidrs))]
 
 
-# What `cdk synth` with the account's credentials caches (cdk.context.json): a private-only
-# corporate VPC in China (nodes in /19s, the load balancer in two /24s), a standard one in us.
-LOOKUPS = {
-    vpc_lookup_key("444444444444", "cn-northwest-1", CN_VPC): {
-        "vpcId": CN_VPC, "vpcCidrBlock": "10.88.0.0/16", "ownerAccountId": "444444444444",
-        "availabilityZones": [], "subnetGroups": [_subnets(
-            CN_NODES + CN_LB, CN_ZONES * 2,
-            ["10.88.0.0/19", "10.88.32.0/19", "10.88.200.0/24", "10.88.201.0/24"], "Private")]},
-    vpc_lookup_key("555555555555", "us-east-1", US_VPC): {
-        "vpcId": US_VPC, "vpcCidrBlock": "172.18.0.0/16", "ownerAccountId": "555555555555",
-        "availabilityZones": [], "subnetGroups": [
-            _subnets([f"subnet-0{i}f1a2b3c4d5e6f70" for i in range(3)], US_ZONES,
-                     [f"172.18.{i}.0/24" for i in range(3)], "Public"),
-            _subnets([f"subnet-0{i}e1a2b3c4d5e6f70" for i in range(3)], US_ZONES,
-                     [f"172.18.{64 + 32 * i}.0/19" for i in range(3)], "Private")]},
-}
+# The VPCs as their network teams describe them (docs/existing-vpc.md): a private-only
+# corporate one in China (nodes in /19s, no other subnet), a standard one in us (its load
+# balancers in /24s of their own).
+CN_EXISTING = {"vpcId": CN_VPC, "cidr": "10.88.0.0/16",
+               "privateSubnets": _subnets("a", CN_ZONES, ["10.88.0.0/19", "10.88.32.0/19"])}
+US_EXISTING = {"vpcId": US_VPC, "cidr": "172.18.0.0/16",
+               "privateSubnets": _subnets("e", US_ZONES,
+                                          [f"172.18.{64 + 32 * i}.0/19" for i in range(3)]),
+               "loadBalancerSubnets": _subnets("f", US_ZONES,
+                                               [f"172.18.{i}.0/24" for i in range(3)])}
 SAMPLE_ENDPOINT = "endpoints/llama-8b-intel-routing.yaml"   # ml.g5.8xlarge, L1 only
 # The teams' own endpoints: other models, an image that may have an L2; where one asks for
 # an L2 it is forced (the verdict would keep L1 only on an A10G or a T4).
@@ -84,13 +78,13 @@ ENDPOINTS = {
                       "instanceType": "ml.g4dn.12xlarge", "modelLocation": "qwen3_8b",
                       "l2": "valkey"},
 }
+TEAM_IMAGE = "lmcache/vllm-openai:v0.5.4"
 MORE = os.environ.get("KVCACHE_MORE_ENVIRONMENTS") == "1"
 ALL_ENVIRONMENTS = {
     "prod-cn": {
         "account": "444444444444", "region": "cn-northwest-1", "availabilityZones": CN_ZONES,
         "kubernetesVersion": "1.35",
-        "existingVpc": {"vpcId": CN_VPC, "privateSubnetIds": CN_NODES,
-                        "loadBalancerSubnetIds": CN_LB},
+        "existingVpc": CN_EXISTING,
         "clusterEndpoint": {"public": False}, "adminRoleNames": ["MlPlatformAdmin"],
         "nodeGroups": {"system": {"instanceTypes": ["m6i.xlarge"], "minSize": 2, "maxSize": 4},
                        "gpu": [{"name": "a10g", "instanceTypes": ["g5.12xlarge"], "minSize": 1,
@@ -103,7 +97,7 @@ ALL_ENVIRONMENTS = {
     "team-us": {
         "account": "555555555555", "region": "us-east-1", "availabilityZones": US_ZONES,
         "kubernetesVersion": "1.34",
-        "existingVpc": {"vpcId": US_VPC},
+        "existingVpc": US_EXISTING,
         "clusterEndpoint": {"public": False}, "adminRoleNames": ["MlPlatformAdmin"],
         "nodeGroups": {"system": {"instanceTypes": ["m7g.large"], "minSize": 2, "maxSize": 4,
                                   "amiType": "AL2023_ARM_64_STANDARD"},
@@ -193,7 +187,7 @@ def _team_endpoint(path: str) -> str:
     if "l2" in e:
         spec["kvCacheSpec"] = {"enableL1Cache": True, "enableL2Cache": True,
                                "forceL2Cache": True, "l2CacheSpec": {"l2CacheBackend": e["l2"]}}
-    spec["worker"]["image"] = "lmcache/vllm-openai:v0.5.4"
+    spec["worker"]["image"] = TEAM_IMAGE
     return yaml.safe_dump(raw, sort_keys=False)
 
 
@@ -225,7 +219,6 @@ def _gates_run(tmp: Path) -> Background:
     that starts with the session: tests/background.py)."""
     repo = tmp / "repo"
     _scratch_copy(repo)
-    (repo / "cdk.context.json").write_text(json.dumps(LOOKUPS, indent=1))
     for path in ENDPOINTS:
         (repo / path).write_text(_team_endpoint(path))
     for name, raw in ENVIRONMENTS.items():
@@ -274,4 +267,17 @@ def test_new_environments_run_every_gate_without_touching_tests(early):
     assert all(p.startswith("environments/snapshots/") for p in new), sorted(new)
     assert {p: d for p, d in after.items() if p in before} == before
     cn = (repo / "environments/snapshots/prod-cn/test_snapshots.ambr").read_text()
-    assert CN_LB[0] in cn and "kvcache-valkey" in cn
+    # private-only: each router's internal NLB in the node subnets, at its fixed addresses
+    network = existing_network("prod-cn", CN_EXISTING, tuple(CN_ZONES))
+    for path in (SAMPLE_ENDPOINT, TEAM_ENDPOINT):
+        name = yaml.safe_load((repo / path).read_text())["metadata"]["name"]
+        addresses = load_balancer_addresses(network, name)
+        assert addresses and ",".join(addresses) in cn, (name, addresses)
+    assert ",".join(s["subnetId"] for s in CN_EXISTING["privateSubnets"]) in cn
+    # The in-cluster Valkey is deployed exactly where the team image's LMCache has a client
+    # that passes the fault drill (k8s/l2.py CLIENT_FAULTS; LMCache 0.5.4's does not): a
+    # subprocess cannot take the `sound_l2_client` fixture, so the Valkey path itself is
+    # gated by the tests that take it (tests/stacks/test_scheduling.py,
+    # tests/k8s/test_valkey_exporter.py).
+    refused = in_cluster_refusal(lmcache_version(image_for(TEAM_IMAGE)))
+    assert ("kvcache-valkey" in cn) == (refused is None), refused

@@ -248,9 +248,10 @@ OWN_ANNOTATION_PREFIXES = ("kvcache.io/",)
 # What the workers chart (k8s/workers.py) names itself: a file's volume or init container may
 # not take these names (a test holds the chart to them).
 OUR_VOLUMES = ("model-weights", "dshm", "home", "tmp", "prometheus", "lmcache-base",
-               "lmcache-runtime", "api-key", "fetch-tmp", "hub-token")
+               "lmcache-runtime", "api-key", "fetch-tmp", "hub-token", "limits-config")
+# (native sidecars among them: k8s/request_limits.py's and k8s/lmcache_server.py's)
 OUR_INIT_CONTAINERS = ("stage-model", "fetch-l2-secret", "fetch-api-key", "fetch-hub-token",
-                       "vllm")
+                       "vllm", "request-limits", "lmcache-server")
 
 
 @dataclass(frozen=True)

@@ -361,10 +361,12 @@ def test_every_image_is_pinned_by_digest_but_the_documented_one(dev):
     # No public record ties a digest to lmcache/vllm-openai:v0.5.4 (see config/images.py),
     # nor to the Cluster Autoscaler images of the Kubernetes minors the samples do not run,
     # and the router image's is printed by its first build (`tools mirror --resolve --only
-    # router`: no registry here reaches its base); any other image without one fails here.
+    # router`: no registry here reaches its base), nor to the EFA device plugin v0.5.20 of the
+    # EKS add-on registry (only P/D endpoints' EFA node groups run it; `tools mirror --resolve
+    # --only efa-device-plugin` prints it); any other image without one fails here.
     assert sorted(i.key for i in unpinned_images()) == [
         "cluster-autoscaler-1.33", "cluster-autoscaler-1.34", "cluster-autoscaler-1.36",
-        "router", "vllm-lmcache"]
+        "efa-device-plugin", "router", "vllm-lmcache"]
     for image in IMAGES.values():
         assert image.tag != "latest"
         assert image.digest is None or (image.digest.startswith("sha256:")

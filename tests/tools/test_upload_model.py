@@ -12,6 +12,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from config.context import environment_files
 from tools.__main__ import main
 from tools.upload_model import (
     MiB, Hasher, LocalFile, UploadOptions, head_remote, scan_model_dir, upload_model,
@@ -178,7 +179,8 @@ def test_local_checksums_are_the_ones_s3_computes(tmp_path):
     ("unknown endpoint", ["upload-model", "--env", "dev", "--endpoint", "gpt", "{model}"],
      "--endpoint = 'gpt' is not valid; allowed: llama-8b-intel-routing"),
     ("unknown env", ["upload-model", "--env", "prod", "{model}"],
-     "environment 'prod': env = 'prod' is not valid; allowed: china, dev"),
+     "environment 'prod': env = 'prod' is not valid; allowed: "
+     + ", ".join(sorted(environment_files()))),
     ("bad chunk", ["upload-model", "--env", "dev", "--chunk-mib", "1", "{model}"],
      "--chunk-mib = 1 is not valid; allowed: 5 to 5120"),
 ])

@@ -207,8 +207,7 @@ class InferenceGatewayChart(Chart):
                    labels=labels, body={"spec": {
                        "type": "ClusterIP", "selector": sel,
                        "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT,
-                                  "targetPort": EPP_GRPC_PORT, "protocol": "TCP",
-                                  "appProtocol": "http2"}]}})
+                                  "targetPort": EPP_GRPC_PORT, "protocol": "TCP"}]}})
         k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
                    namespace=ns, labels=labels, body={"spec": {
                        "replicas": 1,

@@ -32,10 +32,9 @@ DATA = ROOT / "tests" / "fixtures" / "gateway"
 EPP = json.loads((DATA / "epp-v1.5.0.json").read_text())
 GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
 LIMITS = {"maxConcurrentRequests": 4, "maxQueueSize": 8}
-# (environment, strategy, request limits): every strategy the EPP serves, with and without the
-# per-worker limit sidecar
-CASES = [(e, s, lim) for e in ("dev", "china") for s in ("prefixaware", "kvaware")
-         for lim in (False, True)]
+# (environment, strategy, request limits): each partition, each strategy the EPP serves, with
+# and without the per-worker limit sidecar (the whole app: tests/stacks/test_gateway_synth.py)
+CASES = [("dev", "prefixaware", True), ("china", "kvaware", False)]
 
 
 def _raw(strategy="prefixaware", limits=False, enabled=True) -> dict:
@@ -117,7 +116,7 @@ def test_pools_and_routes_validate_against_the_pinned_crds(case):
 
 
 def test_the_strict_schemas_see_a_stray_field():
-    _, _, docs = rendered("dev", "prefixaware", False)
+    _, _, docs = rendered(*CASES[0])
     pool = copy.deepcopy(_one(docs, "InferencePool"))
     pool["spec"]["extensionRef"] = {"name": "x"}         # the pre-v1 field name
     with pytest.raises(jsonschema.ValidationError):
@@ -153,9 +152,10 @@ def test_the_pool_selects_exactly_the_workers_on_the_port_the_router_uses(case):
     assert str(port) in json.dumps(router)       # the router's workers: the same port
 
 
-@pytest.mark.parametrize("strategy", ["prefixaware", "kvaware"])
-def test_the_epp_config_is_the_pinned_releases(strategy):
-    _, _, docs = rendered("dev", strategy, False)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_epp_config_is_the_pinned_releases(case):
+    _, _, docs = rendered(*case)
+    strategy = case[1]
     config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap"
                                  and d["metadata"]["name"].endswith("-epp"))["data"]["epp.yaml"])
     assert config == epp_config(strategy)
@@ -179,7 +179,7 @@ def test_the_epp_config_is_the_pinned_releases(strategy):
 
 
 def test_the_epp_runs_its_releases_flags_restricted_on_the_system_nodes():
-    cfg, spec, docs = rendered("dev", "prefixaware", False)
+    cfg, spec, docs = rendered(*CASES[0])
     epp = next(d for d in docs if d["kind"] == "Deployment"
                and d["metadata"]["name"] == f"{spec.name}-epp")
     pod = epp["spec"]["template"]["spec"]
@@ -286,6 +286,6 @@ def test_the_hyperpod_field_is_read_and_a_typo_refused():
 
 
 def test_the_epp_is_in_the_namespace_of_its_pool():
-    _, _, docs = rendered("china", "prefixaware", True)
+    _, _, docs = rendered(*CASES[1])
     for kind in ("InferencePool", "HTTPRoute"):
         assert _one(docs, kind)["metadata"]["namespace"] == SERVING_NAMESPACE

@@ -132,6 +132,9 @@ class InferenceGatewayConfig:
     proxy_labels: tuple[tuple[str, str], ...]
     all_endpoints: bool = False
     failure_mode: str = "FailOpen"     # the InferencePool's; why in k8s/gateway.py
+    # false where the cluster has the InferencePool CRD already (the gateway's install put it
+    # there): ours would replace it, and take every pool with it when the stack is deleted
+    install_crd: bool = True
 
 
 @dataclass(frozen=True)
@@ -385,7 +388,8 @@ def _inference_gateway(r: _Reader) -> InferenceGatewayConfig:
     cfg = InferenceGatewayConfig(
         names["name"], names["namespace"], proxy_ns, tuple(sorted(labels.items())),
         all_endpoints=r.get("allEndpoints", bool, False),
-        failure_mode=r.choice("failureMode", FAILURE_MODES, "FailOpen"))
+        failure_mode=r.choice("failureMode", FAILURE_MODES, "FailOpen"),
+        install_crd=r.get("installCrd", bool, True))
     r.done()
     return cfg
 

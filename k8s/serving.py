@@ -657,7 +657,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             # the load balancer controller gates router pods on their NLB target health
             POD_READINESS_GATE_LABEL: "enabled"}})
     charts: list[Chart] = [ns]
-    if any(joins_gateway(cfg, s) for s in specs):
+    if any(joins_gateway(cfg, s) for s in specs) and cfg.inference_gateway.install_crd:
         crd = InferencePoolCrdChart(app, "inference-pool-crd")   # before any pool
         crd.add_dependency(ns)
         charts.append(crd)

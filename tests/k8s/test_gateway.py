@@ -223,6 +223,14 @@ def test_every_object_passes_strict_schemas_and_the_crd_comes_first(case):
         assert images and all(i.startswith(registry) for i in images), images
 
 
+def test_a_cluster_with_the_crd_already_keeps_its_own():
+    cfg = _env("dev", inferenceGateway={**GATEWAY, "installCrd": False})
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "e.yaml", _raw()))
+    kinds = [d["kind"] for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+             for d in c.to_json()]
+    assert "InferencePool" in kinds and "CustomResourceDefinition" not in kinds
+
+
 def test_the_installed_crd_is_the_pinned_release():
     doc = crd()
     assert doc["metadata"]["annotations"]["inference.networking.k8s.io/bundle-version"] == "v1.5.0"
@@ -269,6 +277,7 @@ def test_asking_without_a_gateway_named_is_refused_in_one_line():
     ({**GATEWAY, "proxyPods": {"labels": {}}}, "inferenceGateway.proxyPods.labels"),
     ({**GATEWAY, "proxyPods": {"labels": {"app": "a b"}}}, "inferenceGateway.proxyPods.labels.app"),
     ({**GATEWAY, "gatewayRef": {}}, "inferenceGateway.gatewayRef"),
+    ({**GATEWAY, "installCrd": "no"}, "inferenceGateway.installCrd"),
 ])
 def test_a_bad_environment_field_is_one_line_naming_it(over, field):
     with pytest.raises(ConfigError) as err:

@@ -286,7 +286,8 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
     specs = load_endpoints(synth.cfg, ROOT)
     joining = sum(joins_gateway(synth.cfg, s) for s in specs)
     assert len(manifests) == len(charts) == 2 + 2 * len(synth.cfg.endpoint_files) + sum(
-        isinstance(c, SharedCacheChart) for c in charts) + joining + (1 if joining else 0)
+        isinstance(c, SharedCacheChart) for c in charts) + joining + (
+        1 if joining and synth.cfg.inference_gateway.install_crd else 0)
     policies = dumps(resources(t, "AWS::IAM::Policy"))
     assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
     prefixes = {f"{s.model_location}/*" for s in specs}

@@ -204,6 +204,9 @@ class EndpointSpec:
     tls_certificate_s3_uri: str | None = None   # tlsConfig.tlsCertificateOutputS3Uri
     request_limits: RequestLimits | None = None
     lmcache_mode: str = "InProcess"
+    # inferenceGateway.enabled: an InferencePool and endpoint picker beside the router, for the
+    # environment's Gateway (k8s/gateway.py)
+    inference_gateway: bool = False
     autoscaling: AutoScaling | None = None
     # Pod-level fields (config/pod_fields.py), checked against node groups in fit_endpoint
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -604,6 +607,9 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
     if "pdSpec" in spec.data:
         pd = _pd_spec(spec.child("pdSpec"), args, gpus, cpu, memory, shape, itype, port,
                       mount_path, warnings)
+    gateway_doc = spec.child("inferenceGateway", {})
+    inference_gateway = gateway_doc.get("enabled", bool, False)
+    gateway_doc.done(warnings)
     spec.done(warnings)
 
     return EndpointSpec(
@@ -619,7 +625,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         lmcache_mode=lmcache_mode, autoscaling=autoscaling, tolerations=tolerations,
         node_affinity=affinity, pod=pod, startup_budget_s=startup, scrape_interval_s=scrape_s,
         dns_zone_id=zone_id, domain_name=domain.rstrip(".") if domain else None, hub=hub,
-        pd=pd, warnings=tuple(warnings),
+        pd=pd, inference_gateway=inference_gateway, warnings=tuple(warnings),
     )
 
 

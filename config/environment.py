@@ -113,6 +113,30 @@ class ListenerConfig:
     generated_certificate: bool = True
 
 
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"   # GEP-1762: on a Gateway's pods
+FAILURE_MODES = ("FailOpen", "FailClose")
+
+
+@dataclass(frozen=True)
+class InferenceGatewayConfig:
+    """`inferenceGateway`: the team's own Gateway API gateway (Istio, agentgateway, NGINX Gateway
+    Fabric) that endpoints join with an InferencePool and an endpoint picker (k8s/gateway.py,
+    docs/gateway.md). `proxy_labels` in `proxy_namespace` select the gateway's proxy pods, which
+    the workers and the picker admit; by default the label GEP-1762 has in-cluster gateways put
+    on the pods of the Gateway they serve. `all_endpoints`: every endpoint joins, not only those
+    whose file sets `inferenceGateway.enabled`."""
+
+    name: str
+    namespace: str
+    proxy_namespace: str
+    proxy_labels: tuple[tuple[str, str], ...]
+    all_endpoints: bool = False
+    failure_mode: str = "FailOpen"     # the InferencePool's; why in k8s/gateway.py
+    # false where the cluster has the InferencePool CRD already (the gateway's install put it
+    # there): ours would replace it, and take every pool with it when the stack is deleted
+    install_crd: bool = True
+
+
 @dataclass(frozen=True)
 class HostedZone:
     """A Route 53 hosted zone endpoint files may put their record in (dnsConfig.hostedZoneId);
@@ -160,6 +184,7 @@ class EnvironmentConfig:
     # the EKS-optimized AL2023 AMI release every node group runs; None: the latest of
     # kubernetes_version (when a group is created or its version moves)
     ami_release_version: str | None = None
+    inference_gateway: InferenceGatewayConfig | None = None   # `inferenceGateway`
 
     @property
     def images(self) -> ImageResolver:
@@ -327,6 +352,46 @@ def _listener(r: _Reader, facts: RegionFacts, account: str, public: bool) -> Lis
                      "(listener.sourceRanges)")
     r.done()
     return ListenerConfig(arn, ranges, generated)
+
+
+_DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_LABEL_KEY = (r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
+              r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+
+
+def _inference_gateway(r: _Reader) -> InferenceGatewayConfig:
+    gw = r.child("gateway")
+    names = {}
+    for key in ("name", "namespace"):
+        value = gw.get(key, str, allowed="a DNS label (the Gateway's)")
+        if not re.fullmatch(_DNS_LABEL, value, re.A):
+            raise gw.fail(key, value, "a DNS label: lowercase letters, digits and '-', at most "
+                          "63")
+        names[key] = value
+    gw.done()
+    proxy = r.child("proxyPods", {})
+    proxy_ns = proxy.get("namespace", str, names["namespace"], allowed="a DNS label")
+    if not re.fullmatch(_DNS_LABEL, proxy_ns, re.A):
+        raise proxy.fail("namespace", proxy_ns, "a DNS label")
+    labels = proxy.get("labels", Mapping, {GATEWAY_NAME_LABEL: names["name"]},
+                       allowed="an object of label -> value selecting the gateway's proxy pods")
+    for key, value in labels.items():
+        if not (isinstance(value, str) and re.fullmatch(_LABEL_KEY, key, re.A)
+                and re.fullmatch(_LABEL_VALUE, value, re.A)):
+            raise ConfigError(r.env, f"{proxy._p('labels')}.{key}", value,
+                              "Kubernetes label keys and values")
+    if not labels:
+        raise proxy.fail("labels", labels, "at least one label: an empty selector would "
+                         "admit every pod of the namespace")
+    proxy.done()
+    cfg = InferenceGatewayConfig(
+        names["name"], names["namespace"], proxy_ns, tuple(sorted(labels.items())),
+        all_endpoints=r.get("allEndpoints", bool, False),
+        failure_mode=r.choice("failureMode", FAILURE_MODES, "FailOpen"),
+        install_crd=r.get("installCrd", bool, True))
+    r.done()
+    return cfg
 
 
 def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) -> NodeGroupConfig:
@@ -605,6 +670,8 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
             "acknowledgedWarnings", (), pattern=ACK_PATTERN, allowed="warning ids synth "
             "prints in [ack: ...]: kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
             "kvcache:check, kvcache:image-without-digest"),
+        inference_gateway=(_inference_gateway(r.child("inferenceGateway"))
+                           if "inferenceGateway" in r.data else None),
     )
     r.done()
     return cfg

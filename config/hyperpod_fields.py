@@ -61,8 +61,10 @@ _ROWS = (
           "of the environment satisfies is an error at synth, not a Pending pod"),
     Field("spec.tolerations", USED, "added to the workers' own GPU toleration; one that "
           "matches no node group's taint is a warning"),
-    Field("spec.inferenceGateway", IGNORED, "no SageMaker Inference Gateway: the router's "
-          "load balancer is the endpoint"),
+    Field("spec.inferenceGateway.enabled", USED, "an InferencePool, an endpoint picker and "
+          "an HTTPRoute to the environment's `inferenceGateway.gateway` (a Gateway API gateway "
+          "the team runs), beside the router and its load balancer (docs/gateway.md); refused "
+          "where the environment names no gateway"),
     Field("spec.modelCacheConfig", IGNORED, "images are pulled per node (IfNotPresent) and "
           "weights staged per pod from the model bucket: no node-level image or weights cache"),
     Field("spec.kubernetes.initContainers", USED, "run after ours (weights staged first), "

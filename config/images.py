@@ -25,6 +25,7 @@ MIRROR_PREFIX = "kvcache"
 ALWAYS, SELF_HOSTED_OBSERVABILITY, IN_CLUSTER_CACHE, NAMED, BASE = (
     "always", "self-hosted observability", "in-cluster cache", "named", "base")
 EFA_NODES = "efa nodes"   # only where a GPU node group has efa: true
+INFERENCE_GATEWAY = "inference gateway"   # only where an endpoint joins inferenceGateway
 
 
 # The Kubernetes minors an environment may run (`kubernetesVersion`): each is supported by EKS in
@@ -142,6 +143,12 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
           "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
           "v0.5.20", None, "exposes vpc.amazonaws.com/efa on EFA node groups (P/D)",
           deployed=EFA_NODES),
+    # The Gateway API Inference Extension's endpoint picker at the release whose InferencePool
+    # CRD and plugin names k8s/gateway.py renders (tests/fixtures/gateway/README.md). No digest
+    # could be read where this was written: the mirror resolves and prints it, synth warns.
+    Image("epp", "registry.k8s.io/gateway-api-inference-extension/epp", "v1.5.0", None,
+          "endpoint picker (ext-proc) of an endpoint's InferencePool (k8s/gateway.py)",
+          deployed=INFERENCE_GATEWAY),
     Image("keda", "ghcr.io/kedacore/keda", "2.20.2",
           "sha256:fe74c7b8849586a67ad2201bcb89e7f5ac221ff90399ecaa8fd28427f1ef11e6",
           "KEDA operator: scales workers on Prometheus/AMP queries"),
@@ -192,14 +199,15 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
 
 def deployed_images(endpoint_images: Iterable[Image], *, kubernetes_version: str,
                     self_hosted_observability: bool, in_cluster_cache: bool,
-                    efa_nodes: bool = False) -> list[Image]:
+                    efa_nodes: bool = False, inference_gateway: bool = False) -> list[Image]:
     """What one environment deploys: the catalogue images its parts use and every endpoint
     file's worker image. What the mirror copies (or builds), what ECR holds repositories for
     and what preflight checks, one entry per repository and tag."""
     wanted = {ALWAYS, kubernetes(kubernetes_version),
               *([SELF_HOSTED_OBSERVABILITY] if self_hosted_observability else []),
               *([IN_CLUSTER_CACHE] if in_cluster_cache else []),
-              *([EFA_NODES] if efa_nodes else [])}
+              *([EFA_NODES] if efa_nodes else []),
+              *([INFERENCE_GATEWAY] if inference_gateway else [])}
     seen: dict[tuple[str, str], Image] = {}
     for image in (*(i for i in IMAGES.values() if i.deployed in wanted), *endpoint_images):
         seen.setdefault((image.mirror_repository, image.tag), image)

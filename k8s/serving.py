@@ -14,7 +14,9 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig, pod_fields
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
-from config.contracts import CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, SERVING_NAMESPACE
+from config.contracts import (
+    CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, LONGEST_REQUEST_S, SERVING_NAMESPACE,
+)
 from config.endpoint_spec import (
     DEFAULT_WAITING_PER_WORKER, AutoScaling, EndpointSpec, PrometheusTrigger, RoleSpec, _cores,
     _gib, arg_value, default_trigger, load_endpoint, promql_string,
@@ -37,6 +39,9 @@ from k8s.l2 import (
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
     gpu_kv_gib, in_cluster_host, in_cluster_refusal, in_cluster_server, l2_verdict,
     node_hourly_usd, server_gbs,
+)
+from k8s.gateway import (
+    GatewayProps, InferenceGatewayChart, InferencePoolCrdChart, gateway_check, joins_gateway,
 )
 from k8s.pd import BODY_BYTES_PER_TOKEN, pd_verdict, refusal as pd_refusal
 from k8s.certificate import dns_names
@@ -80,6 +85,7 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     specs = _shared_l2_check(cfg, tuple(fit_endpoint(cfg, s) for s in specs))
     for s in specs:
         multi_process_check(cfg, s)
+        gateway_check(cfg, s)
     return specs
 
 
@@ -651,6 +657,10 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             # the load balancer controller gates router pods on their NLB target health
             POD_READINESS_GATE_LABEL: "enabled"}})
     charts: list[Chart] = [ns]
+    if any(joins_gateway(cfg, s) for s in specs) and cfg.inference_gateway.install_crd:
+        crd = InferencePoolCrdChart(app, "inference-pool-crd")   # before any pool
+        crd.add_dependency(ns)
+        charts.append(crd)
     api_key = (ApiKey(facts.api_key_secret_arn, cfg.region, images.uri("aws-cli"))
                if facts.api_key_secret_arn else None)
     shared: dict[str, CacheProps] = {}
@@ -727,7 +737,15 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             load_balancer_cidrs=router_load_balancer_cidrs(cfg.network, s.name),
             load_balancer_addresses=load_balancer_addresses(cfg.network, s.name),
             vpc_cidr=cfg.network.vpc_cidr), **_pd_routing(s)))
-        for chart in (*roles, router):
+        gateway = []
+        if joins_gateway(cfg, s):
+            assert cfg.inference_gateway is not None
+            gateway = [InferenceGatewayChart(app, f"{s.name}-gateway", props=GatewayProps(
+                endpoint=s.name, namespace=SERVING_NAMESPACE, strategy=s.routing_strategy,
+                worker_selector=workers.selector, worker_port=wp.router_port,
+                image=images.uri("epp"), gateway=cfg.inference_gateway,
+                longest_request_s=LONGEST_REQUEST_S))]
+        for chart in (*roles, router, *gateway):
             chart.add_dependency(ns)
             charts.append(chart)
     policies = NetworkPoliciesChart(app, "serving-network-policies", props=NetworkPoliciesProps(
@@ -825,7 +843,8 @@ def environment_images(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) 
     return deployed_images(endpoint_images, kubernetes_version=cfg.kubernetes_version,
                            self_hosted_observability=cfg.observability == "self-hosted",
                            in_cluster_cache=any(_shared_kind(cfg, s) for s in specs),
-                           efa_nodes=any(g.efa for g in cfg.gpu_node_groups))
+                           efa_nodes=any(g.efa for g in cfg.gpu_node_groups),
+                           inference_gateway=any(joins_gateway(cfg, s) for s in specs))
 
 
 def in_cluster_node(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]):

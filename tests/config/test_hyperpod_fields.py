@@ -35,7 +35,8 @@ def test_every_crd_field_is_in_a_row(chart):
     uncovered = [p for p in paths if field_for(p) is None and p not in (
         # containers of rows, not fields of their own
         "spec.modelSourceConfig", "spec.kvCacheSpec", "spec.kvCacheSpec.l2CacheSpec",
-        "spec.intelligentRoutingSpec", "spec.metrics", "spec.metrics.modelMetrics",
+        "spec.intelligentRoutingSpec", "spec.inferenceGateway", "spec.metrics",
+        "spec.metrics.modelMetrics",
         "spec.loadBalancer", "spec.tlsConfig", "spec.tlsConfig.customCertificateConfig",
         "spec.worker", "spec.worker.resources", "spec.worker.modelInvocationPort",
         "spec.worker.modelVolumeMount", "spec.kubernetes")]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 _BUILTIN_GROUPS = ("v1", "apps/", "batch/", "policy/", "autoscaling/", "networking.k8s.io/",
-                   "rbac.authorization.k8s.io/", "storage.k8s.io/")
+                   "rbac.authorization.k8s.io/", "storage.k8s.io/", "apiextensions.k8s.io/")
 
 
 def is_custom_resource(doc: dict) -> bool:

@@ -36,7 +36,10 @@ CASES = [("dev", "prefixaware", "redis"), ("dev", "kvaware", "valkey"),
          # a team's own range: the load balancer's ipBlock follows it
          ("dev@172.24.0.0/18", "prefixaware", None),
          # a private-only existing VPC: the NLBs share the node subnets, admitted by address
-         ("china@private-only", "kvaware", "valkey")]
+         ("china@private-only", "kvaware", "valkey"),
+         # alpha joins the team's Gateway (k8s/gateway.py), beta does not
+         ("dev+gateway", "prefixaware", "redis")]
+GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
 # A private-only existing VPC in the China sample's zones (config/network.py).
 PRIVATE_ONLY = {"vpcId": "vpc-0c4e1a2b3d5f60789", "cidr": "10.48.0.0/16", "privateSubnets": [
     {"subnetId": f"subnet-0{i}11c0ffee000000{i}", "zone": f"cn-northwest-1{z}",
@@ -48,6 +51,8 @@ def _specs(cfg, strategy, backend):
     specs = []
     for name in ("alpha", "beta"):
         raw = copy.deepcopy(SEED)
+        if cfg.inference_gateway and name == "alpha":
+            raw["spec"]["inferenceGateway"] = {"enabled": True}
         raw["metadata"]["name"] = name
         raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
         if backend is None:
@@ -91,8 +96,12 @@ def _universe(cfg, docs) -> list[Endpoint]:
     for name, (peer, ports) in HELM_PODS.items():
         out.append(Endpoint(name, str(next(hosts)), peer.namespace, peer.labels,
                             {str(p): p for p in ports}))
-    for ns in (*OWNED, "default"):
+    g = cfg.inference_gateway
+    for ns in (*OWNED, "default", *([g.proxy_namespace] if g else [])):
         out.append(Endpoint(f"intruder-{ns}", str(next(hosts)), ns, {"app": "intruder"}))
+    if g:   # the team's gateway proxy (Istio's, say), labelled as GEP-1762 has it
+        out.append(Endpoint("gateway-proxy", str(next(hosts)), g.proxy_namespace,
+                            dict(g.proxy_labels), {"http": 80}))
     return out
 
 
@@ -107,7 +116,10 @@ def _matches(peer: Peer, e: Endpoint) -> bool:
 def case(request):
     env, strategy, backend = request.param
     env, _, vpc = env.partition("@")
-    if vpc == "private-only":
+    env, gateway, _ = env.partition("+gateway")
+    if gateway:
+        cfg = _env(env, inferenceGateway=GATEWAY)
+    elif vpc == "private-only":
         ctx = context_for(env=env)
         raw = ctx["environments"][env]
         raw.pop("natGateways", None)
@@ -169,6 +181,15 @@ def test_policies_allow_exactly_the_declared_flows(case):
     assert ("nlb-node-beta", "alpha-router", 8000) not in actual  # one router, one NLB
     assert ("vpc-node", "alpha-router", 8000) not in actual     # pods and nodes: no
     assert ("intruder-default", "alpha-router", 8000) not in actual
+    if any(e.name == "gateway-proxy" for e in universe):   # the gateway path, alpha only
+        assert ("gateway-proxy", "alpha-workers", 8000) in actual
+        assert ("gateway-proxy", "alpha-epp", 9002) in actual
+        assert ("alpha-epp", "alpha-workers", 8000) in actual
+        assert ("gateway-proxy", "beta-workers", 8000) not in actual
+        assert ("gateway-proxy", "alpha-router", 8000) not in actual
+        assert ("intruder-istio-ingress", "alpha-workers", 8000) not in actual
+        assert ("intruder-istio-ingress", "alpha-epp", 9002) not in actual
+        assert ("alpha-epp", "beta-workers", 8000) not in actual
 
 
 def test_the_evaluator_sees_a_hole():

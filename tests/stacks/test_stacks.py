@@ -9,6 +9,7 @@ import pytest
 from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
 from config.images import CHARTS, IMAGES, autoscaler_key
 from k8s.cache import SharedCacheChart
+from k8s.gateway import joins_gateway
 from k8s.serving import load_endpoints, reads_managed_l2
 from tests.conftest import ENVIRONMENTS, ROOT, dumps, resources
 
@@ -279,13 +280,16 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
     t = synth.template("Serving")
     manifests = [m for m in t["Resources"].values() if m["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"]
     # every chart: the namespace, the in-cluster cache where an endpoint's L2 is there, each
-    # endpoint's workers and router, the NetworkPolicies
+    # endpoint's workers and router, the inference gateway's CRD and per-endpoint chart where
+    # endpoints join one (k8s/gateway.py), the NetworkPolicies
     charts = synth.stacks.serving.charts
+    specs = load_endpoints(synth.cfg, ROOT)
+    joining = sum(joins_gateway(synth.cfg, s) for s in specs)
     assert len(manifests) == len(charts) == 2 + 2 * len(synth.cfg.endpoint_files) + sum(
-        isinstance(c, SharedCacheChart) for c in charts)
+        isinstance(c, SharedCacheChart) for c in charts) + joining + (
+        1 if joining and synth.cfg.inference_gateway.install_crd else 0)
     policies = dumps(resources(t, "AWS::IAM::Policy"))
     assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
-    specs = load_endpoints(synth.cfg, ROOT)
     prefixes = {f"{s.model_location}/*" for s in specs}
     s3 = [st for pol in resources(t, "AWS::IAM::Policy").values()
           for st in pol["Properties"]["PolicyDocument"]["Statement"]
@@ -361,12 +365,12 @@ def test_every_image_is_pinned_by_digest_but_the_documented_one(dev):
     # No public record ties a digest to lmcache/vllm-openai:v0.5.4 (see config/images.py),
     # nor to the Cluster Autoscaler images of the Kubernetes minors the samples do not run,
     # and the router image's is printed by its first build (`tools mirror --resolve --only
-    # router`: no registry here reaches its base), nor to the EFA device plugin v0.5.20 of the
-    # EKS add-on registry (only P/D endpoints' EFA node groups run it; `tools mirror --resolve
-    # --only efa-device-plugin` prints it); any other image without one fails here.
+    # router`: no registry here reaches its base); any other image without one fails here.
+    # The EFA device plugin's and the endpoint picker's (k8s/gateway.py) could not be read
+    # where they were added: the mirror resolves and prints them.
     assert sorted(i.key for i in unpinned_images()) == [
         "cluster-autoscaler-1.33", "cluster-autoscaler-1.34", "cluster-autoscaler-1.36",
-        "efa-device-plugin", "router", "vllm-lmcache"]
+        "efa-device-plugin", "epp", "router", "vllm-lmcache"]
     for image in IMAGES.values():
         assert image.tag != "latest"
         assert image.digest is None or (image.digest.startswith("sha256:")

@@ -274,3 +274,17 @@ def test_ecr_credentials_go_to_a_private_authfile(tmp_path):
     path = Path(ecr_authfile(aws, registry, tmp_path))
     assert json.loads(path.read_text()) == {"auths": {registry: {"auth": "QVdTOnNlY3JldA=="}}}
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_the_endpoint_picker_is_mirrored_where_an_endpoint_joins_a_gateway():
+    """corp-cn joins its endpoints to a gateway (k8s/gateway.py): its mirror and export copy the
+    EPP image; china, which does not, leaves it out."""
+    from k8s.serving import environment_images
+    images = {}
+    for env in ("corp-cn", "china"):
+        cfg = load_environment(argparse.Namespace(env=env, china=False))
+        images[env] = {i.key: i for i in environment_images(cfg, mirror_module.load_endpoints(cfg))}
+    epp = images["corp-cn"]["epp"]
+    assert epp.source_ref.startswith("registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0")
+    assert epp.mirror_repository == "kvcache/gateway-api-inference-extension/epp"
+    assert "epp" not in images["china"]

@@ -1,0 +1,260 @@
+"""The Kubernetes inference gateway path, beside our router: per endpoint that asks, an
+InferencePool (inference.networking.k8s.io/v1) naming exactly its worker pods, the Gateway API
+Inference Extension's endpoint picker (EPP) for the pool, and an HTTPRoute from the Gateway the
+environment names (`inferenceGateway.gateway`) to the pool. A conformant gateway (Istio,
+agentgateway, NGINX Gateway Fabric) asks the EPP, over Envoy's ext-proc, which pod serves each
+request. Our router pod, its front and its NLB are unchanged: both paths reach the same workers.
+
+Pinned to one upstream release, GAIE v1.5.0: the CRD installed here (k8s/crds/), the EPP image
+(config/images.py `epp`) and the plugin names and parameters its EndpointPickerConfig uses
+(tests/fixtures/gateway/epp-v1.5.0.json, read from that release's source). v1.6.0 moved the
+EPP to llm-d (`llm-d.ai`), whose config kinds differ.
+
+- The pool targets the port the router reaches the workers on (WorkerProps.router_port): the
+  request-limit sidecar where `worker.requestLimits` is set, since vLLM then listens on loopback
+  only and the limit is HyperPod's per-worker figure whichever path a request takes; vLLM's
+  port otherwise. The EPP scrapes /metrics on the same port (the sidecar passes /metrics
+  without a slot, k8s/request_limits.py).
+- Strategy -> EPP scheduling (STRATEGY_PROFILES): prefixaware and kvaware get the release's
+  default profile (queue 2, KV-cache utilization 2, prefix-cache 3, max-score picker). kvaware's
+  precise prefix (KV events) is llm-d's `precise-prefix-cache-scorer`, not in this release: the
+  gateway path predicts cache hits from its own routing history, the router path keeps the
+  KV events. `session` and `roundrobin` have no scorer here and are refused in one line;
+  pdSpec too (this EPP has no prefill/decode profile).
+- Failure mode (`inferenceGateway.failureMode`, FailOpen by default as upstream's chart): one
+  EPP replica (upstream's advice: its prefix index is in memory) rolls out with Recreate, so
+  FailClose would fail every gateway request while it restarts. FailOpen: the gateway picks a
+  pool pod itself meanwhile (cache-blind, still admitted by the workers' request limits);
+  FailClose: the gateway answers an error (Envoy's 5xx) until the EPP is back. docs/gateway.md.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+from cdk8s import Chart
+from constructs import Construct
+
+from config import ConfigError, EnvironmentConfig
+from config.contracts import NODE_ROLE_LABEL, NODE_ROLE_SYSTEM
+from config.endpoint_spec import EndpointSpec
+from config.environment import InferenceGatewayConfig
+from k8s.flows import Flow, Peer
+from k8s.objects import hardened, k8s_object, pod_security, selector_labels, standard_labels
+
+COMPONENT = "endpoint-picker"
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_API = f"{POOL_GROUP}/v1"
+ROUTE_API = "gateway.networking.k8s.io/v1"
+CRD_FILE = Path(__file__).with_name("crds") / "inference.networking.k8s.io_inferencepools.yaml"
+EPP_CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
+EPP_GRPC_PORT, EPP_HEALTH_PORT, EPP_METRICS_PORT = 9002, 9003, 9090   # the EPP's defaults
+EPP_CONFIG_DIR, EPP_CONFIG_FILE = "/config", "epp.yaml"
+EPP_CPU, EPP_MEMORY, EPP_MEMORY_LIMIT = "1", "1Gi", "2Gi"
+# The release's default profile (its inferencepool chart's default-plugins.yaml).
+DEFAULT_PROFILE = (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2),
+                   ("prefix-cache-scorer", 3))
+STRATEGY_PROFILES: dict[str, tuple[tuple[str, int], ...]] = {
+    "prefixaware": DEFAULT_PROFILE,
+    "kvaware": DEFAULT_PROFILE,
+}
+REFUSED = {
+    "roundrobin": "the endpoint picker has no round-robin scorer (it scores queue, KV-cache "
+                  "use and prefix); use prefixaware, or point a plain HTTPRoute at the "
+                  "router's Service (docs/gateway.md)",
+    "session": "the pinned endpoint picker (GAIE v1.5.0) has no session-affinity scorer; use "
+               "prefixaware (a session's turns share their prefix), or a plain HTTPRoute to the "
+               "router's Service (docs/gateway.md)",
+}
+
+
+def pool_name(endpoint: str) -> str:
+    return f"{endpoint}-pool"
+
+
+def epp_name(endpoint: str) -> str:
+    return f"{endpoint}-epp"
+
+
+def joins_gateway(cfg: EnvironmentConfig, s: EndpointSpec) -> bool:
+    g = cfg.inference_gateway
+    return g is not None and (g.all_endpoints or s.inference_gateway)
+
+
+def gateway_check(cfg: EnvironmentConfig, s: EndpointSpec) -> None:
+    """One line before deploy for an endpoint that asks for the gateway path and cannot have
+    it: no Gateway named, a strategy the EPP has no scheduling for, or P/D."""
+    field = (f"{s.source_file}: spec.inferenceGateway.enabled" if s.inference_gateway
+             else "inferenceGateway.allEndpoints")
+    if s.inference_gateway and cfg.inference_gateway is None:
+        raise ConfigError(cfg.name, field, True, "false, or an environment "
+                          "`inferenceGateway: {gateway: {name, namespace}}` naming the Gateway "
+                          "API gateway the endpoint joins (docs/gateway.md)")
+    if not joins_gateway(cfg, s):
+        return
+    if s.routing_strategy in REFUSED:
+        raise ConfigError(cfg.name, field, f"{s.name} (routingStrategy {s.routing_strategy})",
+                          REFUSED[s.routing_strategy])
+    if s.pd is not None:
+        raise ConfigError(cfg.name, field, f"{s.name} (pdSpec)", "an endpoint without pdSpec: "
+                          "the pinned endpoint picker has no prefill/decode scheduling")
+
+
+def epp_config(strategy: str) -> dict:
+    """The EPP's EndpointPickerConfig for a routing strategy (names from the pinned release)."""
+    profile = STRATEGY_PROFILES[strategy]
+    return {
+        "apiVersion": EPP_CONFIG_API, "kind": "EndpointPickerConfig",
+        "plugins": [*({"type": t} for t, _ in profile),
+                    {"type": "max-score-picker"}, {"type": "single-profile-handler"},
+                    {"type": "metrics-data-source",
+                     "parameters": {"scheme": "http", "path": "/metrics",
+                                    "insecureSkipVerify": True}},
+                    {"type": "core-metrics-extractor"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            *({"pluginRef": t, "weight": w} for t, w in profile),
+            {"pluginRef": "max-score-picker"}]}],
+    }
+
+
+def crd() -> dict:
+    """The pinned InferencePool CRD as the API server takes it (no status, no timestamp)."""
+    doc = yaml.safe_load(CRD_FILE.read_text())
+    doc.pop("status", None)
+    doc["metadata"].pop("creationTimestamp", None)
+    return doc
+
+
+class InferencePoolCrdChart(Chart):
+    """Applied before any endpoint's chart (k8s/serving.py), so no pool precedes its kind."""
+
+    def __init__(self, scope: Construct, id: str) -> None:
+        super().__init__(scope, id)
+        doc = crd()
+        k8s_object(self, "Crd", api_version=doc["apiVersion"], kind=doc["kind"],
+                   name=doc["metadata"]["name"], namespace=None,
+                   labels=standard_labels("crd", "inference-extension"),
+                   annotations=doc["metadata"]["annotations"], body={"spec": doc["spec"]})
+
+
+@dataclass(frozen=True)
+class GatewayProps:
+    endpoint: str
+    namespace: str
+    strategy: str
+    worker_selector: Mapping[str, str]
+    worker_port: int             # WorkerProps.router_port: the sidecar's where limits are set
+    image: str
+    gateway: InferenceGatewayConfig
+    longest_request_s: int
+
+
+class InferenceGatewayChart(Chart):
+    def __init__(self, scope: Construct, id: str, *, props: GatewayProps) -> None:
+        super().__init__(scope, id, namespace=props.namespace)
+        p, g = props, props.gateway
+        ns, name, pool = p.namespace, epp_name(p.endpoint), pool_name(p.endpoint)
+        sel = selector_labels(COMPONENT, p.endpoint)
+        labels = standard_labels(COMPONENT, p.endpoint)
+        proxy = Peer("gateway-proxy", g.proxy_namespace, dict(g.proxy_labels))
+        epp = Peer(name, ns, sel)
+        workers = Peer(f"{p.endpoint}-workers", ns, dict(p.worker_selector))
+        self.flows = (
+            Flow(proxy, workers, p.worker_port, "requests through the team's gateway"),
+            Flow(epp, workers, p.worker_port, "the endpoint picker scrapes /metrics"),
+            Flow(proxy, epp, EPP_GRPC_PORT, "ext-proc: the gateway asks which pod"))
+        k8s_object(self, "Pool", api_version=POOL_API, kind="InferencePool", name=pool,
+                   namespace=ns, labels=labels, body={"spec": {
+                       "selector": {"matchLabels": dict(p.worker_selector)},
+                       "targetPorts": [{"number": p.worker_port}],
+                       "endpointPickerRef": {"name": name, "kind": "Service",
+                                             "port": {"number": EPP_GRPC_PORT},
+                                             "failureMode": g.failure_mode}}})
+        k8s_object(self, "Route", api_version=ROUTE_API, kind="HTTPRoute", name=p.endpoint,
+                   namespace=ns, labels=labels, body={"spec": {
+                       "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                       "name": g.name, "namespace": g.namespace}],
+                       "rules": [{
+                           "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                           "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
+                                            "name": pool}],
+                           "timeouts": {"request": f"{p.longest_request_s}s"}}]}})
+        k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
+                   namespace=ns, labels=labels, body={"automountServiceAccountToken": True})
+        # least privilege: read its pool and the pods, in this namespace only
+        k8s_object(self, "Role", api_version="rbac.authorization.k8s.io/v1", kind="Role",
+                   name=name, namespace=ns, labels=labels, body={"rules": [
+                       {"apiGroups": [""], "resources": ["pods"],
+                        "verbs": ["get", "list", "watch"]},
+                       {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"],
+                        "verbs": ["get", "list", "watch"]},
+                       {"apiGroups": ["inference.networking.x-k8s.io"],
+                        "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+                        "verbs": ["get", "list", "watch"]}]})
+        k8s_object(self, "RoleBinding", api_version="rbac.authorization.k8s.io/v1",
+                   kind="RoleBinding", name=name, namespace=ns, labels=labels, body={
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                   "name": name},
+                       "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
+        config_text = yaml.safe_dump(epp_config(p.strategy), sort_keys=False)
+        k8s_object(self, "Config", api_version="v1", kind="ConfigMap", name=name, namespace=ns,
+                   labels=labels, body={"data": {EPP_CONFIG_FILE: config_text}})
+        probe = {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}}
+        k8s_object(self, "Service", api_version="v1", kind="Service", name=name, namespace=ns,
+                   labels=labels, body={"spec": {
+                       "type": "ClusterIP", "selector": sel,
+                       "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT,
+                                  "targetPort": EPP_GRPC_PORT, "protocol": "TCP"}]}})
+        k8s_object(self, "Deployment", api_version="apps/v1", kind="Deployment", name=name,
+                   namespace=ns, labels=labels, body={"spec": {
+                       "replicas": 1,
+                       # one active picker (its prefix index is its memory); Recreate as upstream
+                       "strategy": {"type": "Recreate"},
+                       "selector": {"matchLabels": sel},
+                       "template": {
+                           "metadata": {"labels": labels, "annotations": {
+                               "kvcache.io/epp-config": hash_text(config_text)}},
+                           "spec": {
+                               "serviceAccountName": name,
+                               "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
+                               "securityContext": pod_security(),
+                               "terminationGracePeriodSeconds": 130,
+                               "containers": [{
+                                   "name": "epp", "image": p.image,
+                                   "imagePullPolicy": "IfNotPresent",
+                                   "args": ["--pool-name", pool, "--pool-namespace", ns,
+                                            "--pool-group", POOL_GROUP,
+                                            "--config-file",
+                                            f"{EPP_CONFIG_DIR}/{EPP_CONFIG_FILE}",
+                                            "--grpc-port", str(EPP_GRPC_PORT),
+                                            "--grpc-health-port", str(EPP_HEALTH_PORT),
+                                            "--metrics-port", str(EPP_METRICS_PORT),
+                                            "--zap-encoder", "json", "--tracing=false",
+                                            "--v", "1"],
+                                   "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {
+                                               "fieldPath": "metadata.namespace"}}},
+                                           {"name": "POD_NAME", "valueFrom": {"fieldRef": {
+                                               "fieldPath": "metadata.name"}}}],
+                                   "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT},
+                                             {"name": "grpc-health",
+                                              "containerPort": EPP_HEALTH_PORT}],
+                                   "livenessProbe": {**probe, "initialDelaySeconds": 5,
+                                                     "periodSeconds": 10},
+                                   "readinessProbe": {**probe, "periodSeconds": 2},
+                                   "resources": {
+                                       "requests": {"cpu": EPP_CPU, "memory": EPP_MEMORY},
+                                       "limits": {"memory": EPP_MEMORY_LIMIT}},
+                                   "volumeMounts": [{"name": "config",
+                                                     "mountPath": EPP_CONFIG_DIR,
+                                                     "readOnly": True}],
+                                   "securityContext": hardened()}],
+                               "volumes": [{"name": "config",
+                                            "configMap": {"name": name}}]}}}})
+
+
+def hash_text(text: str) -> str:
+    """Rolls the picker when its config changes (a ConfigMap edit alone would not)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,300 @@
+"""The inference gateway path (k8s/gateway.py, issue 34): every rendered InferencePool against the
+pinned InferencePool v1 CRD, every HTTPRoute against Gateway API v1.4.1's, both strictly (no
+field the CRD lacks) and with the CRDs' CEL rules' intent; the pool selects exactly the
+endpoint's worker pods on the port the router reaches them on; the EPP's config, args and
+plugins are the pinned release's (tests/fixtures/gateway/epp-v1.5.0.json, read from its
+source); strict Kubernetes schemas, restricted pod security, China's ECR; one-line refusals."""
+from __future__ import annotations
+
+import copy
+import json
+from functools import lru_cache
+
+import cdk8s
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from config import ConfigError
+from config.contracts import SERVING_NAMESPACE, WORKER_LIMITS_PORT
+from config.endpoint_spec import parse_endpoint
+from k8s.gateway import (
+    COMPONENT, CRD_FILE, DEFAULT_PROFILE, POOL_API, crd, epp_config, gateway_check,
+)
+from k8s.serving import build_charts, fit_endpoint
+from tests.conftest import ROOT
+from tests.k8s.crds import is_custom_resource
+from tests.k8s.netpol import selector_matches
+from tests.k8s.test_charts import SEED, _env, _facts
+
+DATA = ROOT / "tests" / "fixtures" / "gateway"
+EPP = json.loads((DATA / "epp-v1.5.0.json").read_text())
+GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
+LIMITS = {"maxConcurrentRequests": 4, "maxQueueSize": 8}
+# (environment, strategy, request limits): each partition, each strategy the EPP serves, with
+# and without the per-worker limit sidecar (the whole app: tests/stacks/test_gateway_synth.py)
+CASES = [("dev", "prefixaware", True), ("china", "kvaware", False)]
+
+
+def _raw(strategy="prefixaware", limits=False, enabled=True) -> dict:
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
+    raw["spec"]["inferenceGateway"] = {"enabled": enabled}
+    if limits:
+        raw["spec"]["worker"]["requestLimits"] = dict(LIMITS)
+    return raw
+
+
+@lru_cache(maxsize=None)
+def rendered(env: str, strategy: str, limits: bool) -> tuple:
+    cfg = _env(env, inferenceGateway=GATEWAY)
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml",
+                                            _raw(strategy, limits)))
+    gateway_check(cfg, spec)
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    return cfg, spec, docs
+
+
+def _one(docs, kind):
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def _strict(schema: dict) -> dict:
+    """A CRD's openAPIV3Schema as JSON Schema that refuses fields it does not declare (what the
+    API server's pruning would drop silently: a field we set and it ignores is a bug)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node.setdefault("additionalProperties", False)
+            for v in list(node.values()):
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def _crd_schema(doc: dict, version: str = "v1") -> dict:
+    (v,) = [v for v in doc["spec"]["versions"] if v["name"] == version]
+    return _strict(v["schema"]["openAPIV3Schema"])
+
+
+POOL_SCHEMA = _crd_schema(crd())
+ROUTE_SCHEMA = _crd_schema(yaml.safe_load(
+    (DATA / "gateway.networking.k8s.io_httproutes.yaml").read_text()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_pools_and_routes_validate_against_the_pinned_crds(case):
+    _, spec, docs = rendered(*case)
+    pool, route = _one(docs, "InferencePool"), _one(docs, "HTTPRoute")
+    assert pool["apiVersion"] == POOL_API and route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    jsonschema.validate(pool, POOL_SCHEMA)
+    jsonschema.validate(route, ROUTE_SCHEMA)
+    # the CRDs' CEL rules: unique target ports; a Service picker names its port
+    ports = [p["number"] for p in pool["spec"]["targetPorts"]]
+    assert len(set(ports)) == len(ports)
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") != "Service" or "port" in ref
+    # the route: the environment's Gateway in, the pool out, in the pool's namespace
+    (parent,) = route["spec"]["parentRefs"]
+    assert (parent["kind"], parent["name"], parent["namespace"]) == (
+        "Gateway", GATEWAY["gateway"]["name"], GATEWAY["gateway"]["namespace"])
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        "inference.networking.k8s.io", "InferencePool", pool["metadata"]["name"])
+    assert route["metadata"]["namespace"] == pool["metadata"]["namespace"]
+
+
+def test_the_strict_schemas_see_a_stray_field():
+    _, _, docs = rendered(*CASES[0])
+    pool = copy.deepcopy(_one(docs, "InferencePool"))
+    pool["spec"]["extensionRef"] = {"name": "x"}         # the pre-v1 field name
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(pool, POOL_SCHEMA)
+    route = copy.deepcopy(_one(docs, "HTTPRoute"))
+    route["spec"]["rules"][0]["backendRefs"][0]["weight"] = -1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(route, ROUTE_SCHEMA)
+
+
+def _pods(docs):
+    return {d["metadata"]["name"]: d["spec"]["template"] for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_pool_selects_exactly_the_workers_on_the_port_the_router_uses(case):
+    _, spec, docs = rendered(*case)
+    pool = _one(docs, "InferencePool")
+    selected = {name for name, t in _pods(docs).items()
+                if selector_matches(pool["spec"]["selector"], t["metadata"]["labels"])}
+    assert selected == {f"{spec.name}-workers"}
+    (port,) = [p["number"] for p in pool["spec"]["targetPorts"]]
+    # with request limits vLLM listens on loopback: the sidecar is the only way in, and the
+    # per-worker limit holds on both paths
+    assert port == (WORKER_LIMITS_PORT if spec.request_limits else spec.port)
+    worker = _pods(docs)[f"{spec.name}-workers"]["spec"]
+    listening = {p["containerPort"] for c in worker["containers"] + worker.get(
+        "initContainers", []) for p in c.get("ports", [])}
+    assert port in listening
+    router = [c for c in _pods(docs)[f"{spec.name}-router"]["spec"]["containers"]
+              if c["name"] == "router"][0]
+    assert str(port) in json.dumps(router)       # the router's workers: the same port
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_epp_config_is_the_pinned_releases(case):
+    _, _, docs = rendered(*case)
+    strategy = case[1]
+    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap"
+                                 and d["metadata"]["name"].endswith("-epp"))["data"]["epp.yaml"])
+    assert config == epp_config(strategy)
+    assert (config["apiVersion"], config["kind"]) == (EPP["apiVersion"], EPP["kind"])
+    assert set(config) <= set(EPP["config_fields"])
+    names = set()
+    for plugin in config["plugins"]:
+        assert set(plugin) <= set(EPP["plugin_fields"])
+        assert plugin["type"] in EPP["plugins"], plugin
+        assert set(plugin.get("parameters", {})) <= set(EPP["plugins"][plugin["type"]])
+        names.add(plugin.get("name", plugin["type"]))
+    (profile,) = config["schedulingProfiles"]
+    assert set(profile) <= set(EPP["profile_fields"])
+    refs = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    assert all(set(p) <= set(EPP["profile_plugin_fields"]) for p in profile["plugins"])
+    assert set(refs) <= names
+    # the release's default scheduling: its scorers and weights, and its max-score picker
+    assert {k: v for k, v in refs.items() if v is not None} == EPP["default_profile"]
+    assert dict(DEFAULT_PROFILE) == EPP["default_profile"]
+    assert "max-score-picker" in refs
+
+
+def test_the_epp_runs_its_releases_flags_restricted_on_the_system_nodes():
+    cfg, spec, docs = rendered(*CASES[0])
+    epp = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"] == f"{spec.name}-epp")
+    pod = epp["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    flags = [a.split("=", 1)[0].lstrip("-") for a in c["args"] if a.startswith("-")]
+    assert flags and set(flags) <= set(EPP["flags"]), set(flags) - set(EPP["flags"])
+    args = c["args"]
+    assert args[args.index("--pool-name") + 1] == _one(docs, "InferencePool")["metadata"]["name"]
+    assert c["image"].endswith("gateway-api-inference-extension/epp:v1.5.0")
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["readOnlyRootFilesystem"]
+    assert pod["nodeSelector"] and pod["serviceAccountName"] == f"{spec.name}-epp"
+    ns = _one(docs, "Namespace")["metadata"]["labels"]
+    assert ns["pod-security.kubernetes.io/enforce"] == "restricted"
+    # the picker's own Service exposes ext-proc only (health and metrics stay in the pod)
+    svc = next(d for d in docs if d["kind"] == "Service"
+               and d["metadata"]["name"] == f"{spec.name}-epp")
+    assert [p["port"] for p in svc["spec"]["ports"]] == [9002]
+    role = next(d for d in docs if d["kind"] == "Role"
+                and d["metadata"]["name"] == f"{spec.name}-epp")
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in role["rules"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_every_object_passes_strict_schemas_and_the_crd_comes_first(case):
+    cfg, _, docs = rendered(*case)
+    ours = [d for d in docs if d["kind"] == "CustomResourceDefinition" or d["metadata"].get(
+        "labels", {}).get("app.kubernetes.io/name") == COMPONENT]   # the rest: test_charts.py
+    assert {d["kind"] for d in ours} >= {"Deployment", "Service", "ConfigMap", "Role"}
+    for doc in ours:
+        if not is_custom_resource(doc):
+            kubernetes_validate.validate(doc, cfg.kubernetes_version + ".0", strict=True)
+    kinds = [d["kind"] for d in docs]
+    assert kinds.index("CustomResourceDefinition") < kinds.index("InferencePool")
+    assert kinds.count("CustomResourceDefinition") == 1
+    if cfg.facts.china:      # pulled from the account's ECR only
+        registry = f"{cfg.account}.{cfg.facts.ecr_host_suffix}/"
+        images = {c["image"] for t in _pods(docs).values()
+                  for c in t["spec"]["containers"] + t["spec"].get("initContainers", [])}
+        assert images and all(i.startswith(registry) for i in images), images
+
+
+def test_a_cluster_with_the_crd_already_keeps_its_own():
+    cfg = _env("dev", inferenceGateway={**GATEWAY, "installCrd": False})
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "e.yaml", _raw()))
+    kinds = [d["kind"] for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+             for d in c.to_json()]
+    assert "InferencePool" in kinds and "CustomResourceDefinition" not in kinds
+
+
+def test_the_installed_crd_is_the_pinned_release():
+    doc = crd()
+    assert doc["metadata"]["annotations"]["inference.networking.k8s.io/bundle-version"] == "v1.5.0"
+    assert "status" not in doc and "v1.5.0" in (DATA / "README.md").read_text()
+    assert CRD_FILE.name in (DATA / "README.md").read_text()
+
+
+def test_endpoints_that_do_not_ask_render_no_gateway_objects():
+    cfg = _env("dev", inferenceGateway=GATEWAY)
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "e.yaml", _raw(enabled=False)))
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    assert not {"InferencePool", "HTTPRoute", "CustomResourceDefinition"} & {
+        d["kind"] for d in docs}
+    every = _env("dev", inferenceGateway={**GATEWAY, "allEndpoints": True})
+    docs = [d for c in build_charts(cdk8s.App(), every, (spec,), _facts(every, spec))
+            for d in c.to_json()]
+    assert {"InferencePool", "HTTPRoute"} <= {d["kind"] for d in docs}
+
+
+@pytest.mark.parametrize("strategy,said", [("roundrobin", "no round-robin scorer"),
+                                           ("session", "no session-affinity scorer")])
+def test_a_strategy_the_epp_cannot_serve_is_refused_in_one_line(strategy, said):
+    cfg = _env("dev", inferenceGateway=GATEWAY)
+    spec = parse_endpoint(cfg.name, "e.yaml", _raw(strategy))
+    with pytest.raises(ConfigError) as err:
+        gateway_check(cfg, spec)
+    assert said in str(err.value) and "spec.inferenceGateway.enabled" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_asking_without_a_gateway_named_is_refused_in_one_line():
+    cfg = _env("dev")
+    with pytest.raises(ConfigError) as err:
+        gateway_check(cfg, parse_endpoint(cfg.name, "e.yaml", _raw()))
+    assert "inferenceGateway: {gateway: {name, namespace}}" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"gateway": {"name": "Bad_Name", "namespace": "x"}}, "inferenceGateway.gateway.name"),
+    ({"gateway": {"name": "g"}}, "inferenceGateway.gateway.namespace"),
+    ({**GATEWAY, "failureMode": "Open"}, "inferenceGateway.failureMode"),
+    ({**GATEWAY, "proxyPods": {"labels": {}}}, "inferenceGateway.proxyPods.labels"),
+    ({**GATEWAY, "proxyPods": {"labels": {"app": "a b"}}}, "inferenceGateway.proxyPods.labels.app"),
+    ({**GATEWAY, "gatewayRef": {}}, "inferenceGateway.gatewayRef"),
+    ({**GATEWAY, "installCrd": "no"}, "inferenceGateway.installCrd"),
+])
+def test_a_bad_environment_field_is_one_line_naming_it(over, field):
+    with pytest.raises(ConfigError) as err:
+        _env("dev", inferenceGateway=over)
+    assert f"{field} =" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_hyperpod_field_is_read_and_a_typo_refused():
+    assert parse_endpoint("dev", "e.yaml", _raw()).inference_gateway is True
+    raw = _raw()
+    raw["spec"]["inferenceGateway"] = {"enable": True}
+    with pytest.raises(ConfigError) as err:
+        parse_endpoint("dev", "e.yaml", raw)
+    assert "spec.inferenceGateway.enable" in str(err.value)
+
+
+def test_the_epp_is_in_the_namespace_of_its_pool():
+    _, _, docs = rendered(*CASES[1])
+    for kind in ("InferencePool", "HTTPRoute"):
+        assert _one(docs, kind)["metadata"]["namespace"] == SERVING_NAMESPACE

@@ -1,0 +1,84 @@
+"""A published HyperPod file asking for the inference gateway (`spec.inferenceGateway.enabled`)
+synthesizes in the global sample with a Gateway named: the whole CDK app with cdk-nag and CDK's
+validation, and the first-deploy scheduling gate over every pod. China is the `corp-cn` sample
+(its endpoints join a gateway), under every gate the shipped environments pass. The synth is a
+subprocess started with the session (tests/background.py), off the suite's own core."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.background import Background
+from tests.conftest import ROOT
+
+PUBLISHED = ROOT / "tests" / "fixtures" / "hyperpod" / \
+    "hpcli-sample-llama31-8b-intelligent-routing.yaml"
+GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
+
+
+def synthesize(tmp: Path) -> None:
+    """The dev sample with a Gateway named, serving the published file with HyperPod's own
+    opt-in added, synthesized into tmp/out as `cdk synth` would."""
+    import aws_cdk as cdk
+
+    from config import resolve_environment
+    from k8s.serving import load_endpoints
+    from stacks.app_builder import build
+    from tests.conftest import context_for
+
+    raw = yaml.safe_load(PUBLISHED.read_text())
+    raw["spec"]["inferenceGateway"] = {"enabled": True}
+    (tmp / "endpoints").mkdir(parents=True, exist_ok=True)
+    (tmp / "endpoints" / "asks.yaml").write_text(yaml.safe_dump(raw))
+    ctx = context_for(env="dev")
+    ctx["environments"]["dev"].update(inferenceGateway=GATEWAY,
+                                      endpoints=["endpoints/asks.yaml"])
+    cfg = resolve_environment(ctx)
+    specs = load_endpoints(cfg, tmp)
+    assert specs[0].inference_gateway
+    app = cdk.App(context=ctx, outdir=str(tmp / "out"))
+    build(app, cfg, specs)
+    app.synth()
+
+
+def _start(tmp: Path) -> Background:
+    return Background([sys.executable, "-m", "tests.stacks.test_gateway_synth", str(tmp)],
+                      cwd=ROOT, timeout=300)
+
+
+@pytest.fixture
+def out(early) -> Path:
+    proc = early.run.result()
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return early.tmp / "out"
+
+
+@pytest.mark.starts_early(start=_start)
+def test_cdk_nag_and_validation_find_nothing_but_our_own_warnings(out):
+    report = json.loads((out / "validation-report.json").read_text())
+    plugins = {r["pluginName"]: r for r in report["pluginReports"]}
+    assert "AwsSolutions" in plugins
+    for plugin, rep in plugins.items():
+        assert rep["conclusion"] == "success", (plugin, rep["violations"])
+        assert [v for v in rep["violations"]
+                if not v["ruleName"].startswith("Annotation::kvcache:")] == [], plugin
+
+
+@pytest.mark.starts_early(start=_start)
+def test_every_pod_fits_a_node_group_beside_the_gateway_path(out):
+    from tests.stacks.cluster_model import manifest_pods, node_groups, unschedulable
+    templates = {p.name.removesuffix(".template.json"): json.loads(p.read_text())
+                 for p in out.glob("*.template.json")}
+    pods = manifest_pods(templates)
+    assert any(p.owner.endswith("-epp") for p in pods)
+    assert unschedulable(pods, node_groups(templates)) == []
+    serving = json.dumps(templates)
+    assert "InferencePool" in serving and "HTTPRoute" in serving
+
+
+if __name__ == "__main__":
+    synthesize(Path(sys.argv[1]))

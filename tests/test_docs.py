@@ -208,3 +208,15 @@ def test_no_doc_or_help_says_an_environment_setting_lives_in_cdk_json():
         said = [f for f in fields if re.search(rf"`{f}`[^.]{{0,40}}`?cdk\.json", flat)]
         assert said == [], (name, said)
         assert "[ack:" not in flat, name   # the CLI prints Acknowledge with 'Annotation::ID'
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "benchmarks.md"] + [
+    ROOT / "endpoints" / "README.md"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_prose_is_wrapped_to_be_read_in_a_terminal(doc):
+    """Prose lines at most 100 columns; tables, code, headings and markers may run longer
+    (benchmarks.md is written by bench/routing.py)."""
+    long = [n for n, line in enumerate(FENCE.sub(lambda m: "\n" * m.group().count("\n"),
+                                                 doc.read_text()).splitlines(), 1)
+            if len(line) > 100 and not line.lstrip().startswith(("|", "#", "<!--"))
+            and " " in line.strip()]   # one word (a long path) cannot wrap
+    assert long == [], (doc.name, long)

@@ -210,11 +210,11 @@ def test_no_doc_or_help_says_an_environment_setting_lives_in_cdk_json():
         assert "[ack:" not in flat, name   # the CLI prints Acknowledge with 'Annotation::ID'
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "benchmarks.md"] + [
+@pytest.mark.parametrize("doc", DOCS + [
     ROOT / "endpoints" / "README.md"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_prose_is_wrapped_to_be_read_in_a_terminal(doc):
-    """Prose lines at most 100 columns; tables, code, headings and markers may run longer
-    (benchmarks.md is written by bench/routing.py)."""
+    """Prose lines at most 100 columns (bench.routing.wrap_prose writes benchmarks.md so);
+    tables, code, headings and markers may run longer."""
     long = [n for n, line in enumerate(FENCE.sub(lambda m: "\n" * m.group().count("\n"),
                                                  doc.read_text()).splitlines(), 1)
             if len(line) > 100 and not line.lstrip().startswith(("|", "#", "<!--"))

@@ -39,6 +39,7 @@ def test_every_day_two_command_is_run_by_a_test_or_needs_an_account():
 # their shell. Commands are parsed in-process by the real argparse parsers (no subprocess, no run).
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import importlib  # noqa: E402
 import io  # noqa: E402
 import shlex  # noqa: E402
@@ -68,7 +69,8 @@ def _commands(text: str) -> tuple[list[str], list[str]]:
     return blocks, spans
 
 
-def _parse(argv: list[str]) -> tuple[int, str]:
+@functools.lru_cache(maxsize=None)   # the docs repeat commands: parse each once
+def _parse(argv: tuple[str, ...]) -> tuple[int, str]:
     """Run the named module's main on argv with parse_args stopped after parsing: 0 when the
     arguments parse (or --help printed), argparse's exit code otherwise; and what it printed."""
     module = importlib.import_module("tools.__main__" if argv[2] == "tools" else argv[2])
@@ -82,7 +84,7 @@ def _parse(argv: list[str]) -> tuple[int, str]:
     argparse.ArgumentParser.parse_args = stop
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            module.main(argv[3:])
+            module.main(list(argv[3:]))
     except _Parsed:
         return 0, out.getvalue()
     except SystemExit as e:
@@ -145,10 +147,10 @@ def test_every_command_a_doc_shows_parses(doc):
         if PLACEHOLDER.search(" ".join(head)):   # `python -m tools <command>`
             continue
         # every tool subcommand and module the doc names has a --help that exits 0
-        assert _parse(head + ["--help"])[0] == 0, (doc.name, line)
+        assert _parse((*head, "--help"))[0] == 0, (doc.name, line)
         if re.search(r"\.\.\.|…|\{", line):
             continue
-        code, said = _parse(words)   # its flags too; a span may leave required ones out
+        code, said = _parse(tuple(words))   # its flags too; a span may leave required ones out
         assert code == 0 or (line in spans and "required" in said), (doc.name, line, said)
 
 

@@ -1,7 +1,16 @@
-"""The docs speak of the repository only, and the day-two page says which command needs AWS."""
+"""The docs speak of the repository only, every command, file and link they name exists and
+parses, the README is a short map, and the day-two page says which command needs AWS."""
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import importlib
+import io
 import re
+import shlex
+import subprocess
+from pathlib import PurePath
 
 import pytest
 
@@ -37,13 +46,6 @@ def test_every_day_two_command_is_run_by_a_test_or_needs_an_account():
 # --- Every command and file the docs name exists and parses -------------------------------------
 # A reader copies what the docs show; a renamed flag, tool, target or file must fail here, not in
 # their shell. Commands are parsed in-process by the real argparse parsers (no subprocess, no run).
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import functools  # noqa: E402
-import importlib  # noqa: E402
-import io  # noqa: E402
-import shlex  # noqa: E402
-import subprocess  # noqa: E402
 
 README = ROOT / "README.md"
 PATH_PAGES = ("quickstart", "china", "existing-vpc", "hyperpod")   # one page per case
@@ -104,9 +106,11 @@ def _declared_environments() -> set[str]:
 
 @pytest.fixture(scope="module")
 def tracked() -> set[str]:
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.splitlines()
-    return set(files) | {str(p) for f in files for p in __import__("pathlib").PurePath(f).parents}
+    """The repository's files and folders (git's list; the files on disk outside a checkout)."""
+    run = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    files = run.stdout.splitlines() if run.returncode == 0 and run.stdout else [
+        str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()]
+    return set(files) | {str(p) for f in files for p in PurePath(f).parents}
 
 
 def test_the_readme_is_a_map_with_a_page_per_path():

@@ -10,7 +10,7 @@ the GPU's rates, render/tokenize at a tokenizer's cost). One run per strategy, t
 Strategies: the HyperPod names, plus `session-noheader` (the session strategy while the client
 sends no X-Session-ID). Each strategy runs on the router implementation the chart deploys for it
 (`config.contracts.DEFAULT_ROUTER`: sglang-router for prefixaware); `STRATEGY@vllm` and
-`STRATEGY@sglang` pick one (`routerImplementations` in cdk.json). Figures, not assertions: the
+`STRATEGY@sglang` pick one (`routerImplementations` in the environment file). Figures, not assertions: the
 emulator is a model; `--time-scale` makes the GPU faster than life (every emulated duration
 times the scale) while the router's own work stays real, so ratios between strategies are the
 result, absolute milliseconds are not.

@@ -44,7 +44,7 @@ def complete(url: str, model: str, text: str, max_tokens: int = 32) -> tuple[flo
     return time.monotonic() - t0, body["choices"][0]["text"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefill", required=True)
     p.add_argument("--decode", required=True)
@@ -52,7 +52,7 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--repeats", type=int, default=3)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     r = rendered("dev", "p5.48xlarge")
     router = r.container(f"{r.spec.name}-router", "router")
     args = localize_pd_args(router["args"], [a.prefill], [a.decode], free_port(), free_port())

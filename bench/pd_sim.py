@@ -200,7 +200,7 @@ def render(data: dict | None = None) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="p5.48xlarge", choices=sorted(EFA_GBS))
     p.add_argument("--isl", type=int, default=8192)
@@ -208,7 +208,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=240)
     p.add_argument("--rates", type=float, nargs="+", default=[1, 2, 4, 6, 8, 10])
     p.add_argument("--write", action="store_true", help=f"save the figures to {DATA}")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     data = sweep(a.profile, a.isl, a.osl, tuple(a.rates), a.requests)
     if a.write:
         DATA.write_text(json.dumps(data, indent=1) + "\n")

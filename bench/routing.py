@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -434,8 +436,48 @@ def render_doc(doc: Path, out: Path) -> None:
     from bench import pd_sim
 
     text += pd_sim.render()    # from bench/data/pd_sim.json
-    doc.write_text("\n".join(text + findings(m, st) + (
-        _stability_findings(st_vllm) if st_vllm else [])) + "\n")
+    doc.write_text(wrap_prose("\n".join(text + findings(m, st) + (
+        _stability_findings(st_vllm) if st_vllm else []))) + "\n")
+
+
+_ITEM = re.compile(r"^(\s*)((?:[-*+]|\d+[.)])\s+)")
+_STARTS_BLOCK = re.compile(r"^([-+*#>|]|\d+[.)])(\s|$)")
+
+
+def _special(line: str) -> bool:
+    return not line.strip() or line.lstrip().startswith(("|", "#", "<!--", "```"))
+
+
+def wrap_prose(text: str, width: int = 100) -> str:
+    """Markdown prose re-wrapped at `width` columns so the page reads in a terminal and diffs
+    line by line; tables, code, headings and list structure stay as they are (a paragraph or
+    list item is one unit; a line is never begun with what would start a new block)."""
+    lines, out, i, fence = text.split("\n"), [], 0, False
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            fence = not fence
+        if fence or _special(lines[i]):
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and not _special(lines[j]) and not _ITEM.match(lines[j]):
+            j += 1
+        block = lines[i:j]
+        if max(map(len, block)) > width:
+            m = _ITEM.match(block[0])
+            lead = m.group(1) + m.group(2) if m else re.match(r"\s*", block[0]).group()
+            rest = " " * len(lead)
+            words = " ".join(x.strip() for x in [block[0][len(lead):], *block[1:]])
+            block = textwrap.wrap(words, width=width, initial_indent=lead, subsequent_indent=rest,
+                                  break_long_words=False, break_on_hyphens=False)
+            for k in range(1, len(block)):
+                while _STARTS_BLOCK.match(block[k][len(rest):]) and " " in block[k - 1].strip():
+                    head, word = block[k - 1].rsplit(" ", 1)
+                    block[k - 1], block[k] = head, rest + word + " " + block[k][len(rest):]
+        out.extend(block)
+        i = j
+    return "\n".join(out)
 
 
 def lmcache_rows(lmc: dict) -> list[str]:

@@ -667,8 +667,9 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         hosted_zones=_hosted_zones(name, r.get(
             "hostedZones", list, [], allowed="a list of {id: Z..., name: domain}")),
         acknowledged_warnings=r.strings(
-            "acknowledgedWarnings", (), pattern=ACK_PATTERN, allowed="warning ids synth "
-            "prints in [ack: ...]: kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
+            "acknowledgedWarnings", (), pattern=ACK_PATTERN, allowed="the id synth prints "
+            "as Acknowledge with 'Annotation::ID', without 'Annotation::': "
+            "kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
             "kvcache:check, kvcache:image-without-digest"),
         inference_gateway=(_inference_gateway(r.child("inferenceGateway"))
                            if "inferenceGateway" in r.data else None),

@@ -81,4 +81,4 @@ def test_an_acknowledgement_is_an_id_synth_prints():
     ctx["environments"]["dev"]["acknowledgedWarnings"] = ["the L2 one"]
     with pytest.raises(ConfigError) as info:
         resolve_environment(ctx)
-    assert info.value.field == "acknowledgedWarnings[0]" and "[ack: ...]" in info.value.allowed
+    assert info.value.field == "acknowledgedWarnings[0]" and "'Annotation::ID'" in info.value.allowed

@@ -238,6 +238,12 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
         else:
             warnings.append(l2_size_notice(cfg, s, plan))
+            warnings.append(f"{where}.worker.image: the L2 verdict assumes {s.worker_image} "
+                            f"carries {image_release(s.image).said()}")
+            if s.l2_backend_asked == "tieredstorage":
+                warnings.append(f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: tieredstorage "
+                                "is HyperPod-only; the L2 is the in-cluster Valkey (bounded, "
+                                "LRU), the self-hosted equivalent")
             if plan.target == ELASTICACHE and v.connector is REDISS:
                 warnings.append(
                     f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "

@@ -22,7 +22,7 @@ from config.endpoint_spec import (
 from config.instances import gpu_shape
 from config.images import (
     IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
-    image_for, image_release, lmcache_version, vllm_version,
+    image_for, image_release, lmcache_version, lock_records, vllm_version,
 )
 from config.models import FAMILIES, RECORDED, ModelShape
 from config.network import (
@@ -60,6 +60,7 @@ from k8s.objects import selector_labels
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
+    lock_records()   # a bad images.lock.json is one line here, before anything reads it
     served = tuple(t for g in cfg.gpu_node_groups for t in g.instance_types)
     specs = tuple(load_endpoint(cfg.name, f, root, f"endpoints[{i}]",
                                 instance_type_map=cfg.instance_type_map,

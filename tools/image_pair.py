@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
-from config.images import IMAGES_LOCK, load_lock
+import config.images
+from config.images import load_lock
 
 PACKAGES = ("vllm", "lmcache")
 _METADATA = re.compile(r"(?:^|/)(?:site|dist)-packages/(vllm|lmcache)-[^/]+\.dist-info/METADATA$")
@@ -86,7 +87,7 @@ def read_pair(layout: Path, arch: str = "amd64") -> Pair:
 def record_pair(reference: str, digest: str, pair: Pair, how: str,
                 path: Path | None = None) -> None:
     """Write (or replace) `reference`'s entry in images.lock.json, then check the file reads."""
-    path = path or IMAGES_LOCK
+    path = path or config.images.IMAGES_LOCK
     data = json.loads(path.read_text()) if path.exists() else {}
     data[reference] = {"digest": digest, "vllm": pair.vllm, "lmcache": pair.lmcache, "read": how}
     path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n")

@@ -330,7 +330,8 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
                         dest_tls_verify=args.dest_tls_verify == "true",
                         src_authfile=args.src_authfile, dest_authfile=dest_authfile)
         mirror = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs,
-                        builders=image_builders(args, skopeo), read_pairs=unread_pairs(images, workers))
+                        builders=image_builders(args, skopeo),
+                        read_pairs=unread_pairs(images, workers))
         report = mirror.run(images, charts)
     record_pairs(mirror.pairs)
     return print_report(report)

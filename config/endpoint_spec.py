@@ -215,6 +215,7 @@ class EndpointSpec:
     startup_budget_s: int = DEFAULT_STARTUP_S   # maxDeployTimeInSeconds: the startup probe's
     scrape_interval_s: int = 15     # metrics.metricsScrapeIntervalSeconds (k8s/monitoring.py)
     dns_zone_id: str | None = None  # dnsConfig.hostedZoneId: a Route 53 record for the router
+    l2_backend_asked: str | None = None   # l2CacheBackend as written, where we serve another
     domain_name: str | None = None  # tlsConfig.customCertificateConfig.domainName: its name
     hub: HubModel | None = None     # huggingFaceModel: staged from the Hub (global regions)
     pd: PDSpec | None = None      # pdSpec as written; k8s/pd.py's verdict may drop it
@@ -364,7 +365,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
                       f"to {MAX_WORKING_SET:,} (the distinct prompt tokens clients come back "
                       "to, which the L2 is sized to keep)")
     model = _model_shape(kv, model_name, location, root)
-    backend = l2_url = None
+    backend = l2_url = l2_asked = None
     if l2:
         l2spec = kv.child("l2CacheSpec", {})
         backend = l2spec.get("l2CacheBackend", str, "redis").lower()
@@ -374,10 +375,8 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
             l2_url = _l2_url(l2spec, warnings)
         l2spec.done(warnings)
         if backend == "tieredstorage" and l2_url is None:
-            warnings.append(f"{file}: spec.kvCacheSpec.l2CacheSpec.l2CacheBackend: "
-                            "tieredstorage is HyperPod-only; using the in-cluster Valkey "
-                            "(bounded, LRU), the self-hosted equivalent")
-            backend = "valkey"
+            # Said by k8s/serving.py only where the L2 is deployed: a dropped L2 has one line.
+            l2_asked, backend = backend, "valkey"
     if l2_forced and not l2:
         warnings.append(f"{file}: spec.kvCacheSpec.forceL2Cache: ignored: enableL2Cache is "
                         "false")
@@ -616,6 +615,7 @@ def parse_endpoint(env: str, file: str, raw: Any, *,
         name=name, model_name=model_name, instance_type=itype,
         replicas=replicas, model_location=location,
         l1_enabled=l1, l1_size_gib=l1_size, l2_enabled=l2, l2_backend=backend, l2_forced=l2_forced,
+        l2_backend_asked=l2_asked,
         prefix_tokens=prefix_tokens, model=model, working_set_tokens=working_set,
         routing_strategy=strategy, metrics_enabled=metrics_enabled, health_check_path=health,
         worker_image=image_ref, worker_args=args, worker_env=tuple(env_vars), cpu=cpu,

@@ -3,16 +3,21 @@ preflight all read these entries, so what is mirrored is exactly what is deploye
 
 Every image is pinned by tag AND digest (the multi-arch index digest, which `skopeo copy --all`
 preserves, so `repo:tag@digest` resolves in ECR too). Never `latest`.
+
+A team's own pins live apart from this source, in `images.lock.json` at the repository root
+(IMAGES_LOCK, below): digests for any image (catalogue or endpoint file), and the vLLM/LMCache
+pair `python -m tools mirror` read from an image's own layers (tools/image_pair.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from .context import ROOT
+from .errors import ConfigError, excerpt
 from .regions import RegionFacts
 
 MIRROR_PREFIX = "kvcache"
@@ -197,6 +202,130 @@ IMAGES: dict[str, Image] = {i.key: i for i in (
 )}
 
 
+# --- The team's file: images.lock.json. Not the project's source (an upstream update never
+# touches it): the team commits it. One entry per image, keyed `registry/repository:tag`:
+#   {"digest": "sha256:<64 hex>"}                          a pin, for any image (router too)
+#   {"digest": ..., "vllm": "0.11.0", "lmcache": "0.3.9", "read": "<how, when>"}
+#                                                          the pair mirror read from its layers
+IMAGES_LOCK = ROOT / "images.lock.json"
+LOCK_FIELDS = ("digest", "vllm", "lmcache", "read")
+RECORDED, CATALOGUE, UNKNOWN = "recorded", "catalogue", "unknown"
+_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+class LockError(ConfigError):
+    """A bad images.lock.json entry: one line naming the file, entry, field and what is allowed."""
+
+    def __init__(self, where: str, value: object, allowed: str):
+        self.environment, self.field, self.value, self.allowed = IMAGES_LOCK.name, where, value, \
+            allowed
+        ValueError.__init__(self, f"{IMAGES_LOCK.name}: {where} = {excerpt(value)} is not valid; "
+                                  f"allowed: {allowed}")
+
+
+def release_of(version: str | None) -> "Version | None":
+    """(major, minor, patch) of a PEP 440 version string (`0.3.9.post1` -> (0, 3, 9))."""
+    m = _RELEASE.match(version or "")
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    reference: str          # registry/repository:tag
+    digest: str
+    vllm: str | None = None
+    lmcache: str | None = None
+    read: str | None = None   # how the pair was read; None: a pinned digest only
+
+    @property
+    def has_pair(self) -> bool:
+        return self.read is not None
+
+
+def load_lock(path) -> dict[str, ImageRecord]:
+    """The records of `path` (absent: none), keyed `registry/repository:tag` as parse_reference
+    normalizes it. Raises LockError for the first bad entry."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise LockError("(file)", str(err), "JSON: an object of image entries") from None
+    if not isinstance(data, dict):
+        raise LockError("(file)", type(data).__name__, "an object keyed registry/repository:tag")
+    records: dict[str, ImageRecord] = {}
+    for written, entry in data.items():
+        try:
+            registry, repo, tag, digest = parse_reference(written)
+        except ValueError as err:
+            raise LockError(repr(written), written, f"an image reference: {err}") from None
+        if digest:
+            raise LockError(repr(written), written, "registry/repository:tag (the digest goes "
+                            "in its \"digest\" field)")
+        if not isinstance(entry, dict):
+            raise LockError(written, entry, 'an object with "digest" (and "vllm", "lmcache", '
+                            '"read" where mirror read them)')
+        for field in entry:
+            if field not in LOCK_FIELDS:
+                raise LockError(f"{written}.{field}", entry[field], ", ".join(LOCK_FIELDS))
+        if not isinstance(entry.get("digest"), str) or not _DIGEST.fullmatch(entry["digest"]):
+            raise LockError(f"{written}.digest", entry.get("digest"), "sha256:<64 hex>")
+        pair = [f for f in ("vllm", "lmcache", "read") if f in entry]
+        if pair and len(pair) != 3:
+            raise LockError(f"{written}.{pair[0]}", entry[pair[0]], 'with "vllm", "lmcache" and '
+                            '"read" together (null where the image has no such package)')
+        for field in ("vllm", "lmcache"):
+            value = entry.get(field)
+            if value is not None and (not isinstance(value, str) or release_of(value) is None):
+                raise LockError(f"{written}.{field}", value, "a version string (0.11.0) or null")
+        if pair and not isinstance(entry["read"], str):
+            raise LockError(f"{written}.read", entry["read"], "a string: how the pair was read")
+        key = f"{registry}/{repo}:{tag}"
+        records[key] = ImageRecord(key, entry["digest"], entry.get("vllm"),
+                                   entry.get("lmcache"), entry.get("read"))
+    return records
+
+
+_LOCK: dict[tuple[str, int | None], dict[str, ImageRecord]] = {}
+
+
+def lock_records() -> dict[str, ImageRecord]:
+    """IMAGES_LOCK's records, read again only when the file changes (mirror writes it)."""
+    key = (str(IMAGES_LOCK), IMAGES_LOCK.stat().st_mtime_ns if IMAGES_LOCK.exists() else None)
+    if key not in _LOCK:
+        _LOCK[key] = load_lock(IMAGES_LOCK)
+    return _LOCK[key]
+
+
+def lock_key(image: Image) -> str:
+    """How images.lock.json names the image: `registry/repository:tag`, as Docker reads it
+    (the router, built here as `kvcache-eks/router`, is `docker.io/kvcache-eks/router`)."""
+    registry, path, tag, _ = parse_reference(f"{image.source}:{image.tag}")
+    return f"{registry}/{path}:{tag}"
+
+
+def record_for(image: Image) -> ImageRecord | None:
+    """The team's record of this image, where one holds for it: same repository and tag, and
+    the same digest where the image names one (a record of other bytes says nothing of these)."""
+    record = lock_records().get(lock_key(image))
+    if record is None or (image.digest and record.digest != image.digest
+                          and image.key not in IMAGES):
+        return None
+    return record
+
+
+def pinned(image: Image) -> Image:
+    """The image with the team's recorded digest, where the record has one: a catalogue image
+    without a digest gets it, one with a digest takes the team's (their pin overrides ours)."""
+    record = lock_records().get(lock_key(image))
+    if record is None or record.digest == image.digest:
+        return image
+    if image.key not in IMAGES and image.digest:   # the file's own pin wins over a record
+        return image
+    written = image.written and f"{image.written.partition('@')[0]}@{record.digest}"
+    return replace(image, digest=record.digest, written=written)
+
+
 def deployed_images(endpoint_images: Iterable[Image], *, kubernetes_version: str,
                     self_hosted_observability: bool, in_cluster_cache: bool,
                     efa_nodes: bool = False, inference_gateway: bool = False) -> list[Image]:
@@ -210,13 +339,13 @@ def deployed_images(endpoint_images: Iterable[Image], *, kubernetes_version: str
               *([INFERENCE_GATEWAY] if inference_gateway else [])}
     seen: dict[tuple[str, str], Image] = {}
     for image in (*(i for i in IMAGES.values() if i.deployed in wanted), *endpoint_images):
-        seen.setdefault((image.mirror_repository, image.tag), image)
+        seen.setdefault((image.mirror_repository, image.tag), pinned(image))
     return list(seen.values())
 
 
 def unpinned_images() -> list[Image]:
     """Images still waiting for a digest: synth warns about each until it is pinned."""
-    return [i for i in IMAGES.values() if not i.digest]
+    return [i for i in map(pinned, IMAGES.values()) if not i.digest]
 
 
 @dataclass(frozen=True)
@@ -280,7 +409,7 @@ class ImageResolver:
         return f"{self.registry}/{image.mirror_repository}" if self.use_ecr else image.source
 
     def uri(self, key: str) -> str:
-        return self.resolve(IMAGES[key])
+        return self.resolve(pinned(IMAGES[key]))
 
     def resolve(self, image: Image) -> str:
         """Upstream as written (endpoint files) or pinned (catalogue); the mirror in ECR. An
@@ -335,10 +464,10 @@ def image_for(reference: str) -> Image:
     repositories and charts then treat both alike (`kvcache/<source path>:<tag>`)."""
     key = catalogue_key_for(reference)
     if key is not None:
-        return IMAGES[key]
+        return pinned(IMAGES[key])
     registry, path, tag, digest = parse_reference(reference)
-    return Image(f"{path}:{tag}", f"{registry}/{path}", tag, digest,
-                 "worker image named by an endpoint file", written=reference)
+    return pinned(Image(f"{path}:{tag}", f"{registry}/{path}", tag, digest,
+                        "worker image named by an endpoint file", written=reference))
 
 
 # vLLM published KV events (`--kv-events-config`, which kvaware needs) from 0.9.0 on. Where an
@@ -452,6 +581,15 @@ class ImageRelease:
     vllm: Version | None
     lmcache: Version | None
     source: str
+    origin: str = CATALOGUE   # RECORDED (images.lock.json), CATALOGUE (below) or UNKNOWN
+
+    def said(self) -> str:
+        """The pair as synth states it, with where it comes from."""
+        pair = " + ".join(f"{name} {'.'.join(map(str, v)) if v else 'unknown'}"
+                          for name, v in (("vLLM", self.vllm), ("LMCache", self.lmcache)))
+        where = {RECORDED: f"{IMAGES_LOCK.name}, read from the image", CATALOGUE:
+                 "the catalogue, config/images.py", UNKNOWN: "unknown"}[self.origin]
+        return f"{pair} ({where}: {self.source})"
 
 
 # lmcache/vllm-openai release tags. LMCache's docker/Dockerfile, target `image-release` (built by
@@ -478,6 +616,19 @@ _VERSION_TAG = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?![\d.])")
 
 
 def image_release(image: Image) -> ImageRelease:
+    """The vLLM and LMCache the image carries: as mirror read them from its layers
+    (images.lock.json), else as its build files say (the catalogue), else unknown."""
+    record = record_for(image)
+    if record is not None and record.has_pair:
+        return ImageRelease(release_of(record.vllm), release_of(record.lmcache),
+                            f"{record.digest[:19]}, {record.read}", RECORDED)
+    release = catalogue_release(image)
+    if release.vllm is None and release.lmcache is None:
+        return replace(release, origin=UNKNOWN)
+    return release
+
+
+def catalogue_release(image: Image) -> ImageRelease:
     """What the image's build files say about the vLLM and LMCache it carries."""
     path = image.source.split("/", 1)[1]
     if path == "lmcache/vllm-openai":

@@ -24,7 +24,7 @@ from config.endpoint_spec import (
 from config.instances import gpu_shape
 from config.images import (
     IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
-    image_for, image_release, lmcache_version, vllm_version,
+    image_for, image_release, lmcache_version, lock_records, vllm_version,
 )
 from config.models import FAMILIES, RECORDED, ModelShape
 from config.network import (
@@ -65,6 +65,7 @@ from k8s.objects import selector_labels
 
 
 def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ...]:
+    lock_records()   # a bad images.lock.json is one line here, before anything reads it
     served = tuple(t for g in cfg.gpu_node_groups for t in g.instance_types)
     specs = tuple(load_endpoint(cfg.name, f, root, f"endpoints[{i}]",
                                 instance_type_map=cfg.instance_type_map,
@@ -244,6 +245,12 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
             s = replace(s, l2_enabled=False, l2_backend=None, l2_url=None)
         else:
             warnings.append(l2_size_notice(cfg, s, plan))
+            warnings.append(f"{where}.worker.image: the L2 verdict assumes {s.worker_image} "
+                            f"carries {image_release(s.image).said()}")
+            if s.l2_backend_asked == "tieredstorage":
+                warnings.append(f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: tieredstorage "
+                                "is HyperPod-only; the L2 is the in-cluster Valkey (bounded, "
+                                "LRU), the self-hosted equivalent")
             if plan.target == ELASTICACHE and v.connector is REDISS:
                 warnings.append(
                     f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: the environment's "

@@ -16,7 +16,7 @@ import yaml
 from cdk8s import Chart
 from constructs import Construct
 
-from config.images import IMAGES, ImageFamily, image_release
+from config.images import IMAGES, IMAGES_LOCK, ImageFamily, catalogue_release, image_release
 from config.contracts import (
     EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, GPU_RESOURCE, GPU_TAINT_KEY,
     KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
@@ -427,7 +427,7 @@ def _release(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
-_SHIPPED = image_release(IMAGES["vllm-lmcache"])
+_SHIPPED = catalogue_release(IMAGES["vllm-lmcache"])   # not the team's record: read at import
 # The images that may have an L2, as a refusal names them.
 L2_IMAGES = (f"{IMAGES['vllm-lmcache'].source.split('/', 1)[1]}:{IMAGES['vllm-lmcache'].tag} "
              f"(vLLM {_release(_SHIPPED.vllm)} + LMCache {_release(_SHIPPED.lmcache)}), or "
@@ -443,7 +443,8 @@ def l2_refusal(vllm: tuple[int, int, int] | None, lmcache: LMCacheVersion | None
                    f"vLLM release beside its LMCache {_release(lmcache)}")
         return (f"no public record pins the {carries} (config/images.py image_release), so "
                 "nothing says a failed L2 read reaches vLLM rather than leaving it to compute "
-                "on KV that never loaded")
+                "on KV that never loaded; `python -m tools mirror --env <env>` reads them from "
+                f"the image's layers into {IMAGES_LOCK.name}, which the next synth uses")
     if vllm >= L2_SAFE_VLLM and lmcache >= L2_SAFE_LMCACHE:
         return None
     v, lmc = _release(vllm), _release(lmcache)

@@ -53,8 +53,11 @@ class Mirror:
 
     def __init__(self, skopeo: Skopeo, registry: str | None, *, dry_run: bool = False,
                  jobs: int = 2, builders: Mapping[str, Callable[[Path], Any]] | None = None,
-                 ) -> None:
+                 read_pairs: Iterable[str] = ()) -> None:
         self.skopeo, self.registry, self.dry_run, self.jobs = skopeo, registry, dry_run, jobs
+        # catalogue keys of worker images whose vLLM/LMCache pair is read from their layers
+        # (tools/image_pair.py) once mirrored: key -> (reference, digest, Pair) in `pairs`
+        self.read_pairs, self.pairs = frozenset(read_pairs), {}
         # catalogue key -> build(layout) -> tools.image_build.Built, for images we build
         self.builders = dict(builders or {})
 
@@ -97,9 +100,28 @@ class Mirror:
                 row.action = "resolved"
                 return row
             self._place(row, f"docker://{image.source}@{row.digest}")
+            if image.key in self.read_pairs and not self.dry_run:
+                self._read_pair(image, row)
         except SkopeoError as err:
             row.action, row.note = "failed", str(err)
         return row
+
+    def _read_pair(self, image: Any, row: Row) -> None:
+        """Read the vLLM/LMCache pair from the image's linux/amd64 layers (its source: the
+        bytes just mirrored, by digest)."""
+        from tools.image_pair import read_pair
+
+        with tempfile.TemporaryDirectory(prefix="pair-") as tmp:   # no ':' (oci:PATH:TAG)
+            self.skopeo.copy_platform(f"docker://{image.source}@{row.digest}",
+                                      f"oci:{tmp}/layout:image")
+            try:
+                pair = read_pair(Path(tmp) / "layout")
+            except (ValueError, OSError, KeyError) as err:
+                raise SkopeoError(f"{image.source}:{image.tag}: its layers could not be read "
+                                  f"for vLLM/LMCache: {err}") from None
+        self.pairs[image.key] = (f"{image.source}:{image.tag}", row.digest, pair)
+        row.note = (f"{row.note}; " if row.note else "") + (
+            f"carries vLLM {pair.vllm or 'none'} + LMCache {pair.lmcache or 'none'}")
 
     def _built(self, image: Any) -> Row:
         """An image we build (tools/image_build.py): built where the destination lacks its
@@ -274,7 +296,9 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
     # What the environment deploys: the catalogue images its parts use, every endpoint file's
     # worker image, and the router image, built here.
     cfg = load_environment(args)
-    images = environment_images(cfg, load_endpoints(cfg))
+    specs = load_endpoints(cfg)
+    images = environment_images(cfg, specs)
+    workers = {s.image.key for s in specs if s.image is not None}
     charts = catalogue_charts()
     if args.only:
         known = list(dict.fromkeys([i.key for i in images] + [c.key for c in charts]))
@@ -305,9 +329,42 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         skopeo = Skopeo(src_tls_verify=args.src_tls_verify == "true",
                         dest_tls_verify=args.dest_tls_verify == "true",
                         src_authfile=args.src_authfile, dest_authfile=dest_authfile)
-        report = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs,
-                        builders=image_builders(args, skopeo)).run(images, charts)
+        mirror = Mirror(skopeo, registry, dry_run=args.dry_run, jobs=args.jobs,
+                        builders=image_builders(args, skopeo),
+                        read_pairs=unread_pairs(images, workers))
+        report = mirror.run(images, charts)
+    record_pairs(mirror.pairs)
     return print_report(report)
+
+
+def unread_pairs(images: Iterable[Any], workers: Iterable[str]) -> list[str]:
+    """Keys of the worker images (`workers`: the endpoints' image keys) whose vLLM/LMCache pair
+    neither the catalogue nor images.lock.json knows: mirror reads them."""
+    from config.images import RECORDED, image_release
+
+    keys, workers = [], set(workers)
+    for image in images:
+        if image.key not in workers or image.built_from:
+            continue
+        release = image_release(image)
+        if release.origin != RECORDED and (release.vllm is None or release.lmcache is None):
+            keys.append(image.key)
+    return keys
+
+
+def record_pairs(pairs: Mapping[str, tuple[str, str, Any]]) -> None:
+    """Write what the mirror read into images.lock.json, and say so."""
+    from datetime import date
+
+    from config.images import IMAGES_LOCK
+    from tools.image_pair import record_pair
+
+    for reference, digest, pair in pairs.values():
+        record_pair(reference, digest, pair, f"mirror read its site-packages METADATA on "
+                    f"{date.today().isoformat()}")
+        err_console.print(f"{IMAGES_LOCK.name}: {reference}@{digest[:19]}: vLLM "
+                          f"{pair.vllm or 'none'} + LMCache {pair.lmcache or 'none'} "
+                          "(commit it: the next synth uses it)")
 
 
 def _skopeo(args: argparse.Namespace, dest_authfile: str | None = None) -> Skopeo:

@@ -80,6 +80,15 @@ class Skopeo:
         self._run([*args, src, dest])
 
 
+    def copy_platform(self, src: str, dest: str, arch: str = "amd64") -> None:
+        """One platform of `src` (linux/`arch`), e.g. into an `oci:` layout to read its files."""
+        args = ["copy", "--override-os", "linux", "--override-arch", arch, "--retry-times",
+                "3", "--quiet", f"--src-tls-verify={str(self.src_tls_verify).lower()}"]
+        if self.src_authfile:
+            args += ["--src-authfile", self.src_authfile]
+        self._run([*args, src, dest])
+
+
 def _last_line(text: str) -> str:
     """skopeo's last log line, its message only: `level=fatal msg="Error parsing image name
     \"docker://x\": pinging ..."` -> `pinging ...`."""

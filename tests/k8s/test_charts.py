@@ -321,10 +321,11 @@ def test_no_l2_means_no_remote():
     assert "remote_url" not in yaml.safe_load(cm["data"]["lmcache.yaml"])
 
 
-def test_tieredstorage_warns():
+def test_tieredstorage_is_the_in_cluster_valkey():
+    """Said by synth only where the L2 is deployed (tests/tools/test_image_pair.py)."""
     spec = _spec(_env("dev"), backend="tieredstorage")
-    assert spec.l2_backend == "valkey"
-    assert any("tieredstorage is HyperPod-only" in w for w in spec.warnings)
+    assert spec.l2_backend == "valkey" and spec.l2_backend_asked == "tieredstorage"
+    assert not any("tieredstorage" in w for w in spec.warnings)
 
 
 @pytest.mark.parametrize("edit, field, allowed", [

@@ -167,7 +167,8 @@ def world(tmp_path_factory) -> Iterator[dict]:
         }
 
 
-def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeypatch, capsys):
+def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeypatch, capsys,
+                                                                  tmp_path):
     skopeo, dst = world["skopeo"], world["dst"]
     first = Mirror(skopeo, dst).run(world["images"], world["charts"], progress=False)
     assert [(r.key, r.action) for r in first.rows] == [
@@ -190,6 +191,7 @@ def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeyp
     # Second run, through the command line with this catalogue: nothing copied.
     # The catalogue holds `app`; `tool` is an endpoint file's worker image: both are mirrored.
     monkeypatch.setattr(config.images, "IMAGES", {i.key: i for i in world["images"][:1]})
+    monkeypatch.setattr(config.images, "IMAGES_LOCK", tmp_path / "images.lock.json")
     monkeypatch.setattr(config.images, "CHARTS", {c.key: c for c in world["charts"]},
                         raising=False)
     monkeypatch.setattr(mirror_module, "load_endpoints",
@@ -202,6 +204,9 @@ def test_mirror_copies_by_digest_then_a_second_run_copies_nothing(world, monkeyp
     assert out.count("present") == 4 and "copied" not in out
     tool_digest = next(r.digest for r in first.rows if r.key == "tool")
     assert f'pin tool: digest="{tool_digest}"' in out  # to paste into the catalogue
+    # the worker image's pair was read from its layers (it has neither package) and recorded
+    (record,) = config.images.load_lock(tmp_path / "images.lock.json").values()
+    assert (record.digest, record.vllm, record.lmcache) == (tool_digest, None, None)
 
 
 def test_a_tag_holding_another_digest_is_reported_not_overwritten(world):

@@ -60,6 +60,49 @@ TABLES: dict[str, PriceTable] = {
 
 
 def price_table(region: str) -> PriceTable:
-    """The region's table; an empty one in its currency where this project keeps none."""
-    return TABLES.get(region) or PriceTable(
-        region_currency(region), f"none kept for {region} in config/prices.py", "-")
+    """The region's table; in a USD region without one, us-east-1's, said so (prices differ
+    by region by some percent, never by currency); an empty one in a CNY region."""
+    if region in TABLES:
+        return TABLES[region]
+    if region_currency(region) == "USD":
+        t = TABLES["us-east-1"]
+        return PriceTable("USD", f"us-east-1's: none kept for {region}; {t.source}", t.date,
+                          t.hourly)
+    return PriceTable(region_currency(region), f"none kept for {region} in config/prices.py",
+                      "-")
+
+
+class Prices:
+    """An environment's hourly prices in its region's currency: its own `instancePrices`
+    (and, in a USD region, `instanceHourlyUsd`) over the region's table."""
+
+    def __init__(self, region: str, own: PriceTable | None = None,
+                 hourly_usd: Mapping[str, float] | None = None):
+        self.currency = region_currency(region)
+        table = price_table(region)
+        self.hourly = dict(table.hourly)
+        self.table_source = f"{table.source}, {table.date}"
+        self.sources = [self.table_source] if table.hourly else []
+        if self.currency == "USD" and hourly_usd:
+            self.hourly.update(hourly_usd)
+            self.sources.append("instanceHourlyUsd")
+        if own is not None:
+            self.hourly.update(own.hourly)
+            self.sources.append(own.source)
+        self.unpriced: list[str] = []   # asked for, no price: not counted
+
+    def get(self, item: str) -> float | None:
+        return self.hourly.get(item)
+
+    def cost(self, item: str, count: int) -> float:
+        if count == 0:
+            return 0.0
+        price = self.hourly.get(item)
+        if price is None:
+            if item not in self.unpriced:
+                self.unpriced.append(item)
+            return 0.0
+        return price * count
+
+    def said(self, amount: float) -> str:
+        return f"{self.currency} {amount:,.2f}"

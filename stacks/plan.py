@@ -10,42 +10,13 @@ from config import EnvironmentConfig
 from config.contracts import ROUTER_PORT
 from config.endpoint_spec import EndpointSpec, _gib
 from config.notices import CHANGED, ack_id, kind_of
-from config.prices import EKS_CLUSTER, NLB, PriceTable, price_table, region_currency
+from config.prices import EKS_CLUSTER, NLB, Prices
 from k8s.l2 import ELASTICACHE, IN_CLUSTER, OWN
 from k8s.serving import effective_scaling, fleet_replicas, generated_tls, in_cluster_node, l2_plan
 from k8s.workers import l1_budget, parallel_ranks
 from stacks.app_builder import l2_needs
 
 PLAN_FILE = "kvcache-plan.txt"   # in the cloud assembly, beside SUMMARY_FILE
-
-
-class Prices:
-    """The environment's own prices over the region's table; what has none is said once."""
-
-    def __init__(self, cfg: EnvironmentConfig):
-        self.currency = region_currency(cfg.region)
-        table = price_table(cfg.region)
-        own: PriceTable | None = cfg.instance_prices
-        self.hourly = dict(table.hourly)
-        self.sources = [f"{table.source}, {table.date}"] if table.hourly else []
-        if self.currency == "USD" and cfg.instance_hourly_usd:
-            self.hourly.update(cfg.instance_hourly_usd)
-            self.sources.append("instanceHourlyUsd")
-        if own is not None:
-            self.hourly.update(own.hourly)
-            self.sources.append(own.source)
-        self.table_source = table.source
-        self.unpriced: list[str] = []   # asked for, no price: not counted
-
-    def cost(self, item: str, count: int) -> float:
-        if count == 0:
-            return 0.0
-        price = self.hourly.get(item)
-        if price is None:
-            if item not in self.unpriced:
-                self.unpriced.append(item)
-            return 0.0
-        return price * count
 
 
 def _group_line(name: str, types, lo: int, want: int, hi: int, gpus: int = 0) -> str:
@@ -102,7 +73,7 @@ def _replicas(cfg: EnvironmentConfig, s: EndpointSpec) -> str:
 
 
 def plan_text(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> str:
-    prices = Prices(cfg)
+    prices = Prices(cfg.region, cfg.instance_prices, cfg.instance_hourly_usd)
     lines = [f"kvcache plan: environment {cfg.name} ({cfg.region}, account {cfg.account})"]
     net = cfg.network
     lines.append("  network: " + (f"existing VPC {net.vpc_id}"

@@ -102,6 +102,8 @@ def plan_text(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> st
                      f"of {cfg.cache.node_type}")
         low += prices.cost(cfg.cache.node_type, count)
         high += prices.cost(cfg.cache.node_type, count)
+    if node is None and not needs.elasticache_shards:
+        lines.append(f"  L2 node: none (cache.kind {cfg.cache.kind}: no endpoint's L2 is there)")
     for s in endpoints:
         strategy = s.routing_strategy
         budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)

@@ -53,6 +53,8 @@ def test_the_plan_lists_every_node_group_and_endpoint_of_the_app(synths, name):
     caches = [r for t in s.templates.values()
               for r in resources(t, "AWS::ElastiCache::ReplicationGroup").values()]
     assert ("  ElastiCache: " in plan) == bool(caches)
+    has_cache_stack = f"{s.cfg.stack_prefix}-Cache" in s.templates
+    assert ("  L2 node: none" in plan) == (not has_cache_stack)
     currency = region_currency(s.cfg.region)
     assert f"on demand in {currency}" in plan and "prices: " in lines[-1]
 

@@ -57,7 +57,8 @@ def _listener(cfg: EnvironmentConfig, s: EndpointSpec) -> str:
         tls = "TCP, TLS at the router's front (a certificate made in the cluster)"
     else:
         tls = "TCP, plain HTTP (no TLS)"
-    sources = ", ".join(cfg.listener.source_ranges) or "the VPC"
+    sources = ", ".join(cfg.listener.source_ranges) or (
+        "anyone (no listener.sourceRanges)" if cfg.public_listener else "the VPC")
     return f"NLB {scheme} {where}, listener port {ROUTER_PORT}, {tls}; clients: {sources}"
 
 

@@ -4,6 +4,7 @@ the router image there (tools/router_image.py).
     python -m tools mirror --env china --export DIR   # outside China, no AWS credentials
     python -m tools mirror --env china --import DIR   # in China: DIR or s3://bucket/prefix
     python -m tools mirror --env dev                  # direct: upstream into the env's ECR
+    python -m tools mirror --env dev --dry-run        # what it would copy: sizes, no AWS
     python -m tools mirror --resolve                  # only print digests of unpinned images
     python -m tools mirror --env china --export DIR --dry-run --rate 50MB/s   # sizes, time
 

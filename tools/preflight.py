@@ -1,6 +1,7 @@
 """Before `cdk deploy`: can this account and region take this environment?
 
     python -m tools preflight --env china
+    python -m tools preflight --env china --offline   # what it would check: no credentials
 
 Checks, with the caller's credentials (read-only calls): the credentials are the environment's
 account; the services the variant needs exist in the region; the zones exist; every node

@@ -53,6 +53,7 @@ tools:
 synth: $(VENV)/.installed node_modules/.installed
 	cdk synth -q $(if $(ENV),-c env=$(ENV)) $(if $(CHINA),-c china=$(CHINA))
 	@cat cdk.out/kvcache-warnings.txt >&2
+	@cat cdk.out/kvcache-plan.txt >&2
 
 ## The whole test suite: config, stacks, charts, loopback router tests, tools.
 test: tools deps

@@ -23,6 +23,7 @@ app = cdk.App(context=context)  # feature flags from cdk.json even without the C
 from stacks.app_builder import (  # noqa: E402
     SUMMARY_FILE, build, warning_summary, write_manifests,
 )
+from stacks.plan import PLAN_FILE, plan_text  # noqa: E402
 
 stacks = build(app, cfg, endpoints)
 app.synth()
@@ -32,3 +33,5 @@ write_manifests(cfg, endpoints, ROOT / "dist" / cfg.name)
 summary = warning_summary(cfg, stacks.notices)
 print(summary, file=sys.stderr)
 (Path(app.outdir) / SUMMARY_FILE).write_text(summary + "\n")
+# What will run and what it costs an hour: `make synth` ends with it (stacks/plan.py).
+(Path(app.outdir) / PLAN_FILE).write_text(plan_text(cfg, endpoints) + "\n")

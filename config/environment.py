@@ -18,6 +18,7 @@ from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
 from .images import KUBERNETES_VERSIONS, ImageResolver
 from .instances import EFA, GPU_SHAPES, accelerator_label, gpu_direct_efa_in, gpu_shape
 from .notices import ACK_PATTERN
+from .prices import PSEUDO_TYPES, PriceTable, region_currency
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
     CACHE_ENGINE_FAMILIES, RegionFacts, cache_engine_versions_in, cache_node_types_in, families,
@@ -170,6 +171,9 @@ class EnvironmentConfig:
     log_retention_days: int
     endpoint_files: tuple[str, ...]
     instance_hourly_usd: Mapping[str, float]
+    # `instancePrices`: the environment's own hourly prices in its region's currency (the
+    # synth plan's cost, stacks/plan.py), over config/prices.py's table; None: the table's
+    instance_prices: PriceTable | None = None
     # HyperPod instance type (`ml.p5.48xlarge`) -> the EC2 type of a GPU node group serving it
     instance_type_map: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -607,14 +611,10 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     if facts.china and not use_ecr:
         raise r.fail("useEcrImages", use_ecr,
                      f"true (public registries are unreachable from {region})")
-    prices = r.get("instanceHourlyUsd", Mapping, {}, allowed="an object of type -> price")
-    for itype, price in prices.items():
-        if not re.fullmatch(r"[a-z0-9-]+\.[a-z0-9]+", itype, re.A):
-            raise ConfigError(name, "instanceHourlyUsd", itype,
-                              "EC2 instance types as keys, e.g. g5.24xlarge")
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or \
-                not 0 < price < math.inf:
-            raise ConfigError(name, f"instanceHourlyUsd.{itype}", price, "a positive number")
+    prices = _hourly_prices(name, "instanceHourlyUsd", r.get(
+        "instanceHourlyUsd", Mapping, {}, allowed="an object of type -> price"))
+    own_prices = _instance_prices(name, region, r.child("instancePrices")
+                                  if "instancePrices" in r.data else None)
     tags = _tags(r)
     ttft = r.get("ttftObjectiveSeconds", (int, float), None, allowed="seconds, e.g. 2.5")
     if ttft is not None and not 0 < ttft <= 600:
@@ -659,7 +659,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         bucket_encryption=r.choice("bucketEncryption", BUCKET_ENCRYPTION, "kms"),
         log_retention_days=r.choice("logRetentionDays", LOG_RETENTION_DAYS, 90),
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
-        instance_hourly_usd=dict(prices), tags=tags, instance_type_map=dict(type_map),
+        instance_hourly_usd=dict(prices), instance_prices=own_prices, tags=tags, instance_type_map=dict(type_map),
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
@@ -676,6 +676,31 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     )
     r.done()
     return cfg
+
+
+def _hourly_prices(env: str, where: str, prices: Mapping) -> dict[str, float]:
+    for itype, price in prices.items():
+        if itype not in PSEUDO_TYPES and not re.fullmatch(r"[a-z0-9-]+\.[a-z0-9]+", itype, re.A):
+            raise ConfigError(env, where, itype, "EC2 instance types as keys, e.g. g5.24xlarge"
+                              + (f", or {', '.join(PSEUDO_TYPES)}" if where != "instanceHourlyUsd"
+                                 else ""))
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or \
+                not 0 < price < math.inf:
+            raise ConfigError(env, f"{where}.{itype}", price, "a positive number")
+    return dict(prices)
+
+
+def _instance_prices(env: str, region: str, r: "_Reader | None") -> PriceTable | None:
+    """`instancePrices`: {currency, hourly: {type: price}, source}: the region's own currency
+    only (a CNY region's bill is not USD at another rate)."""
+    if r is None:
+        return None
+    currency = r.choice("currency", (region_currency(region),))
+    hourly = _hourly_prices(env, "instancePrices.hourly", r.get(
+        "hourly", Mapping, allowed="an object of instance type -> hourly price"))
+    source = r.get("source", str, "the environment file", allowed="where the prices come from")
+    r.done()
+    return PriceTable(currency, f"{source} (instancePrices)", "-", hourly)
 
 
 def resolve_environment(context: Mapping[str, Any]) -> EnvironmentConfig:

@@ -38,7 +38,7 @@ from k8s.l2 import (
     ELASTICACHE, GIB, GPU_MEMORY_UTILIZATION, IN_CLUSTER, MARGIN, OWN, REDIS, REDISS,
     VALKEY as VALKEY_CONNECTOR, L2Verdict, choose_in_cluster, connector_for, elasticache_server,
     gpu_kv_gib, in_cluster_host, in_cluster_refusal, in_cluster_server, l2_verdict,
-    node_hourly_usd, server_gbs,
+    server_gbs,
 )
 from k8s.gateway import (
     GatewayProps, InferenceGatewayChart, InferencePoolCrdChart, gateway_check, joins_gateway,
@@ -61,6 +61,7 @@ from k8s.workers import (
     COMPONENT as WORKER_COMPONENT, PDWorker, pd_selector,
 )
 from config.instances import efa
+from config.prices import Prices
 from k8s.objects import selector_labels
 
 
@@ -435,17 +436,16 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
                 f"replica(s): {fleet_replicas(cfg, s)[1]})")
     if plan.target == IN_CLUSTER:
         node = v.server.node_type
-        price = cfg.instance_hourly_usd.get(node)
-        source = "instanceHourlyUsd"
-        if price is None:
-            price, source = node_hourly_usd(node), "on demand in us-east-1"
+        prices = Prices(cfg.region, cfg.instance_prices, cfg.instance_hourly_usd)
+        price, gpu_price = prices.get(node), prices.get(s.instance_type)
         shape = gpu_shape(s.instance_type)
         instances = math.ceil(v.replicas * s.gpus / shape.gpus) if shape else v.replicas
-        gpu_price = cfg.instance_hourly_usd.get(s.instance_type)
-        cost = (f", ${price:.2f}/h {source}" if price else "") + (
+        cost = (f", {prices.said(price)}/h on demand" if price else
+                f", its {prices.currency} price unknown (instancePrices)") + (
             f": {price / (instances * gpu_price):.0%} of the {instances} x {s.instance_type} "
-            f"it serves (${instances * gpu_price:.2f}/h, instanceHourlyUsd)"
-            if price and gpu_price else "")
+            f"it serves ({prices.said(instances * gpu_price)}/h)"
+            if price and gpu_price else "") + (
+            f" (prices: {'; '.join(prices.sources)})" if price else "")
         what = f"the in-cluster Valkey on a {node} of its own{cost}"
     else:
         what = (f"ElastiCache: {v.shards} shard(s) of {v.server.node_type}, each with "

@@ -163,6 +163,8 @@ GATES = {
     "tests/k8s/test_lmcache_config.py": ["test_every_environments_workers_config_is_read_by_"
                                          "their_lmcache"],
     "tests/stacks/test_snapshots.py": ["test_template_snapshot"],
+    "tests/stacks/test_plan.py": ["test_the_plan_lists_every_node_group_and_endpoint_of_the_"
+                                  "app"],
     "tests/observability/test_delivery.py": ["test_monitoring_template_snapshot"],
     "tests/stacks/test_stacks.py": ["test_network", "test_load_balancer_subnets_hold_no_pod",
                                     "test_cluster", "test_serving_stack_applies_every_chart_"

@@ -4,6 +4,7 @@ the router image there (tools/router_image.py).
     python -m tools mirror --env china --export DIR   # outside China, no AWS credentials
     python -m tools mirror --env china --import DIR   # in China: DIR or s3://bucket/prefix
     python -m tools mirror --env dev                  # direct: upstream into the env's ECR
+    python -m tools mirror --env dev --dry-run        # what it would copy: sizes, no AWS
     python -m tools mirror --resolve                  # only print digests of unpinned images
     python -m tools mirror --env china --export DIR --dry-run --rate 50MB/s   # sizes, time
 
@@ -313,6 +314,8 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
         return export_main(args, cfg, images, charts)
     if getattr(args, "import_", None):
         return import_main(args, cfg, images, charts, aws)
+    if args.dry_run and not args.dest_registry and not args.resolve:
+        return direct_plan(args, cfg, images, charts)
     with tempfile.TemporaryDirectory(prefix="mirror-") as tmp:
         registry, dest_authfile = args.dest_registry, args.dest_authfile
         if args.resolve:
@@ -371,6 +374,18 @@ def _skopeo(args: argparse.Namespace, dest_authfile: str | None = None) -> Skope
     return Skopeo(src_tls_verify=args.src_tls_verify == "true",
                   dest_tls_verify=args.dest_tls_verify == "true",
                   src_authfile=args.src_authfile, dest_authfile=dest_authfile)
+
+
+def direct_plan(args: argparse.Namespace, cfg: Any, images: list, charts: list) -> int:
+    """The direct path's dry run: each artifact, its size from the upstream registries'
+    manifests, and where in the environment's ECR it would go; no AWS client is made (ECR's
+    repositories are checked by the copy itself)."""
+    from tools.carry import plan, print_plan
+
+    registry = f"{cfg.account}.{cfg.facts.ecr_host_suffix}"
+    planned = plan(_skopeo(args), images, charts, jobs=args.jobs)
+    return print_plan(planned, getattr(args, "rate", None),
+                      f"mirror of {cfg.name} into {registry}")
 
 
 def export_main(args: argparse.Namespace, cfg: Any, images: list, charts: list) -> int:

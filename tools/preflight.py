@@ -1,6 +1,7 @@
 """Before `cdk deploy`: can this account and region take this environment?
 
     python -m tools preflight --env china
+    python -m tools preflight --env china --offline   # what it would check: no credentials
 
 Checks, with the caller's credentials (read-only calls): the credentials are the environment's
 account; the services the variant needs exist in the region; the zones exist; every node
@@ -28,6 +29,7 @@ from config.arguments import ToolError, add_command, load_environment, out_conso
 from tools.cli import Aws, describe_aws_error, error_code, load_endpoints
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+TO_CHECK = "TO CHECK"     # --offline: what a run with credentials would ask
 
 # EC2 vCPU quotas by instance class and purchase option (service code ec2).
 QUOTAS = {
@@ -523,15 +525,74 @@ def efa_row(instance_type: str, network_info: dict | None, region: str) -> Row:
     return Row(check, PASS, f"{interfaces} EFA interfaces, as recorded")
 
 
+def offline_rows(cfg: EnvironmentConfig, endpoints: Iterable[Any]) -> list[Row]:
+    """What Preflight.run would check, row by row in its order, from the environment file
+    alone: no credentials, no AWS client (`--offline`)."""
+    from config.images import CHARTS
+    from config.network import load_balancer_addresses
+    from k8s.serving import environment_images
+
+    endpoints = tuple(endpoints)
+    net, region = cfg.network, cfg.region
+    groups = (cfg.system_nodes, *cfg.gpu_node_groups)
+    rows = [Row("credentials", TO_CHECK, f"sts:GetCallerIdentity is account {cfg.account}"),
+            Row("services", TO_CHECK, f"offered in {region}: "
+                + ", ".join(s for s in needed_services(cfg) if s != "iam"))]
+    if cfg.managed_grafana:
+        rows.append(Row("IAM Identity Center", TO_CHECK, f"an instance in {region}"))
+    rows.append(Row("zones", TO_CHECK, "available: " + ", ".join(cfg.availability_zones)))
+    if net.existing:
+        reach = ", ".join(node_services(cfg))
+        for sub in net.private_subnets:
+            rows.append(Row(f"subnet {sub.subnet_id}", TO_CHECK, f"in {net.vpc_id}, {sub.zone}, "
+                            f"{sub.cidr}, route table {sub.route_table_id}"))
+            rows.append(Row(f"reach: {sub.subnet_id} ({sub.zone})", TO_CHECK, f"{reach}: by VPC "
+                            "endpoints or a default route to a NAT or transit gateway"))
+    if net.private_only:
+        for e in endpoints:
+            rows.append(Row(f"load balancer addresses: {e.name}", TO_CHECK, "free or its load "
+                            "balancer's: " + ", ".join(load_balancer_addresses(net, e.name))))
+    for t in sorted({t for g in groups for t in g.instance_types}):
+        rows.append(Row(f"offered: {t}", TO_CHECK, "in " + ", ".join(cfg.availability_zones)))
+    for t in sorted({t for g in cfg.gpu_node_groups if g.efa for t in g.instance_types}):
+        rows.append(Row(f"efa: {t}", TO_CHECK, "EFA interfaces as config/instances.py records"))
+    for key in sorted({(instance_class(g.instance_types[0]), g.capacity_type) for g in groups}):
+        code, name = QUOTAS[key]
+        rows.append(Row(f"quota: {name}", TO_CHECK, f"{code} covers the node groups' vCPUs"))
+    rows.append(Row(f"EKS {cfg.kubernetes_version}", TO_CHECK, f"offered in {region}"))
+    if cfg.cache.kind == "elasticache":
+        c = cfg.cache
+        rows.append(Row(f"ElastiCache {c.engine} {c.engine_version}", TO_CHECK,
+                        f"offered in {region}, parameter group family {c.parameter_group_family}"))
+    for image in environment_images(cfg, endpoints):
+        if cfg.use_ecr_images or getattr(image, "built_from", None):
+            rows.append(Row(f"image: {image.key}", TO_CHECK, f"{image.mirror_repository}:"
+                            f"{image.tag} in ECR" + (f" as {image.digest}" if image.digest
+                                                     else "")))
+    if cfg.use_ecr_images:
+        for chart in CHARTS.values():
+            rows.append(Row(f"chart: {chart.key} {chart.version}", TO_CHECK,
+                            f"{chart.mirror_repository}:{chart.version} in ECR"))
+    for e in endpoints:
+        rows.append(Row(f"model: {e.name}", TO_CHECK, f"config.json and *.safetensors under "
+                        f"the model bucket's {e.model_location}/ ({cfg.stack_prefix}-Storage "
+                        "ModelBucketName, or --bucket)"))
+    return rows
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "preflight", main, "check an account and region before cdk deploy",
                     __doc__)
     p.add_argument("--bucket", help="model bucket instead of the Storage stack's output")
+    p.add_argument("--offline", action="store_true", help="list what would be checked, from "
+                   "the environment file alone: no credentials, no AWS call")
 
 
 def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
     cfg = load_environment(args)
     endpoints = load_endpoints(cfg)
+    if getattr(args, "offline", False):
+        return print_rows(cfg, offline_rows(cfg, endpoints))
     rows = Preflight(aws or Aws(cfg, args.profile), endpoints, bucket=args.bucket).run()
     return print_rows(cfg, rows)
 
@@ -539,7 +600,7 @@ def main(args: argparse.Namespace, aws: Aws | None = None) -> int:
 def print_rows(cfg: EnvironmentConfig, rows: list[Row]) -> int:
     from rich.table import Table
 
-    colour = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
+    colour = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim", TO_CHECK: "cyan"}
     table = Table("check", "status", "detail", title=f"preflight: {cfg.name} "
                   f"({cfg.account}, {cfg.region})", title_justify="left")
     for r in rows:

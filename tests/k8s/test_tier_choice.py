@@ -292,7 +292,7 @@ def test_the_l2s_size_and_price_are_said_and_a_working_set_the_fleet_holds_is_fl
         assert spec.autoscaling is None and v.replicas == spec.replicas
         n = spec.replicas   # one worker per g5.24xlarge (TP 4)
         node, fleet = v.server.node_type, n * cfg.instance_hourly_usd["g5.24xlarge"]
-        assert f"on a {node} of its own, ${node_hourly_usd(node):.2f}/h" in said[working_set]
+        assert f"on a {node} of its own, USD {node_hourly_usd(node):.2f}/h" in said[working_set]
         assert f"{node_hourly_usd(node) / fleet:.0%} of the {n} x g5.24xlarge" in said[working_set]
         assert f"for {n} replica(s) (spec.replicas, no autoScalingSpec" in said[working_set]
         assert f"{v.capacity_gib:,.0f} GiB" in said[working_set]

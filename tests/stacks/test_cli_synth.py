@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from stacks.app_builder import SUMMARY_FILE
+from stacks.plan import PLAN_FILE
 from tests.background import Background
 from tests.conftest import ROOT
 
@@ -34,3 +35,8 @@ def test_cli_synth_has_no_flag_notice_and_no_deprecated_api(early):
     summary = (tmp_path / "out" / SUMMARY_FILE).read_text().strip()
     assert summary.startswith("kvcache: ") and "change(s) to your request" in summary
     assert summary in output
+    # the plan, beside it, which `make synth` prints last
+    plan = (tmp_path / "out" / PLAN_FILE).read_text()
+    assert plan.startswith("kvcache plan: environment dev ") and "cost per hour" in plan
+    synth_recipe = (ROOT / "Makefile").read_text().split("\nsynth:", 1)[1].split("\n\n")[0]
+    assert synth_recipe.rstrip().endswith(f"@cat cdk.out/{PLAN_FILE} >&2")

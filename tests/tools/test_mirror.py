@@ -244,7 +244,7 @@ def ecr_aws(repositories: list[str]) -> Aws:
 
 def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{**dict(
-        env="china", china=False, profile=None, only=None, resolve=False, dry_run=True,
+        env="china", china=False, profile=None, only=None, resolve=False, dry_run=False,
         dest_registry=None, dest_authfile=None, src_authfile=None, src_tls_verify="true",
         dest_tls_verify="true", jobs=1, cache="~/.cache/kvcache-eks/build",
         pypi_files_mirror=None, debian_mirror=None, debian_security_mirror=None), **kw})

@@ -1,0 +1,108 @@
+"""On-demand hourly prices the synth plan (stacks/plan.py) counts, per region, in the region's
+own currency, each table with its source and date.
+
+- The China regions bill in CNY (docs.amazonaws.cn, "Billing and Payment": priced and billed
+  in local currency); every other region in USD.
+- us-east-1: Amazon EC2 On-Demand pricing (aws.amazon.com/ec2/pricing/on-demand, Linux,
+  US East (N. Virginia)), Amazon EKS pricing (a cluster: 0.10/h) and Elastic Load Balancing
+  pricing (a Network Load Balancer's hour, without its LCUs). The in-cluster Valkey's nodes
+  are config/bandwidth.py's IN_CLUSTER_NODE_TYPES figures (the same page), read from there.
+- cn-north-1 and cn-northwest-1: amazonaws.cn/en/ec2/pricing/ could not be read from where
+  this table was written (2026-11-27): no figure is recorded rather than one guessed, so the
+  plan says "unknown" for each; an environment states its own (`instancePrices` in its file,
+  config/environment.py), which is also where a discount or another region goes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from config.bandwidth import IN_CLUSTER_NODE_TYPES
+
+EKS_CLUSTER = "eks-cluster"        # pseudo type: one EKS control plane's hour
+NLB = "network-load-balancer"      # pseudo type: one NLB's hour (LCUs are by traffic: not here)
+PSEUDO_TYPES = (EKS_CLUSTER, NLB)
+
+
+def region_currency(region: str) -> str:
+    return "CNY" if region.startswith("cn-") else "USD"
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    currency: str
+    source: str
+    date: str
+    hourly: Mapping[str, float] = field(default_factory=dict)
+
+
+_US_EAST_1 = {
+    # GPU workers (g4dn, g5) and the system group's general-purpose types
+    "g4dn.xlarge": 0.526, "g4dn.2xlarge": 0.752, "g4dn.4xlarge": 1.204, "g4dn.8xlarge": 2.176,
+    "g4dn.12xlarge": 3.912, "g4dn.16xlarge": 4.352, "g4dn.metal": 7.824,
+    "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624, "g5.8xlarge": 2.448,
+    "g5.12xlarge": 5.672, "g5.16xlarge": 4.096, "g5.24xlarge": 8.144, "g5.48xlarge": 16.288,
+    "m6i.large": 0.096, "m6i.xlarge": 0.192, "m6i.2xlarge": 0.384, "m6i.4xlarge": 0.768,
+    "m5.large": 0.096, "m5.xlarge": 0.192, "m5.2xlarge": 0.384,
+    **{n.type: n.hourly_usd for n in IN_CLUSTER_NODE_TYPES},
+    EKS_CLUSTER: 0.10, NLB: 0.0225,
+}
+
+_CHINA_SOURCE = ("amazonaws.cn/en/ec2/pricing/ (not readable where this table was written: no "
+                 "figures; state yours in the environment's instancePrices)")
+
+TABLES: dict[str, PriceTable] = {
+    "us-east-1": PriceTable("USD", "aws.amazon.com/ec2/pricing/on-demand (Linux), EKS and "
+                            "ELB pricing pages, US East (N. Virginia)", "2026-11", _US_EAST_1),
+    "cn-north-1": PriceTable("CNY", _CHINA_SOURCE, "2026-11-27"),
+    "cn-northwest-1": PriceTable("CNY", _CHINA_SOURCE, "2026-11-27"),
+}
+
+
+def price_table(region: str) -> PriceTable:
+    """The region's table; in a USD region without one, us-east-1's, said so (prices differ
+    by region by some percent, never by currency); an empty one in a CNY region."""
+    if region in TABLES:
+        return TABLES[region]
+    if region_currency(region) == "USD":
+        t = TABLES["us-east-1"]
+        return PriceTable("USD", f"us-east-1's: none kept for {region}; {t.source}", t.date,
+                          t.hourly)
+    return PriceTable(region_currency(region), f"none kept for {region} in config/prices.py",
+                      "-")
+
+
+class Prices:
+    """An environment's hourly prices in its region's currency: its own `instancePrices`
+    (and, in a USD region, `instanceHourlyUsd`) over the region's table."""
+
+    def __init__(self, region: str, own: PriceTable | None = None,
+                 hourly_usd: Mapping[str, float] | None = None):
+        self.currency = region_currency(region)
+        table = price_table(region)
+        self.hourly = dict(table.hourly)
+        self.table_source = f"{table.source}, {table.date}"
+        self.sources = [self.table_source] if table.hourly else []
+        if self.currency == "USD" and hourly_usd:
+            self.hourly.update(hourly_usd)
+            self.sources.append("instanceHourlyUsd")
+        if own is not None:
+            self.hourly.update(own.hourly)
+            self.sources.append(own.source)
+        self.unpriced: list[str] = []   # asked for, no price: not counted
+
+    def get(self, item: str) -> float | None:
+        return self.hourly.get(item)
+
+    def cost(self, item: str, count: int) -> float:
+        if count == 0:
+            return 0.0
+        price = self.hourly.get(item)
+        if price is None:
+            if item not in self.unpriced:
+                self.unpriced.append(item)
+            return 0.0
+        return price * count
+
+    def said(self, amount: float) -> str:
+        return f"{self.currency} {amount:,.2f}"

@@ -1007,13 +1007,7 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
         raise doc.fail("minReplicaCount", lo, "0 or more")
     if hi < max(lo, 1):
         raise doc.fail("maxReplicaCount", hi, f"at least minReplicaCount ({lo}) and 1")
-    raw_triggers = []
-    if "prometheusTriggerList" in doc.data:
-        raw_triggers = [(f"prometheusTriggerList[{i}]", t) for i, t in
-                        enumerate(doc.get("prometheusTriggerList", list))]
-        doc.used.add("prometheusTrigger")
-    elif "prometheusTrigger" in doc.data:
-        raw_triggers = [("prometheusTrigger", doc.get("prometheusTrigger", Mapping))]
+    raw_triggers = _one_or_list(doc, "prometheusTrigger")
     triggers = []
     for i, (key, raw) in enumerate(raw_triggers):
         t = _Doc(doc.env, doc.file, raw, doc.p(key))
@@ -1050,15 +1044,21 @@ def _autoscaling(doc: _Doc, warnings: list[str]) -> AutoScaling:
 _CW_STATS = re.compile(r"(SampleCount|Average|Sum|Minimum|Maximum|p\d{1,2}(\.\d+)?)")
 
 
+def _one_or_list(doc: _Doc, key: str) -> list[tuple[str, Any]]:
+    """`<key>List` (which HyperPod prefers; the single form beside it is then unused) or
+    `<key>`, as (path, raw) pairs."""
+    if f"{key}List" in doc.data:
+        doc.used.add(key)
+        return [(f"{key}List[{i}]", item) for i, item in enumerate(doc.get(f"{key}List", list))]
+    if key in doc.data:
+        return [(key, doc.get(key, Mapping))]
+    return []
+
+
 def _cloudwatch_triggers(doc: _Doc, warnings: list[str]) -> tuple[CloudWatchTrigger, ...]:
     """cloudWatchTriggerList (which HyperPod prefers) or cloudWatchTrigger."""
-    if "cloudWatchTriggerList" in doc.data:
-        raw = [(f"cloudWatchTriggerList[{i}]", t) for i, t in
-               enumerate(doc.get("cloudWatchTriggerList", list))]
-        doc.used.add("cloudWatchTrigger")
-    elif "cloudWatchTrigger" in doc.data:
-        raw = [("cloudWatchTrigger", doc.get("cloudWatchTrigger", Mapping))]
-    else:
+    raw = _one_or_list(doc, "cloudWatchTrigger")
+    if not raw:
         return ()
     out = []
     for i, (key, item) in enumerate(raw):

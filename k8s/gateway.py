@@ -48,7 +48,11 @@ from k8s.objects import hardened, k8s_object, pod_security, selector_labels, sta
 COMPONENT = "endpoint-picker"
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_API = f"{POOL_GROUP}/v1"
-ROUTE_API = "gateway.networking.k8s.io/v1"
+ROUTE_GROUP = "gateway.networking.k8s.io"
+ROUTE_API = f"{ROUTE_GROUP}/v1"
+# API groups whose CRDs the team's own gateway installs (Gateway API: its controller's chart or
+# the standard CRDs), before any of our deploys: nothing of ours provides or waits for them.
+TEAM_CRD_GROUPS = frozenset({ROUTE_GROUP})
 CRD_FILE = Path(__file__).with_name("crds") / "inference.networking.k8s.io_inferencepools.yaml"
 EPP_CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
 EPP_GRPC_PORT, EPP_HEALTH_PORT, EPP_METRICS_PORT = 9002, 9003, 9090   # the EPP's defaults
@@ -175,7 +179,7 @@ class InferenceGatewayChart(Chart):
                                              "failureMode": g.failure_mode}}})
         k8s_object(self, "Route", api_version=ROUTE_API, kind="HTTPRoute", name=p.endpoint,
                    namespace=ns, labels=labels, body={"spec": {
-                       "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                       "parentRefs": [{"group": ROUTE_GROUP, "kind": "Gateway",
                                        "name": g.name, "namespace": g.namespace}],
                        "rules": [{
                            "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],

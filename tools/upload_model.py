@@ -291,14 +291,22 @@ def upload_model(s3: Any, files: list[LocalFile], bucket: str, prefix: str,
     return report
 
 
-def _transfer(s3: Any, todo: list[LocalFile], bucket: str, opts: UploadOptions, progress: Any,
-              report: UploadReport) -> None:
-    from boto3.s3.transfer import TransferConfig, create_transfer_manager
-    from s3transfer.subscribers import BaseSubscriber
+def transfer_config(opts: UploadOptions) -> Any:
+    """The transfer manager's settings for uploads and copies: parts of --chunk-mib, at most
+    --concurrency requests (the classic client: checksums on every part)."""
+    from boto3.s3.transfer import TransferConfig
 
-    config = TransferConfig(
+    return TransferConfig(
         multipart_threshold=opts.chunk_mib * MiB, multipart_chunksize=opts.chunk_mib * MiB,
         max_concurrency=opts.concurrency, use_threads=True, preferred_transfer_client="classic")
+
+
+def _transfer(s3: Any, todo: list[LocalFile], bucket: str, opts: UploadOptions, progress: Any,
+              report: UploadReport) -> None:
+    from boto3.s3.transfer import create_transfer_manager
+    from s3transfer.subscribers import BaseSubscriber
+
+    config = transfer_config(opts)
     task = progress.add_task("upload", total=sum(f.size for f in todo))
 
     class _Progress(BaseSubscriber):
@@ -404,7 +412,7 @@ def copy_model(s3: Any, src_bucket: str, objects: list[S3Object], bucket: str, p
     """Plan (skip what was copied from the same source objects), copy the rest inside S3 with
     the transfer manager (multipart copies for large objects, S3 computing SHA-256 checksums),
     then check every destination object."""
-    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    from boto3.s3.transfer import create_transfer_manager
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     report = UploadReport(bucket, prefix, len(objects), sum(o.size for o in objects))
@@ -417,9 +425,7 @@ def copy_model(s3: Any, src_bucket: str, objects: list[S3Object], bucket: str, p
     if opts.dry_run:
         report.uploaded = [o.dest for o in todo]
         return report
-    config = TransferConfig(
-        multipart_threshold=opts.chunk_mib * MiB, multipart_chunksize=opts.chunk_mib * MiB,
-        max_concurrency=opts.concurrency, use_threads=True, preferred_transfer_client="classic")
+    config = transfer_config(opts)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                         console=err_console, disable=not show_progress)
     manager = create_transfer_manager(s3, config)

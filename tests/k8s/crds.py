@@ -1,14 +1,21 @@
-"""Schema checks for custom resources (KEDA), which kubernetes-validate does not know.
+"""Schema checks for custom resources, which kubernetes-validate does not know.
 
-The schemas come from npm `@kubernetes-models/keda` (generated from KEDA's CRDs, pinned in
-package-lock.json); `validate_crd_objects.mjs` runs them under the venv's Node.js.
+KEDA's schemas come from npm `@kubernetes-models/keda` (generated from KEDA's CRDs, pinned in
+package-lock.json); `validate_crd_objects.mjs` runs them under the venv's Node.js. The
+InferencePool's and HTTPRoute's are the pinned CRDs themselves (k8s/crds/, tests/fixtures/
+gateway/), checked strictly with jsonschema.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
+from functools import lru_cache
 from pathlib import Path
+
+import jsonschema
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 _BUILTIN_GROUPS = ("v1", "apps/", "batch/", "policy/", "autoscaling/", "networking.k8s.io/",
@@ -20,7 +27,48 @@ def is_custom_resource(doc: dict) -> bool:
     return not (api == "v1" or api.startswith(_BUILTIN_GROUPS[1:]))
 
 
+def _strict(schema: dict) -> dict:
+    """A CRD's openAPIV3Schema as JSON Schema that refuses fields it does not declare (what the
+    API server's pruning would drop silently: a field we set and it ignores is a bug)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node.setdefault("additionalProperties", False)
+            for v in list(node.values()):
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def _crd_schema(doc: dict, version: str = "v1") -> dict:
+    (v,) = [v for v in doc["spec"]["versions"] if v["name"] == version]
+    return _strict(v["schema"]["openAPIV3Schema"])
+
+
+@lru_cache(maxsize=1)
+def gateway_schemas() -> dict[str, dict]:
+    """apiVersion -> strict schema: the pinned InferencePool and HTTPRoute CRDs."""
+    from k8s.gateway import POOL_API, ROUTE_API, crd
+
+    route = yaml.safe_load((ROOT / "tests" / "fixtures" / "gateway" /
+                            "gateway.networking.k8s.io_httproutes.yaml").read_text())
+    return {POOL_API: _crd_schema(crd()), ROUTE_API: _crd_schema(route)}
+
+
 def validate_custom_resources(docs: list[dict]) -> None:
+    gateway = [d for d in docs if d["apiVersion"] in gateway_schemas()]
+    for doc in gateway:
+        jsonschema.validate(doc, gateway_schemas()[doc["apiVersion"]])
+    docs = [d for d in docs if d not in gateway]
+    if not docs:
+        return
     env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(["node", str(Path(__file__).with_name("validate_crd_objects.mjs"))],
                           input=json.dumps(docs), capture_output=True, text=True, cwd=ROOT,

@@ -24,7 +24,7 @@ from k8s.gateway import (
 )
 from k8s.serving import build_charts, fit_endpoint
 from tests.conftest import ROOT
-from tests.k8s.crds import is_custom_resource
+from tests.k8s.crds import gateway_schemas, is_custom_resource
 from tests.k8s.netpol import selector_matches
 from tests.k8s.test_charts import SEED, _env, _facts
 
@@ -62,34 +62,8 @@ def _one(docs, kind):
     return doc
 
 
-def _strict(schema: dict) -> dict:
-    """A CRD's openAPIV3Schema as JSON Schema that refuses fields it does not declare (what the
-    API server's pruning would drop silently: a field we set and it ignores is a bug)."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "properties" in node \
-                    and not node.get("x-kubernetes-preserve-unknown-fields"):
-                node.setdefault("additionalProperties", False)
-            for v in list(node.values()):
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-    walk(schema)
-    schema["properties"]["metadata"] = {"type": "object"}
-    return schema
-
-
-def _crd_schema(doc: dict, version: str = "v1") -> dict:
-    (v,) = [v for v in doc["spec"]["versions"] if v["name"] == version]
-    return _strict(v["schema"]["openAPIV3Schema"])
-
-
-POOL_SCHEMA = _crd_schema(crd())
-ROUTE_SCHEMA = _crd_schema(yaml.safe_load(
-    (DATA / "gateway.networking.k8s.io_httproutes.yaml").read_text()))
+POOL_SCHEMA, ROUTE_SCHEMA = (gateway_schemas()[POOL_API],
+                             gateway_schemas()["gateway.networking.k8s.io/v1"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

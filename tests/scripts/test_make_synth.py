@@ -15,6 +15,8 @@ def test_make_synth_builds_only_the_synthesis_toolchain():
                          capture_output=True, text=True, timeout=60, check=True, env=env).stdout
     assert "pip install -q -r requirements.txt" in out and "npm ci" in out
     assert "cdk synth" in out
-    assert out.rstrip().endswith("cat cdk.out/kvcache-warnings.txt >&2")   # the summary last
+    # the warnings' summary, then the plan (what will run and what it costs) last
+    assert out.rstrip().endswith("cat cdk.out/kvcache-warnings.txt >&2\n"
+                                 "cat cdk.out/kvcache-plan.txt >&2")
     for test_only in (".venv-lmcache", ".venv-checkov", "scripts/debian-tools"):
         assert test_only not in out, test_only

@@ -29,11 +29,11 @@ import tools.carry as carry
 import tools.mirror as mirror_module
 from config.images import Image
 from tests.tools.test_mirror import (
-    INDEX, chart_repository, chart_tgz, free_port, image_manifest,
+    INDEX, chart_repository, free_port, image_manifest, publish_world,
 )
 from tools.__main__ import main
 from tools.carry import read_manifest, verify_layout
-from tools.mirror import OCI_MANIFEST, ChartRef, Skopeo, SkopeoError, write_blob, write_oci_layout
+from tools.mirror import OCI_MANIFEST, ChartRef, Skopeo, SkopeoError, write_oci_layout
 
 
 @contextlib.contextmanager
@@ -78,26 +78,7 @@ def world(tmp_path_factory) -> Iterator[dict]:
     with logged_registry(tmp / "src") as (src, src_log), \
             logged_registry(tmp / "dst") as (dst, dst_log), \
             chart_repository(tmp / "charts", "web", "1.2.3") as repo:
-        layout = tmp / "layout"
-        plat = [(a, image_manifest(layout, a, f"carried {a}")) for a in ("amd64", "arm64")]
-        index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
-            {**write_blob(layout, body, OCI_MANIFEST), "platform": {"architecture": a,
-                                                                    "os": "linux"}}
-            for a, body in plat]}).encode()
-        helm = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": write_blob(layout, b'{"name":"demo","version":"0.1.0"}',
-                                                "application/vnd.cncf.helm.config.v1+json"),
-                           "layers": [write_blob(layout, chart_tgz("demo", "0.1.0"),
-                                                 "application/vnd.cncf.helm.chart.content.v1"
-                                                 ".tar+gzip")]}).encode()
-        write_oci_layout(layout, [("1.0", index, {"mediaType": INDEX}),
-                                  ("2.1", image_manifest(layout, "amd64", "carried tool"),
-                                   {"mediaType": OCI_MANIFEST}),
-                                  ("0.1.0", helm, {"mediaType": OCI_MANIFEST})])
-        skopeo = Skopeo(src_tls_verify=False, dest_tls_verify=False)
-        for tag, ref in (("1.0", "test/app:1.0"), ("2.1", "test/tool:2.1"),
-                         ("0.1.0", "charts/demo:0.1.0")):
-            skopeo.copy(f"oci:{layout}:{tag}", f"docker://{src}/{ref}")
+        index, skopeo = publish_world(tmp / "layout", src, "carried", "carried tool")
         yield SimpleNamespace(
             src=src, src_log=src_log, dst=dst, dst_log=dst_log, skopeo=skopeo, tmp=tmp,
             images=[Image("app", f"{src}/test/app", "1.0",

@@ -124,6 +124,34 @@ def chart_repository(root: Path, name: str, version: str) -> Iterator[str]:
         server.server_close()
 
 
+def publish_world(layout: Path, src: str, image_text: str, tool_text: str
+                  ) -> tuple[bytes, Skopeo]:
+    """Pushes the test world's artifacts to the registry `src`: a two-platform image
+    (test/app:1.0, its index returned), a one-platform image (test/tool:2.1) and an OCI Helm
+    chart (charts/demo:0.1.0)."""
+    plat = [(arch, image_manifest(layout, arch, f"{image_text} {arch}"))
+            for arch in ("amd64", "arm64")]
+    index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
+        {**write_blob(layout, body, OCI_MANIFEST), "platform": {"architecture": arch,
+                                                                "os": "linux"}}
+        for arch, body in plat]}).encode()
+    helm = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                       "config": write_blob(layout, b'{"name":"demo","version":"0.1.0"}',
+                                            "application/vnd.cncf.helm.config.v1+json"),
+                       "layers": [write_blob(layout, chart_tgz("demo", "0.1.0"),
+                                             "application/vnd.cncf.helm.chart.content.v1"
+                                             ".tar+gzip")]}).encode()
+    write_oci_layout(layout, [("1.0", index, {"mediaType": INDEX}),
+                              ("2.1", image_manifest(layout, "amd64", tool_text),
+                               {"mediaType": OCI_MANIFEST}),
+                              ("0.1.0", helm, {"mediaType": OCI_MANIFEST})])
+    skopeo = Skopeo(src_tls_verify=False, dest_tls_verify=False)
+    for tag, ref in (("1.0", "test/app:1.0"), ("2.1", "test/tool:2.1"),
+                     ("0.1.0", "charts/demo:0.1.0")):
+        skopeo.copy(f"oci:{layout}:{tag}", f"docker://{src}/{ref}")
+    return index, skopeo
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Iterator[dict]:
     for tool in ("skopeo", "docker-registry"):
@@ -131,27 +159,7 @@ def world(tmp_path_factory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("mirror")
     with registry(tmp / "src") as src, registry(tmp / "dst") as dst, \
             chart_repository(tmp / "charts", "web", "1.2.3") as repo:
-        layout = tmp / "layout"
-        plat = [(arch, image_manifest(layout, arch, f"hello {arch}")) for arch in ("amd64",
-                                                                                  "arm64")]
-        index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
-            {**write_blob(layout, body, OCI_MANIFEST), "platform": {"architecture": arch,
-                                                                    "os": "linux"}}
-            for arch, body in plat]}).encode()
-        helm = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": write_blob(layout, b'{"name":"demo","version":"0.1.0"}',
-                                                "application/vnd.cncf.helm.config.v1+json"),
-                           "layers": [write_blob(layout, chart_tgz("demo", "0.1.0"),
-                                                 "application/vnd.cncf.helm.chart.content.v1"
-                                                 ".tar+gzip")]}).encode()
-        write_oci_layout(layout, [("1.0", index, {"mediaType": INDEX}),
-                                  ("2.1", image_manifest(layout, "amd64", "tool"),
-                                   {"mediaType": OCI_MANIFEST}),
-                                  ("0.1.0", helm, {"mediaType": OCI_MANIFEST})])
-        skopeo = Skopeo(src_tls_verify=False, dest_tls_verify=False)
-        for tag, ref in (("1.0", "test/app:1.0"), ("2.1", "test/tool:2.1"),
-                         ("0.1.0", "charts/demo:0.1.0")):
-            skopeo.copy(f"oci:{layout}:{tag}", f"docker://{src}/{ref}")
+        index, skopeo = publish_world(tmp / "layout", src, "hello", "tool")
         yield {
             "src": src, "dst": dst, "skopeo": skopeo,
             "images": [

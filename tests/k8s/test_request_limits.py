@@ -129,15 +129,20 @@ def _answered(s: socket.socket) -> bool:
         s.setblocking(True)
 
 
-def _queued(stats: Path) -> int:
-    """The limited backend's queue, from HAProxy's own stats socket."""
+def _stat_lines(stats: Path) -> list[str]:
+    """`show stat` from HAProxy's own stats socket: a CSV header line, then a line per proxy."""
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(stats))
         s.sendall(b"show stat\n")
         text = b""
         while chunk := s.recv(65536):
             text += chunk
-    for line in text.decode().splitlines():
+    return text.decode().splitlines()
+
+
+def _queued(stats: Path) -> int:
+    """The limited backend's queue, from HAProxy's own stats socket."""
+    for line in _stat_lines(stats):
         fields = line.split(",")
         if fields[:2] == ["limited", "BACKEND"]:
             return int(fields[2])
@@ -222,13 +227,7 @@ def test_the_request_after_the_limit_and_the_queue_gets_the_status_and_none_befo
 
 def _sidecar_refusals(stats: Path) -> int:
     """4xx answers the sidecar gave (health checks pass through it too: not req_tot)."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(str(stats))
-        s.sendall(b"show stat\n")
-        text = b""
-        while chunk := s.recv(65536):
-            text += chunk
-    lines = text.decode().splitlines()
+    lines = _stat_lines(stats)
     header = lines[0].lstrip("# ").split(",")
     row = next(line.split(",") for line in lines[1:] if line.startswith("worker,FRONTEND"))
     return int(row[header.index("hrsp_4xx")])

@@ -14,9 +14,6 @@ import io
 import json
 import re
 import shutil
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
@@ -29,7 +26,7 @@ import tools.carry as carry
 import tools.mirror as mirror_module
 from config.images import Image
 from tests.tools.test_mirror import (
-    INDEX, chart_repository, free_port, image_manifest, publish_world,
+    INDEX, chart_repository, image_manifest, publish_world, registry,
 )
 from tools.__main__ import main
 from tools.carry import read_manifest, verify_layout
@@ -39,30 +36,9 @@ from tools.mirror import OCI_MANIFEST, ChartRef, Skopeo, SkopeoError, write_oci_
 @contextlib.contextmanager
 def logged_registry(root: Path) -> Iterator[tuple[str, Path]]:
     """docker-registry on 127.0.0.1 with its access log (one line per request) in a file."""
-    port = free_port()
-    (root / "data").mkdir(parents=True)
-    conf = root / "config.yml"
-    conf.write_text(f"version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: false\n"
-                    f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-                    f"http:\n  addr: 127.0.0.1:{port}\n")
     log = root / "access.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(["docker-registry", "serve", str(conf)], stdout=out,
-                                stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("docker-registry did not start")
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}", log
-    finally:
-        proc.terminate()
-        proc.wait(timeout=5)
+    with registry(root, access_log=log) as url:
+        yield url, log
 
 
 def requests_in(log: Path) -> list[str]:

@@ -79,14 +79,18 @@ def chart_tgz(name: str, version: str) -> bytes:
 
 
 @contextlib.contextmanager
-def registry(root: Path) -> Iterator[str]:
+def registry(root: Path, access_log: Path | None = None) -> Iterator[str]:
+    """docker-registry on 127.0.0.1; with `access_log`, its access log (a line per request)
+    goes to that file."""
     port = free_port()
     (root / "data").mkdir(parents=True)
     conf = root / "config.yml"
-    conf.write_text(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+    logging = "  accesslog:\n    disabled: false\n" if access_log else ""
+    conf.write_text(f"version: 0.1\nlog:\n  level: error\n{logging}storage:\n  filesystem:\n"
                     f"    rootdirectory: {root / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    with open(access_log or os.devnull, "wb") as out:
+        proc = subprocess.Popen(["docker-registry", "serve", str(conf)], stdout=out,
+                                stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while True:

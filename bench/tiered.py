@@ -51,6 +51,7 @@ from bench.benchmark import BenchConfig, Job, Phase, words
 from bench.emulator import (
     GpuProfile, QWEN3_32B, load_profile_option, profile, profile_file_option,
 )
+from bench.epp import EppRouter
 from bench.tiers import (
     L2Store, TierConfig, ValkeyServer, describe, no_tiers, tier_config,
 )
@@ -548,6 +549,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 LLMD_ARMS = ("roundrobin", "random", "prefixaware")   # cache-blind x 2, cache-aware
+# the Inference Extension's endpoint picker, its default profile in-process (bench.epp), in
+# llmd.json beside the others: `--only llmd-epp` runs it (and random and prefixaware if missing)
+LLMD_EPP_ARMS = ("random", "prefixaware", "epp")
 
 
 def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = LLMD_ARMS,
@@ -571,7 +575,8 @@ def llmd(out: Path, *, quick: bool, strategies: tuple[str, ...] = LLMD_ARMS,
         spec = FleetSpec(gpu, w["pods"], no_tiers(), gpu_blocks=blocks)
         r = run_arm(spec, strategy, RunConfig(c, hourly_usd=98.32, instances=w["pods"] / 4),
                     phases=llmd_phases(stages, 1),
-                    log_dir=out / "router-logs" / f"{path.stem}-{strategy}")
+                    log_dir=out / "router-logs" / f"{path.stem}-{strategy}",
+                    make_router=EppRouter if strategy == "epp" else None)
         per_pod = [x[0] for e in r["engine"].values() for x in e["per_second"].values()]
         done[strategy] = {"stages": llmd_stage_figures(r["runs"][0], output),
                           "waiting_mean_per_pod": sum(per_pod) / max(1, len(per_pod)),
@@ -1269,6 +1274,56 @@ def render_llmd(d: dict, sensitivity: bool = False) -> list[str]:
     return lines
 
 
+def render_epp(d: dict) -> list[str]:
+    """The endpoint picker's default profile (bench.epp) beside our cache-blind and prefix-aware
+    arms and llm-d's random, estimated (the same approximate prefix scorer, with load) and
+    precise schedulers, per stage: mean / P90 TTFT, then output tokens/s."""
+    if "setup" not in d:
+        return []
+    pub = llmd_published()
+    kvm = pub["kv_cache_manager_73_capacity"]
+    cols = kvm["columns"]
+    mi, pi, oi = cols.index("ttft_mean_s"), cols.index("ttft_p90_s"), cols.index("output_tok_s")
+    ours = [a for a in LLMD_EPP_ARMS if a in d]
+    theirs = ("random", "estimated", "precise")
+    stages = [float(q) for _, q, _ in d["setup"]["stages"][1:]]
+
+    def x(arm: str, q: float) -> dict | None:
+        return d[arm]["stages"].get(f"qps-{q:g}")
+
+    def t(arm: str, q: float) -> list:
+        return kvm["per_qps"][str(int(q))][arm]
+    head = " | ".join([f"ours {a}" for a in ours] + [f"theirs {a}" for a in theirs])
+    lines = [f"| QPS | {head} |", "|---" * (1 + len(ours) + len(theirs)) + "|"]
+    for q in stages:
+        cells = [f"{y['ttft_mean_s']:.2f} / {y['ttft_p90_s']:.2f}" if (y := x(a, q)) else "-"
+                 for a in ours] + [f"{t(a, q)[mi]:.2f} / {t(a, q)[pi]:.2f}" for a in theirs]
+        lines.append(f"| {q:g} | " + " | ".join(cells) + " |")
+    lines += ["", f"| QPS | {head} |", "|---" * (1 + len(ours) + len(theirs)) + "|"]
+    for q in stages:
+        cells = [f"{y['output_tok_s']:,.0f}" if (y := x(a, q)) else "-" for a in ours] + \
+            [f"{t(a, q)[oi]:,.0f}" for a in theirs]
+        lines.append(f"| {q:g} | " + " | ".join(cells) + " |")
+    blind = d.get("random", {}).get("stages", {}).get("all", {}).get("output_tok_s")
+    lines.append("")
+    for a in ours:
+        al = d[a]["stages"].get("all", {})
+        lines.append(f"- ours {a}: all stages mean / P90 TTFT {al['ttft_mean_s']:.2f} / "
+                     f"{al['ttft_p90_s']:.2f} s, {al['output_tok_s']:,.0f} output tok/s"
+                     + (f" ({al['output_tok_s'] / blind:.2f}x random)" if blind else "")
+                     + f"; waiting queue {d[a]['waiting_mean_per_pod']:.1f} per pod (peak "
+                     f"{d[a]['waiting_max_per_pod']:.0f}), {d[a]['preemptions']:,} "
+                     "preemptions.")
+    # theirs over the same stages (the summary row covers every stage)
+    base = sum(t("random", q)[oi] for q in stages)
+    for a in theirs:
+        tot = sum(t(a, q)[oi] for q in stages)
+        lines.append(f"- theirs {a}: output tok/s, the mean of these stages' "
+                     f"{tot / len(stages):,.0f} ({tot / base:.2f}x random); waiting queue "
+                     f"{kvm['wait_queue_mean_p90_max'][a][0]} per pod.")
+    return lines
+
+
 def render_drill(dr: dict) -> list[str]:
     if not dr:
         return []
@@ -1342,6 +1397,7 @@ def render(out: Path) -> list[str]:
             lines += render_l2sweep(load(f"l2sweep-{name}.json"))
     lines += render_llmd(load("llmd.json"))
     lines += render_llmd(load(LLMD_IMPLIED), sensitivity=True)
+    lines += render_epp(load("llmd.json"))
     lines += render_drill(load("drill.json"))
     return lines
 
@@ -1350,7 +1406,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tiered", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("bench-results/tiered"))
-    p.add_argument("--only", choices=("hyperpod", "seeds", "l2", "l2sweep", "llmd", "drill"),
+    p.add_argument("--only", choices=("hyperpod", "seeds", "l2", "l2sweep", "llmd", "llmd-epp",
+                                      "drill"),
                    action="append")
     p.add_argument("--profile", action="append", choices=list(L2_SWEEP_PROFILES),
                    help="l2sweep: the profiles to sweep (default: all, one after the other)")
@@ -1388,11 +1445,18 @@ def main(argv: list[str] | None = None) -> int:
                          name=f"l2sweep-{name}.json", prefix_tokens=prefix, model=model,
                          peaks=False)
         if "llmd" in todo:
-            llmd(a.out, quick=a.quick)
+            llmd(a.out, quick=a.quick, strategies=LLMD_ARMS + ("epp",))
             llmd(a.out, quick=a.quick, output_len=llmd_implied_output_len(),
                  name=LLMD_IMPLIED)
+        if "llmd-epp" in todo:
+            llmd(a.out, quick=a.quick, strategies=LLMD_EPP_ARMS)
         if "drill" in todo:
             drill(a.out, quick=a.quick)
+    if a.only == ["llmd-epp"]:
+        from bench.routing import wrap_prose
+        d = json.loads((a.out / "llmd.json").read_text())
+        print(wrap_prose("\n".join(render_epp(d))))
+        return 0
     print("\n".join(render(a.out)))
     return 0
 

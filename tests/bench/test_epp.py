@@ -109,3 +109,23 @@ def test_a_full_prefix_match_outweighs_the_queue_alone_but_not_queue_and_a_kv_ga
     fleet.workers[first].u = 0.0
     fleet.workers[first].waiting = 0
     assert router._usage[first] == 0.8
+
+
+def test_the_verdict_past_saturation_needs_more_output_and_a_lower_mean_ttft() -> None:
+    from bench.tiered import epp_verdict, render_epp
+
+    def arm(out: float, mean: float) -> dict:
+        st = {f"qps-{q}": {"output_tok_s": out, "ttft_mean_s": mean, "ttft_p90_s": 2 * mean}
+              for q in (30, 40, 60)}
+        return {"stages": st | {"all": {"output_tok_s": out, "ttft_mean_s": mean,
+                                        "ttft_p90_s": 2 * mean}},
+                "waiting_mean_per_pod": 1.0, "waiting_max_per_pod": 3, "preemptions": 0}
+    setup = {"setup": {"stages": [["warmup", 15, 50], ["qps-30", 30, 10], ["qps-40", 40, 10],
+                                  ["qps-60", 60, 10]], "output_len": 1000}}
+    d = setup | {"random": arm(4000, 50), "prefixaware": arm(6000, 3), "epp": arm(7000, 0.3)}
+    v = epp_verdict(d)
+    assert v is not None and v["stages"] == ["qps-40", "qps-60"] and v["wins"]
+    assert any("wins past saturation" in line for line in render_epp(d))
+    d["epp"] = arm(7000, 5)          # more output, but slower to first token: no win
+    assert not epp_verdict(d)["wins"]
+    assert render_epp(setup) == []   # no epp arm: no section

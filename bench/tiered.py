@@ -1369,6 +1369,31 @@ def render_epp(d: dict) -> list[str]:
                   f"prefixaware's {p['mean']:.2f} / {p['p90']:.2f} s and random's "
                   f"{r['mean']:.2f} / {r['p90']:.2f} s: the picker "
                   + ("wins past saturation." if v["wins"] else "does not win past saturation.")]
+        past = [q for q in stages if q >= EPP_PAST_QPS]
+        est = sum(t("estimated", q)[mi] for q in past) / len(past)
+        pre = sum(t("precise", q)[mi] for q in past) / len(past)
+        lines += [
+            "", f"- Policy: on the same model, the picker's scoring gives "
+            f"{e['out'] / p['out']:.2f}x sglang-router cache_aware's output there at "
+            f"{e['mean'] / p['mean']:.2f}x its mean "
+            "TTFT. cache_aware follows the longest prefix whatever that worker's queue unless "
+            "the router's in-flight counts differ by more than 8 (k8s/router.py) and the "
+            "busiest holds more than 1.5x the idlest (its default), a wide gap once every "
+            "worker holds dozens; the picker weighs the engines' "
+            "waiting queue and KV usage beside the prefix in every choice, and places a group "
+            "it has not seen on the least loaded server.",
+            f"- Model: the same picker here averages {e['mean']:.2f} s mean TTFT from "
+            f"{EPP_PAST_QPS} QPS on, where llm-d's live \"estimated\" scheduler (an approximate "
+            f"prefix scorer with load, like it) averaged {est:.2f} s and \"precise\" {pre:.2f} s: "
+            "our model is optimistic once load is spread well (no scrape lag past 50 ms, no "
+            "ext-proc queueing, engines without their variance), so the policy explains our "
+            "prefix-aware arm's gap to its own model's best, not llm-d's 1.95-1.97x.",
+            "- Recommendation (figures, no change of default here): "
+            + ("prefixaware's default should weigh load in every choice as the picker's default "
+               "profile does (prefix x 3, queue x 2, KV usage x 2): the EPP where a team has a "
+               "gateway, and for our router a load-aware policy in place of cache_aware, once a "
+               "live run on GPUs confirms the ordering the model gives."
+               if v["wins"] else "keep sglang-router cache_aware as prefixaware's default.")]
     return lines
 
 

@@ -1319,14 +1319,15 @@ def render_epp(d: dict) -> list[str]:
     rule = "|---" * (1 + len(ours) + len(theirs)) + "|"
     lines = [
         "", "## The endpoint picker's default scheduling on llm-d's run", "",
-        "The question (issue 34): is our prefix-aware arm short of llm-d's figures above because "
+        "The question: is our prefix-aware arm short of llm-d's figures above because "
         "of our model or because of its policy? The Gateway API Inference Extension's endpoint "
         "picker, its default profile at v1.5.0 (queue-scorer x 2, kv-cache-utilization-scorer "
         "x 2, prefix-cache-scorer x 3 over the approximate prefix index, max-score picker, "
         "metrics scraped every 50 ms; bench/epp.py, read in its source at that release, paths "
         "there), routes the same fleet and workload"
         + (" (--quick: every other stage, half as long)" if d["setup"].get("quick") else "")
-        + f", {d['setup']['output_len']:,} output tokens. Caveats: it runs in-process (no EPP "
+        + f", {d['setup']['output_len']:,} output tokens (`python -m bench.tiered --out DIR "
+        "--only llmd-epp`). Caveats: it runs in-process (no EPP "
         "or Envoy binary installs here), with a 1 ms hop for Envoy's ext-proc call, while "
         "random and prefixaware go through the real routers; its prefix index hashes the first "
         "256 blocks of 64 characters of the request's JSON, all inside the 6,000-token shared "

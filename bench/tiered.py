@@ -1527,9 +1527,7 @@ def main(argv: list[str] | None = None) -> int:
         if "drill" in todo:
             drill(a.out, quick=a.quick)
     if a.only == ["llmd-epp"]:
-        from bench.routing import wrap_prose
-        d = json.loads((a.out / "llmd.json").read_text())
-        print(wrap_prose("\n".join(render_epp(d))))
+        print("\n".join(render_epp(json.loads((a.out / "llmd.json").read_text()))))
         return 0
     print("\n".join(render(a.out)))
     return 0

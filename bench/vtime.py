@@ -771,13 +771,16 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
             l2: L2Store | None = None, log_dir: Any = None,
             events: Sequence[tuple[float, Callable[[float], None]]] = (),
             phases: Callable[[BenchConfig], list[Phase]] | None = None,
-            ticker: tuple[float, Callable[[float, Any], None]] | None = None) -> dict:
+            ticker: tuple[float, Callable[[float, Any], None]] | None = None,
+            make_router: Callable[["Fleet"], Any] | None = None) -> dict:
     """One arm (a fleet and a routing strategy) over `run.bench.repeats` repeats of the plan:
     fresh salts, GPU caches emptied and the router restarted between repeats (L1 and L2 keep
     what they hold: the salts make it stale). Returns `bench`'s result shape. `phases`: another
     plan than `build_phases`; `events`: (virtual time, callback(now)) to run (a drill), times
     from the first measured phase's start like `ticker`'s:
-    (period, callback(now, router)) every period of virtual time while requests run."""
+    (period, callback(now, router)) every period of virtual time while requests run.
+    `make_router`: an in-process router built on the fleet (ModelRouter's interface, e.g.
+    `bench.epp`'s) in place of the real one."""
     import uuid
 
     sim = Sim()
@@ -786,7 +789,10 @@ def run_arm(spec: FleetSpec, strategy: str, run: RunConfig, *, real_router: bool
     salts = [f"{base}r{r}" for r in range(run.bench.repeats)]
     runs: list[dict] = []
     policy = strategy.split("@")[0]
+    if make_router is not None:
+        real_router = False
     router_cm: Any = (RealRouter(strategy, fleet, log_dir) if real_router
+                      else make_router(fleet) if make_router is not None
                       else ModelRouter(policy.replace("-noheader", ""), spec.workers))
     t0 = time.perf_counter()
     started = []

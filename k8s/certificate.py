@@ -24,7 +24,7 @@ import json
 
 from constructs import Construct
 
-from k8s.objects import hardened, k8s_object, pod_security
+from k8s.objects import account_role, hardened, k8s_object, pod_security
 
 VALID_DAYS = 397          # what browsers accept for a public certificate; renewed well before
 RENEW_DAYS = 30
@@ -118,18 +118,11 @@ def certificate_objects(scope: Construct, *, router: str, endpoint: str, namespa
                namespace=namespace, labels=labels, body={"type": "Opaque"})
     k8s_object(scope, "CertAccount", api_version="v1", kind="ServiceAccount", name=sa,
                namespace=namespace, labels=labels, body={"automountServiceAccountToken": False})
-    k8s_object(scope, "CertRole", api_version="rbac.authorization.k8s.io/v1", kind="Role",
-               name=sa, namespace=namespace, labels=labels, body={"rules": [
-                   {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
-                    "verbs": ["get", "update"]},
-                   {"apiGroups": ["apps"], "resources": ["deployments"],
-                    "resourceNames": [router], "verbs": ["patch"]}]})
-    k8s_object(scope, "CertRoleBinding", api_version="rbac.authorization.k8s.io/v1",
-               kind="RoleBinding", name=sa, namespace=namespace, labels=labels, body={
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                               "name": sa},
-                   "subjects": [{"kind": "ServiceAccount", "name": sa,
-                                 "namespace": namespace}]})
+    account_role(scope, "Cert", name=sa, namespace=namespace, labels=labels, rules=[
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [router],
+         "verbs": ["patch"]}])
     make = {
         "name": "make-certificate", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", "-c", SCRIPT],

@@ -43,7 +43,9 @@ from config.contracts import NODE_ROLE_LABEL, NODE_ROLE_SYSTEM
 from config.endpoint_spec import EndpointSpec
 from config.environment import InferenceGatewayConfig
 from k8s.flows import Flow, Peer
-from k8s.objects import hardened, k8s_object, pod_security, selector_labels, standard_labels
+from k8s.objects import (
+    account_role, hardened, k8s_object, pod_security, selector_labels, standard_labels,
+)
 
 COMPONENT = "endpoint-picker"
 POOL_GROUP = "inference.networking.k8s.io"
@@ -189,20 +191,13 @@ class InferenceGatewayChart(Chart):
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
                    namespace=ns, labels=labels, body={"automountServiceAccountToken": True})
         # least privilege: read its pool and the pods, in this namespace only
-        k8s_object(self, "Role", api_version="rbac.authorization.k8s.io/v1", kind="Role",
-                   name=name, namespace=ns, labels=labels, body={"rules": [
-                       {"apiGroups": [""], "resources": ["pods"],
-                        "verbs": ["get", "list", "watch"]},
-                       {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"],
-                        "verbs": ["get", "list", "watch"]},
-                       {"apiGroups": ["inference.networking.x-k8s.io"],
-                        "resources": ["inferenceobjectives", "inferencemodelrewrites"],
-                        "verbs": ["get", "list", "watch"]}]})
-        k8s_object(self, "RoleBinding", api_version="rbac.authorization.k8s.io/v1",
-                   kind="RoleBinding", name=name, namespace=ns, labels=labels, body={
-                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                   "name": name},
-                       "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
+        account_role(self, "", name=name, namespace=ns, labels=labels, rules=[
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["inference.networking.x-k8s.io"],
+             "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+             "verbs": ["get", "list", "watch"]}])
         config_text = yaml.safe_dump(epp_config(p.strategy), sort_keys=False)
         k8s_object(self, "Config", api_version="v1", kind="ConfigMap", name=name, namespace=ns,
                    labels=labels, body={"data": {EPP_CONFIG_FILE: config_text}})

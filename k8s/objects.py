@@ -86,3 +86,17 @@ def zone_spread(selector: Mapping[str, str], hard: bool = False) -> list[dict[st
     return [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
              "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway",
              "labelSelector": {"matchLabels": dict(selector)}}]
+
+
+def account_role(scope: Construct, id_prefix: str, *, name: str, namespace: str,
+                 labels: Mapping[str, str], rules: list[dict]) -> None:
+    """A namespaced Role and its RoleBinding to the service account of the same name: the
+    least privilege a pod of ours gets (ids `<prefix>Role`, `<prefix>RoleBinding`)."""
+    rbac = "rbac.authorization.k8s.io"
+    k8s_object(scope, f"{id_prefix}Role", api_version=f"{rbac}/v1", kind="Role", name=name,
+               namespace=namespace, labels=labels, body={"rules": rules})
+    k8s_object(scope, f"{id_prefix}RoleBinding", api_version=f"{rbac}/v1", kind="RoleBinding",
+               name=name, namespace=namespace, labels=labels, body={
+                   "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+                   "subjects": [{"kind": "ServiceAccount", "name": name,
+                                 "namespace": namespace}]})

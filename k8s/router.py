@@ -21,7 +21,8 @@ from config.endpoint_spec import ROUTING_POLICIES, arg_value
 from k8s.certificate import certificate_objects, secret_name
 from k8s.flows import PROMETHEUS, Flow, Peer, load_balancer
 from k8s.objects import (
-    hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
+    account_role, hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels,
+    zone_spread,
 )
 from k8s.router_front import (
     DEREGISTER_S, DRAIN_MOUNT, DRAIN_S, DRAIN_VOLUME, FRONT_CONFIG, ROUTER_PRE_STOP,
@@ -349,16 +350,8 @@ class RouterChart(Chart):
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
                    namespace=ns, labels=labels, body={"automountServiceAccountToken": discovery})
         if discovery:  # least privilege: read pods in this namespace, nothing else
-            k8s_object(self, "Role", api_version="rbac.authorization.k8s.io/v1", kind="Role",
-                       name=name, namespace=ns, labels=labels, body={"rules": [{
-                           "apiGroups": [""], "resources": ["pods"],
-                           "verbs": ["get", "list", "watch"]}]})
-            k8s_object(self, "RoleBinding", api_version="rbac.authorization.k8s.io/v1",
-                       kind="RoleBinding", name=name, namespace=ns, labels=labels, body={
-                           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                       "name": name},
-                           "subjects": [{"kind": "ServiceAccount", "name": name,
-                                         "namespace": ns}]})
+            account_role(self, "", name=name, namespace=ns, labels=labels, rules=[{
+                "apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
         key_pod, key_container = {}, {}
         if props.api_key:
             key_pod = {"initContainers": [fetch_api_key_container(

@@ -469,9 +469,7 @@ class Importer:
                 row.action = "would copy"
                 return row
             self.skopeo.copy(f"oci:{layout}:{a.tag}", f"docker://{dest}")
-            after = self.skopeo.digest(dest, dest=True)
-            if after != a.digest:
-                raise SkopeoError(f"{dest} has digest {after} after the push, not {a.digest}")
+            self.skopeo.check_digest(dest, a.digest)
             row.action = "copied"
         except SkopeoError as err:
             row.action, row.note = "failed", str(err)

@@ -159,9 +159,7 @@ class Mirror:
                     row.action = "resolved"
                     return row
                 self.skopeo.copy(f"oci:{built.layout}:{built.tag}", f"docker://{dest}")
-            after = self.skopeo.digest(dest, dest=True)
-            if after != row.digest:
-                raise SkopeoError(f"{dest} has digest {after} after the push, not {row.digest}")
+            self.skopeo.check_digest(dest, row.digest)
             row.action = "built"
         except (SkopeoError, BuildError) as err:
             row.action, row.note = "failed", str(err)

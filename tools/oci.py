@@ -68,6 +68,12 @@ class Skopeo:
         raw = self.manifest(ref, dest=dest)
         return None if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
 
+    def check_digest(self, dest: str, expected: str) -> None:
+        """After a push: the destination registry's manifest is the one pushed, or SkopeoError."""
+        after = self.digest(dest, dest=True)
+        if after != expected:
+            raise SkopeoError(f"{dest} has digest {after} after the push, not {expected}")
+
     def copy(self, src: str, dest: str) -> None:
         """`src` and `dest` with their transport (`docker://`, `oci:`)."""
         args = ["copy", "--all", "--preserve-digests", "--retry-times", "3", "--quiet",

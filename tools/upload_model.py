@@ -257,13 +257,8 @@ def upload_model(s3: Any, files: list[LocalFile], bucket: str, prefix: str,
             progress.advance(check, f.size)
             return same
 
-        with ThreadPoolExecutor(opts.hash_workers) as pool:
-            same = dict(zip((f.key for f in files), pool.map(plan, files)))
-        todo = [f for f in files if not same[f.key]]
-        report.skipped = [f.key for f in files if same[f.key]]
-        report.extra = _extra_objects(s3, bucket, prefix, {f.key for f in files})
+        todo = _plan(report, s3, [f.key for f in files], files, plan, opts)
         if opts.dry_run:
-            report.uploaded = [f.key for f in todo]
             return report
 
         # 2. upload what is missing or different
@@ -331,6 +326,20 @@ def _transfer(s3: Any, todo: list[LocalFile], bucket: str, opts: UploadOptions, 
         raise ToolError(f"interrupted after {len(report.uploaded)} of {len(todo)} files; "
                         "run the same command again to resume", exit_code=130) from None
     manager.shutdown()
+
+
+def _plan(report: UploadReport, s3: Any, keys: list[str], items: list, there: Callable[[Any], bool],
+          opts: UploadOptions) -> list:
+    """What is there already (`there`, in parallel) is skipped, the rest returned to do; the
+    prefix's other objects are noted; a dry run lists what it would do."""
+    with ThreadPoolExecutor(opts.hash_workers) as pool:
+        same = list(pool.map(there, items))
+    todo = [item for item, s in zip(items, same) if not s]
+    report.skipped = [k for k, s in zip(keys, same) if s]
+    report.extra = _extra_objects(s3, report.bucket, report.prefix, set(keys))
+    if opts.dry_run:
+        report.uploaded = [k for k, s in zip(keys, same) if not s]
+    return todo
 
 
 def _extra_objects(s3: Any, bucket: str, prefix: str, keys: set[str]) -> list[str]:
@@ -416,14 +425,9 @@ def copy_model(s3: Any, src_bucket: str, objects: list[S3Object], bucket: str, p
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     report = UploadReport(bucket, prefix, len(objects), sum(o.size for o in objects))
-    with ThreadPoolExecutor(opts.hash_workers) as pool:
-        done = dict(zip((o.dest for o in objects),
-                        pool.map(lambda o: _copied(s3, bucket, o), objects)))
-    todo = [o for o in objects if not done[o.dest]]
-    report.skipped = [o.dest for o in objects if done[o.dest]]
-    report.extra = _extra_objects(s3, bucket, prefix, {o.dest for o in objects})
+    todo = _plan(report, s3, [o.dest for o in objects], objects,
+                 lambda o: _copied(s3, bucket, o), opts)
     if opts.dry_run:
-        report.uploaded = [o.dest for o in todo]
         return report
     config = transfer_config(opts)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),

@@ -7,14 +7,22 @@ own currency, each table with its source and date.
   US East (N. Virginia)), Amazon EKS pricing (a cluster: 0.10/h) and Elastic Load Balancing
   pricing (a Network Load Balancer's hour, without its LCUs). The in-cluster Valkey's nodes
   are config/bandwidth.py's IN_CLUSTER_NODE_TYPES figures (the same page), read from there.
-- cn-north-1 and cn-northwest-1: amazonaws.cn/en/ec2/pricing/ could not be read from where
-  this table was written (2026-11-27): no figure is recorded rather than one guessed, so the
-  plan says "unknown" for each; an environment states its own (`instancePrices` in its file,
-  config/environment.py), which is also where a discount or another region goes.
+- cn-north-1: config/price_tables/cn-north-1.json, the EC2 on-demand (Linux) prices of the
+  AWS Price List API as Karpenter generates them for its own use (its source and date are in
+  the file). amazonaws.cn/en/ec2/pricing/ could not be read from where this table was written
+  (2026-11-28); no EKS, NLB or ElastiCache price was found in a source we could read, so the
+  plan names those as unpriced rather than guessing.
+- cn-northwest-1: no table of its own was found; cn-north-1's instance prices stand in, and
+  the plan's price line says so (the two China regions are run by different operators and
+  price differently).
+An environment states its own (`instancePrices` in its file, config/environment.py) over
+these: a discount, the unpriced items, or Ningxia's own figures.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
@@ -48,14 +56,22 @@ _US_EAST_1 = {
     EKS_CLUSTER: 0.10, NLB: 0.0225,
 }
 
-_CHINA_SOURCE = ("amazonaws.cn/en/ec2/pricing/ (not readable where this table was written: no "
-                 "figures; state yours in the environment's instancePrices)")
+
+def _table_file(region: str) -> PriceTable:
+    raw = json.loads((Path(__file__).parent / "price_tables" / f"{region}.json").read_text())
+    return PriceTable(raw["currency"], raw["source"], raw["date"], raw["hourly"])
+
+
+_CN_NORTH_1 = _table_file("cn-north-1")
 
 TABLES: dict[str, PriceTable] = {
     "us-east-1": PriceTable("USD", "aws.amazon.com/ec2/pricing/on-demand (Linux), EKS and "
                             "ELB pricing pages, US East (N. Virginia)", "2026-11", _US_EAST_1),
-    "cn-north-1": PriceTable("CNY", _CHINA_SOURCE, "2026-11-27"),
-    "cn-northwest-1": PriceTable("CNY", _CHINA_SOURCE, "2026-11-27"),
+    "cn-north-1": _CN_NORTH_1,
+    "cn-northwest-1": PriceTable(
+        "CNY", "cn-north-1's instance prices (none kept for cn-northwest-1, which prices on "
+        "its own: state Ningxia's in instancePrices); " + _CN_NORTH_1.source, _CN_NORTH_1.date,
+        _CN_NORTH_1.hourly),
 }
 
 

@@ -12,7 +12,7 @@ from config import ConfigError, resolve_environment
 from config.endpoint_spec import parse_endpoint
 from config.notices import CHANGED, kind_of
 from config.prices import EKS_CLUSTER, NLB, region_currency
-from k8s.serving import fit_endpoint, l2_plan, load_endpoints
+from k8s.serving import fit_endpoint, in_cluster_node, l2_plan, load_endpoints
 from stacks.plan import plan_text
 from tests.conftest import DECLARED, ENVIRONMENTS, ROOT, context_for, resources
 
@@ -118,3 +118,43 @@ def test_an_l2_asked_for_and_not_deployed_is_a_change_to_the_request(name, model
     else:
         assert "L2: none" not in plan and "GB/s per GPU" in plan
         assert ("forceL2Cache" in plan) == force
+
+
+def test_every_price_table_has_a_source_a_date_and_its_regions_currency():
+    from config.prices import TABLES
+    for region, table in TABLES.items():
+        assert table.currency == region_currency(region) and table.source and table.date
+        assert table.hourly and all(v > 0 for v in table.hourly.values()), region
+
+
+def test_the_cny_tables_are_cny_not_usd():
+    """A CNY table holding USD figures (or fen) would price China 7x too low (or 100x too
+    high): every type both tables know costs 4 to 20 times its us-east-1 USD figure."""
+    from config.prices import TABLES
+    usd = TABLES["us-east-1"].hourly
+    for region in ("cn-north-1", "cn-northwest-1"):
+        shared = set(TABLES[region].hourly) & set(usd) - {EKS_CLUSTER, NLB}
+        assert len(shared) >= 10, region
+        for t in shared:
+            assert 4 < TABLES[region].hourly[t] / usd[t] < 20, (region, t)
+
+
+def test_a_china_plan_counts_the_kept_cny_table_and_names_what_it_lacks():
+    from config.prices import price_table
+    for name in ENVIRONMENTS:
+        cfg = resolve_environment(_context(name))
+        if not cfg.region.startswith("cn-") or cfg.instance_prices is not None:
+            continue
+        endpoints = load_endpoints(cfg, ROOT)
+        plan = plan_text(cfg, endpoints)
+        table = price_table(cfg.region).hourly
+        groups = (cfg.system_nodes, *cfg.gpu_node_groups)
+        known = sum(table[g.instance_types[0]] * g.desired_size for g in groups
+                    if g.instance_types[0] in table)
+        node = in_cluster_node(cfg, endpoints)
+        known += table.get(node.node_type, 0.0) if node is not None else 0.0
+        assert known > 0 and f"on demand in CNY: at least {known:,.2f}" in plan, plan
+        lacking = plan.split("no CNY price for ", 1)[1].split(":", 1)[0].split(", ")
+        assert {EKS_CLUSTER, NLB} <= set(lacking) and not set(lacking) & set(table), lacking
+        assert "prices: " + ("cn-north-1's instance prices" if cfg.region != "cn-north-1"
+                             else "AWS Price List API") in plan

@@ -8,6 +8,8 @@ is a `ConfigError`: one line, no more of the file than a short excerpt.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 from pathlib import Path
@@ -103,8 +105,11 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:str", _StrictLoader.construct_y
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 
 
-def load_yaml_document(env: str, rel: str, text: str) -> Any:
-    """The one YAML document of `text` (file `rel`), read strictly."""
+@functools.lru_cache(maxsize=256)
+def _documents(text: str) -> tuple:
+    """The documents of `text`, read strictly (up to the second: an error). PyYAML's pure
+    Python reader takes ~30 ms an endpoint file, and a synth, the plan and the tools read the
+    same files again: a text read once is not read twice (callers get a copy)."""
     loader = _StrictLoader(text)
     try:
         docs = []
@@ -114,6 +119,15 @@ def load_yaml_document(env: str, rel: str, text: str) -> Any:
                 raise _Refused(mark.line + 1, "a second document",
                                "one YAML document per file (one endpoint per file)")
             docs.append(loader.get_data())
+        return tuple(docs)
+    finally:
+        loader.dispose()
+
+
+def load_yaml_document(env: str, rel: str, text: str) -> Any:
+    """The one YAML document of `text` (file `rel`), read strictly."""
+    try:
+        docs = _documents(text)
     except _Refused as err:
         raise ConfigError(env, f"{rel}: line {err.line}", err.value, err.allowed) from None
     except yaml.reader.ReaderError as err:
@@ -135,11 +149,9 @@ def load_yaml_document(env: str, rel: str, text: str) -> Any:
     except ValueError as err:   # a value Python cannot hold: a 5,000-digit integer, 2024-13-45
         raise ConfigError(env, rel, f"an unreadable value: {err}", "an endpoint file as "
                           "HyperPod writes it") from None
-    finally:
-        loader.dispose()
     if not docs:
         raise ConfigError(env, rel, "an empty file", "one YAML document")
-    return docs[0]
+    return copy.deepcopy(docs[0])
 
 
 def load_json_object(env: str, rel: str, text: str) -> Any:

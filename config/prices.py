@@ -69,8 +69,8 @@ TABLES: dict[str, PriceTable] = {
                             "ELB pricing pages, US East (N. Virginia)", "2026-11", _US_EAST_1),
     "cn-north-1": _CN_NORTH_1,
     "cn-northwest-1": PriceTable(
-        "CNY", "cn-north-1's instance prices (none kept for cn-northwest-1, which prices on "
-        "its own: state Ningxia's in instancePrices); " + _CN_NORTH_1.source, _CN_NORTH_1.date,
+        "CNY", "cn-north-1's (none kept for cn-northwest-1, which prices on its own: state "
+        "Ningxia's in instancePrices); " + _CN_NORTH_1.source, _CN_NORTH_1.date,
         _CN_NORTH_1.hourly),
 }
 

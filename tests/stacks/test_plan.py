@@ -156,5 +156,5 @@ def test_a_china_plan_counts_the_kept_cny_table_and_names_what_it_lacks():
         assert known > 0 and f"on demand in CNY: at least {known:,.2f}" in plan, plan
         lacking = plan.split("no CNY price for ", 1)[1].split(":", 1)[0].split(", ")
         assert {EKS_CLUSTER, NLB} <= set(lacking) and not set(lacking) & set(table), lacking
-        assert "prices: " + ("cn-north-1's instance prices" if cfg.region != "cn-north-1"
+        assert "prices: " + ("cn-north-1's (none kept" if cfg.region != "cn-north-1"
                              else "AWS Price List API") in plan

@@ -270,24 +270,30 @@ def lengths_for(probe: Probe, lengths: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({min(n, cap) for n in lengths} | {cap}))
 
 
+def token_ids(rng: random.Random, n: int) -> list[int]:
+    """n of `rng.randrange(0, 30000)`, the same draws in the same order, three times faster (a
+    run draws ~300K): randrange takes 15-bit draws and drops those >= 30000."""
+    bits, out = rng.getrandbits, []
+    while len(out) < n:
+        out += [x for x in [bits(15) for _ in range(n - len(out))] if x < 30000]
+    return out
+
+
 def measure(probe: Probe, lengths: Sequence[int] = DEFAULT_LENGTHS, reps: int = 3,
             seed: int = 7, log: Any = None) -> dict:
     """Cold and hit TTFT per length (medians), decode steps, the cache config."""
     rng = random.Random(seed)
     lengths = lengths_for(probe, lengths)
 
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(0, 30000) for _ in range(n)]
-
     out: dict[str, Any] = {"ttft": {}, "decode": {}}
     for n in lengths:
         cold, hit = [], []
         last: list[int] = []
         for _ in range(reps):
-            last = ids(n)
+            last = token_ids(rng, n)
             cold.append(probe.ttft(last)[0])
         for _ in range(reps):
-            t, cached = probe.ttft(last[:n - 256] + ids(256))
+            t, cached = probe.ttft(last[:n - 256] + token_ids(rng, 256))
             hit.append((t, cached))
         out["ttft"][str(n)] = {"cold_s": statistics.median(cold),
                                "hit256_s": statistics.median(t for t, _ in hit),
@@ -299,7 +305,8 @@ def measure(probe: Probe, lengths: Sequence[int] = DEFAULT_LENGTHS, reps: int = 
     ctx = min(DECODE_CONTEXT, mml - DECODE_TOKENS - 1) if mml else DECODE_CONTEXT
     out["decode_context"] = ctx
     for b in BATCHES:
-        out["decode"][str(b)] = probe.decode_step([ids(ctx) for _ in range(b)], DECODE_TOKENS)
+        out["decode"][str(b)] = probe.decode_step([token_ids(rng, ctx) for _ in range(b)],
+                                                  DECODE_TOKENS)
         if log:
             log(f"decode batch {b}: {out['decode'][str(b)] * 1e3:.2f} ms/step")
     out["cache_config"] = tried("/metrics (vllm:cache_config_info)", probe.cache_config)

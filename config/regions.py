@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+from importlib.util import find_spec
+from pathlib import Path
 
 CHINA_REGIONS = ("cn-north-1", "cn-northwest-1")
 
@@ -64,7 +65,10 @@ def region_facts(region: str) -> RegionFacts:
 
 
 def _cfnlint_enum(resource_dir: str, file: str) -> dict[str, tuple[str, ...]]:
-    base = resources.files("cfnlint.data.schemas.extensions") / resource_dir / file
+    # cfn-lint's data file, found without importing cfn-lint (whose import pulls in sympy: ~1
+    # CPU-s in every process that resolves an environment, for a JSON file)
+    (package,) = find_spec("cfnlint").submodule_search_locations
+    base = Path(package) / "data" / "schemas" / "extensions" / resource_dir / file
     data = json.loads(base.read_text())
     out = {}
     for region, value in data.items():

@@ -13,7 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from bench.calibrate import BOUNDS, EmulatedProbe, HttpProbe, calibrate, cache_config_labels
+from bench.calibrate import (
+    BOUNDS, EmulatedProbe, HttpProbe, cache_config_labels, calibrate, token_ids,
+)
 from bench.emulator import PROFILES, load_profile_file, profile
 from bench.fake_worker import FakeWorker
 from tests.conftest import ROOT
@@ -34,6 +36,17 @@ def test_calibrating_the_emulated_worker_recovers_its_parameters(name):
         assert getattr(got, field) == pytest.approx(getattr(truth, field), rel=0.10), field
     assert got.kv_tokens == pytest.approx(truth.kv_tokens, rel=0.01)
     assert max(abs(v) for v in report["residuals"].values()) < 0.05
+
+
+def test_prompt_tokens_are_the_draws_randrange_gives():
+    """The seeded prompts stay what they were when drawn with randrange, the generator left
+    where randrange leaves it."""
+    import random
+
+    fast, slow = random.Random(7), random.Random(7)
+    for n in (0, 1, 5, 256, 2048, 30001):
+        assert token_ids(fast, n) == [slow.randrange(0, 30000) for _ in range(n)]
+    assert fast.random() == slow.random()
 
 
 def test_it_reads_kv_capacity_from_a_worker_over_http():

@@ -1,12 +1,14 @@
-"""`python -m tools fill`: the GitOps YAML's placeholders filled from the stacks' outputs (moto's
-CloudFormation), runtime variables left alone, nothing written on any failure."""
+"""`python -m tools fill`: the GitOps YAML's placeholders filled from the stacks' outputs
+(CloudFormation answered in-process), runtime variables left alone, nothing written on any
+failure."""
 from __future__ import annotations
 
-import json
+import datetime
 
 import boto3
 import pytest
-from moto import mock_aws
+from botocore.awsrequest import AWSResponse
+from botocore.validate import validate_parameters
 
 from k8s.placeholders import PATTERN, PLACEHOLDERS
 from k8s.serving import load_endpoints
@@ -26,28 +28,58 @@ def dist(tmp_path_factory):
     return out
 
 
-def _deploy(stacks: set[str]) -> None:
-    """Stacks holding the outputs the placeholders name (a template moto accepts)."""
-    cfn = boto3.client("cloudformation", region_name="us-west-2")
-    for stack in stacks:
-        outputs = {p.output: {"Value": OUTPUTS[p.name]} for p in PLACEHOLDERS.values()
-                   if p.stack == stack}
-        cfn.create_stack(StackName=f"KvCache-dev-{stack}", TemplateBody=json.dumps({
-            "Resources": {"T": {"Type": "AWS::SNS::Topic"}},
-            "Outputs": outputs}))
+def _deploy(monkeypatch: pytest.MonkeyPatch, stacks: set[str]) -> None:
+    """CloudFormation with `stacks` deployed, holding the outputs the placeholders name:
+    DescribeStacks answers them (its answer checked against the API's output shape, as a
+    Stubber checks it) and, for any other stack, the ValidationError CloudFormation gives.
+    Answered by a botocore handler, in any order: moto's CloudFormation costs ~2 CPU-s to
+    import for these two calls. Any other call fails the test rather than leave the process."""
+    real = boto3.Session.client
+
+    def stack_name(params, context, **_):
+        context["stack"] = params["StackName"]
+
+    def describe(model, context, **_):
+        name = context["stack"]
+        stack = name.removeprefix("KvCache-dev-")
+        if stack not in stacks or stack == name:
+            return AWSResponse(None, 400, {}, None), {"Error": {
+                "Code": "ValidationError", "Message": f"Stack with id {name} does not exist"}}
+        answer = {"Stacks": [{
+            "StackName": name, "CreationTime": datetime.datetime(2026, 1, 1),
+            "StackStatus": "CREATE_COMPLETE", "Outputs": [
+                {"OutputKey": p.output, "OutputValue": OUTPUTS[p.name]}
+                for p in PLACEHOLDERS.values() if p.stack == stack]}]}
+        validate_parameters(answer, model.output_shape)
+        return AWSResponse(None, 200, {}, None), answer
+
+    def unanswered(request, **_):
+        raise AssertionError(f"fill sent {request.method} {request.url}: only DescribeStacks "
+                             "is answered here")
+
+    def client(self, service, *args, **kwargs):
+        c = real(self, service, *args, **kwargs)
+        assert service == "cloudformation", service
+        c.meta.events.register("before-parameter-build.cloudformation.DescribeStacks",
+                               stack_name)
+        c.meta.events.register("before-call.cloudformation.DescribeStacks", describe)
+        c.meta.events.register("before-send", unanswered)
+        return c
+
+    monkeypatch.setattr(boto3.Session, "client", client)
 
 
-def test_every_placeholder_is_filled_and_runtime_variables_survive(dist, tmp_path, aws_env):
+def test_every_placeholder_is_filled_and_runtime_variables_survive(dist, tmp_path, aws_env,
+                                                                   monkeypatch):
     texts = {p.name: p.read_text() for p in dist.rglob("*.yaml")}
     named = {m for t in texts.values() for m in PATTERN.findall(t)}
     assert {"MODEL_BUCKET", "API_KEY_SECRET_ARN", "LB_SUBNETS",
             "AMP_QUERY_URL", "AMP_REMOTE_WRITE_URL"} <= named
     runtime = {t.count("${") for t in texts.values()}
     assert max(runtime) > 0   # the router front's ${FRONT_BIND}, the init containers' shell
-    with mock_aws():
-        _deploy({PLACEHOLDERS[n].stack for n in named})
-        assert main(["fill", "--env", "dev", "--dist", str(dist), "--out",
-                     str(tmp_path / "out")]) == 0
+    _deploy(monkeypatch, {PLACEHOLDERS[n].stack for n in named})
+    assert main(["fill", "--env", "dev", "--dist", str(dist), "--out",
+                 str(tmp_path / "out")]) == 0
     for rel in (p.relative_to(dist) for p in dist.rglob("*.yaml")):
         before, after = (dist / rel).read_text(), (tmp_path / "out" / rel).read_text()
         assert "@@KVCACHE_" not in after
@@ -56,11 +88,10 @@ def test_every_placeholder_is_filled_and_runtime_variables_survive(dist, tmp_pat
 
 
 def test_a_stack_not_deployed_is_one_line_and_nothing_is_written(dist, tmp_path, aws_env,
-                                                                   capsys):
-    with mock_aws():
-        _deploy({"Serving", "Storage", "Observability"})   # no Network stack
-        assert main(["fill", "--env", "dev", "--dist", str(dist), "--out",
-                     str(tmp_path / "out")]) == 1
+                                                                   capsys, monkeypatch):
+    _deploy(monkeypatch, {"Serving", "Storage", "Observability"})   # no Network stack
+    assert main(["fill", "--env", "dev", "--dist", str(dist), "--out",
+                 str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "stack KvCache-dev-Network not found" in err
     assert not (tmp_path / "out").exists()

@@ -63,7 +63,7 @@ def make_model(root: Path, big: int) -> Path:
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    return make_model(tmp_path, 11 * MiB)  # 3 parts of 5 MiB, 2 of 6 MiB
+    return make_model(tmp_path, 7 * MiB)  # multipart at either part size: 5 + 2 MiB, 6 + 1 MiB
 
 
 @pytest.fixture

@@ -21,17 +21,27 @@ NAMES = ("config.json", "tokenizer.json", "model-00001-of-00002.safetensors",
          "model-00002-of-00002.safetensors")
 
 
-@pytest.fixture
-def source(bucket) -> str:
+def make_source(big: int) -> str:
     """A model in another bucket of the account, as a team's own transfer left it."""
     s3 = s3_client()
     s3.create_bucket(Bucket=SOURCE, CreateBucketConfiguration={"LocationConstraint": REGION})
     body = {"config.json": json.dumps({"model_type": "llama"}).encode(),
-            "tokenizer.json": b"{}", "model-00001-of-00002.safetensors": os.urandom(11 * MiB),
+            "tokenizer.json": b"{}", "model-00001-of-00002.safetensors": os.urandom(big),
             "model-00002-of-00002.safetensors": os.urandom(MiB), ".cache/lock": b"hidden"}
     for name, data in body.items():
         s3.put_object(Bucket=SOURCE, Key=f"{SRC}/{name}", Body=data)
     return f"s3://{SOURCE}/{SRC}"
+
+
+@pytest.fixture
+def source(bucket) -> str:
+    return make_source(7 * MiB)   # copied in 2 parts of --chunk-mib 5: 5 + 2 MiB
+
+
+@pytest.fixture
+def small_source(bucket) -> str:
+    """The same objects, none of them needing a multipart copy: for refusals."""
+    return make_source(1024)
 
 
 def test_a_model_in_s3_is_copied_under_the_endpoint_location_once(source, bucket, capsys):
@@ -88,7 +98,7 @@ def test_an_interrupted_copy_resumes_with_only_what_is_missing(source, bucket, c
     ("s3://team-weights", "s3://BUCKET/PREFIX"),
     (f"s3://{SOURCE}/nothing-here", "weights at its top level"),
 ])
-def test_a_bad_s3_source_is_one_line(model, message, source, bucket, capsys):
+def test_a_bad_s3_source_is_one_line(model, message, small_source, bucket, capsys):
     assert main(["upload-model", "--env", "dev", model]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from config.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
+from bench import router_fork   # before our atexit below: its server stops after the routers
 from bench.fake_worker import FakeWorker
 
 __all__ = [
@@ -517,11 +518,8 @@ class RouterProcess:
         if busy:
             raise RouterStartError(f"port(s) {busy} on {LOOPBACK} already in use")
         t0 = time.monotonic()
-        with self._open_log() as log:
-            self.proc = subprocess.Popen(
-                [self.binary, *self.args], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=self.env,
-            )
+        with self._open_log() as log:   # the console script, forked where it can be
+            self.proc = router_fork.spawn(self.binary, self.args, self.env, log.fileno())
         _LIVE_ROUTERS.add(self)
         try:
             self._wait_ready(t0 + self.startup_timeout)

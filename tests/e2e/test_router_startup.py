@@ -9,12 +9,13 @@ The rendered args run as rendered, with the wait shortened to seconds.
 """
 from __future__ import annotations
 
+import os
 import socket
-import subprocess
 import time
 
 import pytest
 
+from bench import router_fork
 from bench.loopback import FakeWorkerPool, localize_for_pool
 from config.contracts import NODE_START_MINUTES
 from tests.e2e.conftest import _container, _rendered_docs, start_rendered_router
@@ -59,8 +60,8 @@ def _listening(port: int) -> bool:
 def _watch(router, seconds: float, on_tick=None) -> tuple[float | None, int | None, float]:
     """Start the router process bare until it listens, exits or `seconds` pass: (listening
     since, exit code, seconds watched)."""
-    proc = subprocess.Popen([router.binary, *router.args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=router.env)
+    with open(os.devnull, "wb") as devnull:   # forked as RouterProcess starts it: no imports
+        proc = router_fork.spawn(router.binary, router.args, router.env, devnull.fileno())
     t0, listening = time.monotonic(), None
     try:
         while time.monotonic() - t0 < seconds and proc.poll() is None and listening is None:

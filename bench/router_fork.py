@@ -217,7 +217,8 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         self._sock = ours
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+            [sys.executable, __file__, str(theirs.fileno()), str(Path(sys.executable).parent)],
+            pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         theirs.close()
         self._lock = threading.Lock()
@@ -252,10 +253,11 @@ class ForkServer:
                         else:
                             proc._set_exit(message["exit"])
                     self._cond.notify_all()
-        with self._cond:   # the server is gone, and with it every child it had
-            self._closed = True
+        with self._cond:   # the server is gone (it stops its children when it can): no router
+            self._closed = True   # outlives it unseen
             for proc in self._live.values():
-                proc._set_exit(proc.returncode if proc.returncode is not None else -9)
+                proc.kill()
+                proc._set_exit(-signal.SIGKILL)
             self._live.clear()
             self._cond.notify_all()
 
@@ -331,4 +333,7 @@ def shutdown() -> None:
 
 
 if __name__ == "__main__":
+    # The path a console script sees (its own folder first), not bench/: nothing here shadows
+    # what the routers import.
+    sys.path[0] = sys.argv[2]
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -427,7 +427,8 @@ def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
 
 
 class RouterProcess:
-    """The real router as a child process; a context manager.
+    """The real router as a child process (its console script forked from bench.router_fork's
+    server where it can be, else exec'd); a context manager.
 
     ``args`` are already localized (see ``localize_router_args``). On enter it starts the
     router, then waits (bounded by ``startup_timeout``) until ``/health`` answers and
@@ -474,7 +475,7 @@ class RouterProcess:
         # Loopback traffic must never go through a proxy, ours or the router's (reqwest).
         no_proxy = ",".join(filter(None, [self.env.get("NO_PROXY"), "127.0.0.1,localhost"]))
         self.env["NO_PROXY"] = self.env["no_proxy"] = no_proxy
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | router_fork.ForkedProcess | None = None
         self.startup_seconds: float | None = None
 
     @property

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from config.endpoint_spec import arg_value  # noqa: F401  (the harness's and the tests' too)
+from bench import router_fork   # before our atexit below: its server stops after the routers
 from bench.fake_worker import FakeWorker
 
 __all__ = [
@@ -426,7 +427,8 @@ def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
 
 
 class RouterProcess:
-    """The real router as a child process; a context manager.
+    """The real router as a child process (its console script forked from bench.router_fork's
+    server where it can be, else exec'd); a context manager.
 
     ``args`` are already localized (see ``localize_router_args``). On enter it starts the
     router, then waits (bounded by ``startup_timeout``) until ``/health`` answers and
@@ -473,7 +475,7 @@ class RouterProcess:
         # Loopback traffic must never go through a proxy, ours or the router's (reqwest).
         no_proxy = ",".join(filter(None, [self.env.get("NO_PROXY"), "127.0.0.1,localhost"]))
         self.env["NO_PROXY"] = self.env["no_proxy"] = no_proxy
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | router_fork.ForkedProcess | None = None
         self.startup_seconds: float | None = None
 
     @property
@@ -517,11 +519,8 @@ class RouterProcess:
         if busy:
             raise RouterStartError(f"port(s) {busy} on {LOOPBACK} already in use")
         t0 = time.monotonic()
-        with self._open_log() as log:
-            self.proc = subprocess.Popen(
-                [self.binary, *self.args], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=self.env,
-            )
+        with self._open_log() as log:   # the console script, forked where it can be
+            self.proc = router_fork.spawn(self.binary, self.args, self.env, log.fileno())
         _LIVE_ROUTERS.add(self)
         try:
             self._wait_ready(t0 + self.startup_timeout)

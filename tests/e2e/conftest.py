@@ -78,6 +78,10 @@ def _rendered_docs(strategy: str, replicas: int | None = None,
     """Every Kubernetes object rendered for the shipped endpoint file switched to HyperPod
     routing strategy ``strategy`` (and to ``replicas`` workers, and to the ``router``
     implementation, if given)."""
+    from config.contracts import default_router
+
+    if router == default_router(strategy):   # the same objects: one render (jsii) serves both
+        router = None
     return json.loads(_rendered_docs_json(strategy, replicas, router))
 
 

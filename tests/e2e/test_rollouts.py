@@ -197,11 +197,15 @@ def test_a_stalled_worker_is_restarted_and_its_client_told(tmp_path, report_figu
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
+        begun_by = time.monotonic() + 10   # the window opens on a stream under way, however
+        while not chunks and not outcome and time.monotonic() < begun_by:   # loaded the host
+            time.sleep(0.01)
+        assert chunks, f"the stream had begun: {outcome}"
         progress_until = time.monotonic() + 1.5 * stall_s
         while time.monotonic() < progress_until:      # a healthy stream longer than the window
             assert alive(), "the probe failed a worker that was producing tokens"
             time.sleep(period_s)
-        assert chunks, "the stream had begun"
+        assert not outcome, f"the stream ran through the window: {outcome}"
         worker.stall()
         t_fault = time.monotonic()
         failures = 0

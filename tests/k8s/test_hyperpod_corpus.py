@@ -12,6 +12,7 @@ published, and a file without placeholders is loaded byte for byte.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -140,18 +141,18 @@ def _certificate(env: dict) -> str:
             "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d")
 
 
+@functools.cache
 def _groups() -> list[list[Path]]:
     """As few environments as hold the corpus: two published files may share a name
     (`my-model`), and one environment's endpoints need distinct names (one error if not)."""
-    groups: list[list[Path]] = []
+    groups: list[dict[str, Path]] = []   # per environment: metadata.name -> file
     for f in SERVED:
         name = yaml.safe_load(filled(f)[0])["metadata"]["name"]
-        group = next((g for g in groups if name not in
-                      {yaml.safe_load(filled(x)[0])["metadata"]["name"] for x in g}), None)
+        group = next((g for g in groups if name not in g), None)
         if group is None:
-            groups.append(group := [])
-        group.append(f)
-    return groups
+            groups.append(group := {})
+        group[name] = f
+    return [list(g.values()) for g in groups]
 
 
 @pytest.fixture(scope="module")

@@ -142,12 +142,18 @@ def _certificate(env: dict) -> str:
 
 
 @functools.cache
+def _yaml(f: Path) -> dict:
+    """The file as filled, parsed once (the tests only read it)."""
+    return yaml.safe_load(filled(f)[0])
+
+
+@functools.cache
 def _groups() -> list[list[Path]]:
     """As few environments as hold the corpus: two published files may share a name
     (`my-model`), and one environment's endpoints need distinct names (one error if not)."""
     groups: list[dict[str, Path]] = []   # per environment: metadata.name -> file
     for f in SERVED:
-        name = yaml.safe_load(filled(f)[0])["metadata"]["name"]
+        name = _yaml(f)["metadata"]["name"]
         group = next((g for g in groups if name not in g), None)
         if group is None:
             groups.append(group := {})
@@ -239,10 +245,6 @@ def test_china_pulls_every_image_from_its_own_ecr(corpus):
     repos = {r for stacks, _ in c.synths for r in stacks.storage.repositories}
     for s in c.specs:
         assert s.image.mirror_repository in repos, s.worker_image
-
-
-def _yaml(f: Path) -> dict:
-    return yaml.safe_load(filled(f)[0])
 
 
 def _worker(docs, name):

@@ -3,10 +3,10 @@ templates are written: most of a run is cfn-lint's own start and one process use
 the suite goes on (on the other core) while it lints; the test that asserts on it waits.
 
 A template whose bytes this session already lints for the same regions is not linted again:
-cfn-lint reads nothing but the template and the regions, so identical bytes lint identically
-(the corpus's two apps per variant share their Network, Cluster and Observability stacks, and
-those of the shipped samples). The test still waits on a run that covers every one of its
-templates and asserts on it."""
+cfn-lint reads the template, the regions and ROOT/.cfnlintrc (every run's, and it names no
+template), never the template's path, so identical bytes lint identically (the corpus's two
+apps per variant share their Network and Cluster stacks, and some with the shipped samples).
+Each lint still waits on runs that cover every one of its templates and asserts on them."""
 from __future__ import annotations
 
 import hashlib

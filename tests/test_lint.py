@@ -4,8 +4,10 @@ tested, not cfn-lint)."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 import tests.lint
+from tests.conftest import ROOT
 from tests.lint import CfnLint
 
 
@@ -51,3 +53,9 @@ def test_a_failing_run_fails_every_lint_that_covers_a_template_of_it(fake):
     CfnLint(("us-west-2",), [bad, ok])
     proc = CfnLint(("us-west-2",), [same]).result()
     assert proc.returncode == 2 and bad in proc.stdout
+
+
+def test_the_project_config_names_no_template():
+    """Sharing runs by content holds while ROOT/.cfnlintrc treats every template alike."""
+    config = yaml.safe_load((ROOT / ".cfnlintrc").read_text())
+    assert not {"templates", "ignore_templates"} & set(config), config

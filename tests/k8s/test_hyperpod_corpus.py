@@ -184,7 +184,8 @@ def corpus(tmp_path_factory):
             docs += group_docs
             synths.append((stacks, Path(assembly.directory)))
             by_file.update({f.name: group_docs for f in files})
-        # linted in the background from here on (the next variant synthesizes meanwhile)
+        # linted in the background from here on (the next variant synthesizes meanwhile); a
+        # stack both groups render alike (Network, Cluster) is linted once (tests/lint.py)
         lint = CfnLint((cfg.region,), sorted(str(p) for _, outdir in synths
                                              for p in outdir.glob("*.template.json")))
         out[variant] = Corpus(cfg, specs, synths, docs, by_file, lint)

@@ -12,6 +12,7 @@ published, and a file without placeholders is loaded byte for byte.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -140,18 +141,24 @@ def _certificate(env: dict) -> str:
             "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d")
 
 
+@functools.cache
+def _yaml(f: Path) -> dict:
+    """The file as filled, parsed once (the tests only read it)."""
+    return yaml.safe_load(filled(f)[0])
+
+
+@functools.cache
 def _groups() -> list[list[Path]]:
     """As few environments as hold the corpus: two published files may share a name
     (`my-model`), and one environment's endpoints need distinct names (one error if not)."""
-    groups: list[list[Path]] = []
+    groups: list[dict[str, Path]] = []   # per environment: metadata.name -> file
     for f in SERVED:
-        name = yaml.safe_load(filled(f)[0])["metadata"]["name"]
-        group = next((g for g in groups if name not in
-                      {yaml.safe_load(filled(x)[0])["metadata"]["name"] for x in g}), None)
+        name = _yaml(f)["metadata"]["name"]
+        group = next((g for g in groups if name not in g), None)
         if group is None:
-            groups.append(group := [])
-        group.append(f)
-    return groups
+            groups.append(group := {})
+        group[name] = f
+    return [list(g.values()) for g in groups]
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +184,8 @@ def corpus(tmp_path_factory):
             docs += group_docs
             synths.append((stacks, Path(assembly.directory)))
             by_file.update({f.name: group_docs for f in files})
-        # linted in the background from here on (the next variant synthesizes meanwhile)
+        # linted in the background from here on (the next variant synthesizes meanwhile); a
+        # stack both groups render alike (Network, Cluster) is linted once (tests/lint.py)
         lint = CfnLint((cfg.region,), sorted(str(p) for _, outdir in synths
                                              for p in outdir.glob("*.template.json")))
         out[variant] = Corpus(cfg, specs, synths, docs, by_file, lint)
@@ -238,10 +246,6 @@ def test_china_pulls_every_image_from_its_own_ecr(corpus):
     repos = {r for stacks, _ in c.synths for r in stacks.storage.repositories}
     for s in c.specs:
         assert s.image.mirror_repository in repos, s.worker_image
-
-
-def _yaml(f: Path) -> dict:
-    return yaml.safe_load(filled(f)[0])
 
 
 def _worker(docs, name):

@@ -22,8 +22,9 @@ PARSERS = ROOT / ".lmcache-parsers"
 NEWEST = "venv"   # the release in .venv-lmcache itself
 
 # One process per release serves every parse of the session: importing LMCache (and the torch
-# it imports) costs seconds, parsing a file milliseconds; the first parse starts them all, so
-# that they import side by side. Requests are JSON lists of paths on
+# it imports) costs seconds of CPU, parsing a file milliseconds; a release is started only when
+# a session needs it, and a caller that needs several starts them together (`start`), so that
+# they import side by side. Requests are JSON lists of paths on
 # stdin; each answer is one PARSED line on stdout (LMCache's own log lines go to a file).
 _SERVE = """
 import json, logging, sys
@@ -104,13 +105,16 @@ def parse_server_args(version: str, argv: list[str]) -> dict:
     raise AssertionError(f"LMCache {version} parser exited: {log.read_text()[-2000:]}")
 
 
+def start(*versions: str) -> None:
+    """Start these releases' parsers now, side by side (a caller about to parse with several
+    of them: each imports while the others do)."""
+    for version in versions:
+        _server(version)
+
+
 def _server(version: str) -> tuple[subprocess.Popen, Path]:
     if version in _SERVERS and _SERVERS[version][0].poll() is None:
         return _SERVERS[version]
-    if not _SERVERS:   # the first parse of the session: every release imports side by side
-        for other in [*parser_versions(), NEWEST]:
-            if other != version:
-                _start(other)
     return _start(version)
 
 

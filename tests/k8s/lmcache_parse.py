@@ -129,7 +129,12 @@ def parse(version: str, paths: list[str]) -> list[dict]:
     proc.stdin.flush()
     for line in proc.stdout:
         if line.startswith("PARSED"):
-            return json.loads(line.removeprefix("PARSED"))
+            parsed = json.loads(line.removeprefix("PARSED"))
+            # the release asked for read them, not another one on the path
+            where = (LMCACHE_PY.parents[1] if version == NEWEST else PARSERS / version).resolve()
+            assert all(Path(p["file"]).resolve().is_relative_to(where) for p in parsed), (
+                version, {p["file"] for p in parsed})
+            return parsed
     raise _exited(version, proc, log)
 
 

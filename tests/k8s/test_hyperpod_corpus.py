@@ -450,7 +450,7 @@ def test_every_files_workers_store_layerwise_only_with_the_guard(corpus):
 def test_every_files_lmcache_config_is_read_by_its_images_lmcache(corpus, tmp_path):
     """With the parser of the LMCache each file's image carries (all we have where no record
     pins it): every key read as written, none unknown."""
-    from tests.k8s.lmcache_parse import parse
+    from tests.k8s.lmcache_parse import parse, start
     from tests.k8s.test_lmcache_config import check_parsed, parsers_for
     from tests.k8s.worker_gates import lmcache_configs
     c = corpus["dev"]
@@ -463,6 +463,7 @@ def test_every_files_lmcache_config_is_read_by_its_images_lmcache(corpus, tmp_pa
             files.setdefault(version, []).append((str(path), spec.worker_image,
                                                   yaml.safe_load(text)))
     assert len(files) >= 3
+    start(*files)
     for version, items in files.items():
         for (_, image, ours), got in zip(items, parse(version, [p for p, _, _ in items])):
             check_parsed(got, ours, image)

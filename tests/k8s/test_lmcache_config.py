@@ -22,7 +22,7 @@ from k8s.workers import tier_settings
 from k8s.serving import load_endpoints
 from tests.background import Background
 from tests.conftest import ENVIRONMENTS, ROOT
-from tests.k8s.lmcache_parse import LMCACHE_PY, NEWEST, PARSERS, parse, parser_versions
+from tests.k8s.lmcache_parse import LMCACHE_PY, NEWEST, PARSERS, parse, parser_versions, start
 from tests.k8s.test_charts import SEED, _env, _spec, render
 
 
@@ -103,7 +103,9 @@ def parsed(tmp_path_factory) -> dict:
         files[(image, backend)] = str(path)
         rendered[(image, backend)] = (yaml.safe_load(path.read_text()), docs)
     out = {}
-    for version in {v for image, _ in CASES for v in parsers_for(image)}:
+    versions = {v for image, _ in CASES for v in parsers_for(image)}
+    start(*versions)
+    for version in versions:
         cases = [c for c in CASES if version in parsers_for(c[0])]
         for case, result in zip(cases, parse(version, [files[c] for c in cases])):
             out[(case, version)] = result
@@ -152,6 +154,7 @@ def test_every_environments_workers_config_is_read_by_their_lmcache(synths, name
     charts = {c.node.id: c for c in s.stacks.serving.charts}
     specs = load_endpoints(s.cfg, ROOT)
     assert specs or not s.cfg.endpoint_files
+    start(*{v for spec in specs for v in parsers_for(spec.worker_image)})
     for i, spec in enumerate(specs):
         # a disaggregated endpoint's LMCache (its L1) is on its prefill workers
         chart = charts.get(f"{spec.name}-workers") or charts[f"{spec.name}-prefill"]

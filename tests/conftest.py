@@ -191,12 +191,18 @@ def _synth(name: str, tmp: Path) -> Synth:
 # Whether a selected test asks for cfn-lint over the environments' templates (the `cfn_lint`
 # fixture): then each environment's lint starts in the background as soon as it is synthesized.
 _LINT_AT_SYNTH = False
+# Whether a selected test reads checkov's scan (tests/test_checkov.py), and with the
+# disaggregated renders: then it starts in the background once every environment is.
+_CHECKOV_AT_SYNTH: bool | None = None
 
 
 def pytest_collection_finish(session):
-    global _LINT_AT_SYNTH
+    global _LINT_AT_SYNTH, _CHECKOV_AT_SYNTH
     _LINT_AT_SYNTH = any("cfn_lint" in getattr(item, "fixturenames", ())
                          for item in session.items)
+    if any("scans" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.test_checkov import reads_pd
+        _CHECKOV_AT_SYNTH = reads_pd(session.items)
 
 
 class Synths(dict):
@@ -207,6 +213,7 @@ class Synths(dict):
         super().__init__()
         self._tmp = tmp
         self._refused: dict[str, ConfigError] = {}
+        self.checkov = None   # tests.background.Background of tests/test_checkov.py's scan
 
     def __missing__(self, name: str) -> Synth:
         if name not in DECLARED:
@@ -221,6 +228,12 @@ class Synths(dict):
         self[name] = synth
         if _LINT_AT_SYNTH:
             synth.cfn_lint()
+        if (_CHECKOV_AT_SYNTH is not None and self.checkov is None
+                and all(n in self for n in ENVIRONMENTS)):
+            from tests.test_checkov import start_scan
+            files = self._tmp / "checkov"
+            files.mkdir()
+            self.checkov = start_scan(self, files, _CHECKOV_AT_SYNTH)
         return synth
 
     def all(self) -> dict[str, Synth]:

@@ -37,19 +37,37 @@ _READ_PD = {"test_disaggregated_endpoints_fail_no_check_outside_the_reasoned_ski
             "test_every_skip_still_earns_its_place"}
 
 
-def _scan(directory: Path) -> dict[str, dict]:
-    """Both frameworks in one checkov process (its imports, ~3 s of CPU, once); each runner
-    takes only its own files from the directory (templates hold no `kind`, manifests no
-    `Resources`). --skip-download: no call to Bridgecrew's API for guideline links (the same
-    checks run)."""
-    proc = Background([str(CHECKOV), "-d", str(directory), "--framework", *FRAMEWORKS,
-                       "-o", "json", "--compact", "--skip-download"], timeout=600).result()
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]   # 1: some check failed
-    reports = json.loads(proc.stdout)
-    reports = {r["check_type"]: r for r in (reports if isinstance(reports, list) else [reports])}
-    assert sorted(reports) == sorted(FRAMEWORKS), sorted(reports)
-    assert all(r["summary"]["parsing_errors"] == 0 for r in reports.values())
-    return reports
+def start_scan(synths, files: Path, with_pd: bool) -> Background:
+    """Every declared environment's templates and manifests (and, `with_pd`, the disaggregated
+    renders) written to `files`, and one checkov process started over them: both frameworks
+    (its imports, ~3 s of CPU, once); each runner takes only its own files (templates hold no
+    `kind`, manifests no `Resources`). --skip-download: no call to Bridgecrew's API for
+    guideline links (the same checks run). tests/conftest.py starts it as soon as the last
+    environment is synthesized, so it runs on the other core while the suite goes on."""
+    for name, synth in synths.all().items():
+        for stack, template in synth.templates.items():
+            (files / f"{name}--{stack}.template.json").write_text(json.dumps(template))
+        cfg = synth.cfg
+        specs = load_endpoints(cfg, ROOT)
+        charts = [*build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs)),
+                  *build_monitoring_charts(cdk8s.App(), cfg, specs).all(),
+                  DevicePluginChart(cdk8s.App(), "nvidia-device-plugin",
+                                    image=cfg.images.uri("nvidia-device-plugin"))]
+        (files / f"{name}--manifests.yaml").write_text(
+            _dump_all([d for c in charts for d in c.to_json()]))
+    if with_pd:
+        for name, (env, instance_type) in PD_RENDERS.items():   # disaggregated endpoints
+            pd = rendered(env, instance_type)
+            efa = EfaDevicePluginChart(cdk8s.App(), "efa-device-plugin",
+                                       image=pd.cfg.images.uri("efa-device-plugin"))
+            (files / f"{name}--manifests.yaml").write_text(_dump_all([*pd.docs, *efa.to_json()]))
+    return Background([str(CHECKOV), "-d", str(files), "--framework", *FRAMEWORKS,
+                       "-o", "json", "--compact", "--skip-download"], timeout=600)
+
+
+def reads_pd(items) -> bool:
+    """Whether the session's selected tests read the disaggregated renders' results."""
+    return bool(_READ_PD & {item.originalname for item in items})
 
 
 def _dump_all(docs: list[dict]) -> str:
@@ -62,25 +80,16 @@ def _dump_all(docs: list[dict]) -> str:
 def scans(synths, tmp_path_factory, request) -> dict[str, dict]:
     """One checkov run over every template and manifest, by framework."""
     assert CHECKOV.exists(), "run `make test` (it creates .venv-checkov)"
-    files = tmp_path_factory.mktemp("checkov")
-    for name, synth in synths.all().items():
-        for stack, template in synth.templates.items():
-            (files / f"{name}--{stack}.template.json").write_text(json.dumps(template))
-        cfg = synth.cfg
-        specs = load_endpoints(cfg, ROOT)
-        charts = [*build_charts(cdk8s.App(), cfg, specs, placeholder_facts(cfg, specs)),
-                  *build_monitoring_charts(cdk8s.App(), cfg, specs).all(),
-                  DevicePluginChart(cdk8s.App(), "nvidia-device-plugin",
-                                    image=cfg.images.uri("nvidia-device-plugin"))]
-        (files / f"{name}--manifests.yaml").write_text(
-            _dump_all([d for c in charts for d in c.to_json()]))
-    if _READ_PD & {item.originalname for item in request.session.items}:
-        for name, (env, instance_type) in PD_RENDERS.items():   # disaggregated endpoints
-            pd = rendered(env, instance_type)
-            efa = EfaDevicePluginChart(cdk8s.App(), "efa-device-plugin",
-                                       image=pd.cfg.images.uri("efa-device-plugin"))
-            (files / f"{name}--manifests.yaml").write_text(_dump_all([*pd.docs, *efa.to_json()]))
-    return _scan(files)
+    synths.all()   # the last environment's synth starts the scan (tests/conftest.py)
+    run = synths.checkov or start_scan(synths, tmp_path_factory.mktemp("checkov"),
+                                       reads_pd(request.session.items))
+    proc = run.result()
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]   # 1: some check failed
+    reports = json.loads(proc.stdout)
+    reports = {r["check_type"]: r for r in (reports if isinstance(reports, list) else [reports])}
+    assert sorted(reports) == sorted(FRAMEWORKS), sorted(reports)
+    assert all(r["summary"]["parsing_errors"] == 0 for r in reports.values())
+    return reports
 
 
 def _reasoned(framework: str, check: dict) -> bool:

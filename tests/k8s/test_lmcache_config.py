@@ -231,25 +231,36 @@ def _logged(run: Background) -> str:
 TOKEN = "s3cretT0ken"
 
 
-def test_the_l2_token_appears_in_no_lmcache_log_line(tmp_path):
-    cfg = _env("dev")
-    docs = render(cfg, _spec(cfg, backend="redis"))
-    runtime = _config_file(docs, tmp_path)
-    text = runtime.read_text()
-    # point the URL at a closed loopback port: the lookup fails fast, the token stays in it
-    runtime.write_text(text.replace("l2.example.internal:6379", "127.0.0.1:9"))
-    worker = next(c for c in _worker_pod(docs)["containers"] if c["name"] == "vllm")
-    env = {e["name"]: e["value"] for e in worker["env"]
-           if e["name"].startswith(("LMCACHE_", "PYTHONHASHSEED"))}
-    env["LMCACHE_CONFIG_FILE"] = str(runtime)
-    # both runs side by side (each is mostly torch's import)
-    ours = _start_lmcache_remote(env)
-    # The same code at LMCache's default level prints the token: the test can see a leak.
-    default_level = _start_lmcache_remote({**env, "LMCACHE_LOG_LEVEL": "INFO"})
-    logged = _logged(ours)
+class _LogRuns:
+    """The seed image's LMCache, run twice on dev's rendered config: at our log level, and at
+    LMCache's default level (which prints the token: the test can see a leak)."""
+
+    def __init__(self, tmp: Path):
+        cfg = _env("dev")
+        docs = render(cfg, _spec(cfg, backend="redis"))
+        runtime = _config_file(docs, tmp)
+        text = runtime.read_text()
+        # point the URL at a closed loopback port: the lookup fails fast, the token stays in it
+        runtime.write_text(text.replace("l2.example.internal:6379", "127.0.0.1:9"))
+        worker = next(c for c in _worker_pod(docs)["containers"] if c["name"] == "vllm")
+        env = {e["name"]: e["value"] for e in worker["env"]
+               if e["name"].startswith(("LMCACHE_", "PYTHONHASHSEED"))}
+        env["LMCACHE_CONFIG_FILE"] = str(runtime)
+        # both side by side, from the session's start (each is mostly torch's import)
+        self.ours = _start_lmcache_remote(env)
+        self.default_level = _start_lmcache_remote({**env, "LMCACHE_LOG_LEVEL": "INFO"})
+
+    def stop(self) -> None:
+        self.ours.stop()
+        self.default_level.stop()
+
+
+@pytest.mark.starts_early(start=_LogRuns)
+def test_the_l2_token_appears_in_no_lmcache_log_line(early):
+    logged = _logged(early.run.ours)
     assert TOKEN not in logged
     assert "LMCache WARNING" in logged  # its warnings still reach the log (the failed lookup)
-    assert _logged(default_level).count(TOKEN) >= 4
+    assert _logged(early.run.default_level).count(TOKEN) >= 4
 
 
 @pytest.mark.parametrize("name", ["resp", "valkey"])

@@ -140,13 +140,20 @@ def _stat_lines(stats: Path) -> list[str]:
     return text.decode().splitlines()
 
 
-def _queued(stats: Path) -> int:
-    """The limited backend's queue, from HAProxy's own stats socket."""
-    for line in _stat_lines(stats):
+def _backend(stats: Path, column: str) -> int:
+    """A column of the limited backend's row, from HAProxy's own stats socket."""
+    lines = _stat_lines(stats)
+    header = lines[0].lstrip("# ").split(",")
+    for line in lines[1:]:
         fields = line.split(",")
         if fields[:2] == ["limited", "BACKEND"]:
-            return int(fields[2])
+            return int(fields[header.index(column)])
     raise AssertionError("no limited backend in the stats")
+
+
+def _queued(stats: Path) -> int:
+    """The limited backend's queue."""
+    return _backend(stats, "qcur")
 
 
 def _limits_text(docs: list[dict]) -> str:
@@ -214,7 +221,10 @@ def test_the_request_after_the_limit_and_the_queue_gets_the_status_and_none_befo
             assert len(vllm.arrived) == running              # vLLM never saw more
             vllm.release.set()
             assert [_status(s) for s in held] == [200] * (running + queue)
-            _until(lambda: _queued(stats) == 0, "the queue empties")
+            # HAProxy frees a slot when it has seen the response end, which can come after the
+            # client read the status line: the next requests go once it has
+            _until(lambda: _queued(stats) == 0 and _backend(stats, "scur") == 0,
+                   "the queue empties and every slot is free")
             vllm.release.clear()
             again = [_send(port) for _ in range(running)]    # the slots came back
             _until(lambda: len(vllm.arrived) == 2 * running + queue, "slots reused")

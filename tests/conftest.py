@@ -22,6 +22,7 @@ from pathlib import Path
 
 import kubernetes_validate.utils
 import pytest
+import yaml
 from syrupy.extensions.amber import AmberSnapshotExtension
 
 from config import ConfigError, EnvironmentConfig, resolve_environment
@@ -38,6 +39,10 @@ except ConfigError as err:   # a file of environments/ that is not an environmen
 # list is narrowed in place before any test module is imported).
 ENVIRONMENTS: list[str] = sorted(DECLARED)
 _HASH = re.compile(r"[0-9a-f]{64}")
+# libyaml's safe reader and emitter (PyYAML's wheels carry it): the same documents, a tenth of
+# the pure-Python one's CPU, for the large texts the tests read back or hand to checkov
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 # kubernetes-validate reads and parses the kind's schema and the 1.5 MB _definitions.json on
 # every call (most of its ~15 ms; the suite validates about a thousand objects). Both are files

@@ -19,7 +19,7 @@ from k8s.efa_device_plugin import EfaDevicePluginChart
 from k8s.monitoring import build_monitoring_charts
 from k8s.serving import build_charts, load_endpoints, placeholder_facts
 from tests.background import Background
-from tests.conftest import ENVIRONMENTS, ROOT, narrowed
+from tests.conftest import ENVIRONMENTS, ROOT, YAML_DUMPER, narrowed
 from bench.pd_render import rendered
 
 # The HyperPod docs' DPD example, rendered disaggregated (tests/k8s/test_pd.py): global on p5,
@@ -71,9 +71,8 @@ def reads_pd(items) -> bool:
 
 
 def _dump_all(docs: list[dict]) -> str:
-    """YAML for checkov to read (libyaml's emitter: the same documents, a fraction of the
-    CPU of the pure-Python one)."""
-    return yaml.dump_all(docs, Dumper=yaml.CSafeDumper)
+    """YAML for checkov to read."""
+    return yaml.dump_all(docs, Dumper=YAML_DUMPER)
 
 
 @pytest.fixture(scope="module")

@@ -56,11 +56,11 @@ def _crd_schema(doc: dict, version: str = "v1") -> dict:
 def gateway_schemas() -> dict[str, dict]:
     """apiVersion -> strict schema: the pinned InferencePool and HTTPRoute CRDs."""
     from k8s.gateway import POOL_API, ROUTE_API, crd
+    from tests.conftest import YAML_LOADER
 
-    # 340 kB: libyaml's parser (the same document, a tenth of the pure-Python one's CPU)
-    route = yaml.load((ROOT / "tests" / "fixtures" / "gateway" /
+    route = yaml.load((ROOT / "tests" / "fixtures" / "gateway" /    # 340 kB
                        "gateway.networking.k8s.io_httproutes.yaml").read_text(),
-                      Loader=yaml.CSafeLoader)
+                      Loader=YAML_LOADER)
     return {POOL_API: _crd_schema(crd()), ROUTE_API: _crd_schema(route)}
 
 

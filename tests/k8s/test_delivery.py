@@ -15,12 +15,9 @@ from k8s.device_plugin import DevicePluginChart
 from k8s.serving import load_endpoints, managed_l2_plans
 from stacks.app_builder import write_manifests
 from k8s.placeholders import PATTERN, PLACEHOLDERS as FILLABLE
-from tests.conftest import ENVIRONMENTS, ROOT
+from tests.conftest import ENVIRONMENTS, ROOT, YAML_LOADER
 from tests.k8s.crds import is_custom_resource, validate_custom_resources
 from tests.k8s.test_monitoring import _validate_prometheus_rule
-
-# libyaml's safe reader where PyYAML has it (a wheel does): ten times the pure-Python one
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def test_device_plugin_daemonset_runs_only_where_the_ami_lacks_one(china):
@@ -47,7 +44,7 @@ def test_dist_yaml_is_written_valid_and_token_free(tmp_path, synths, name):
     specs = load_endpoints(cfg, ROOT)
     files = write_manifests(cfg, specs, tmp_path / name)
     objects = [f for f in files if f.parent == tmp_path / name]
-    docs = [d for f in objects for d in yaml.load_all(f.read_text(), Loader=_LOADER)]
+    docs = [d for f in objects for d in yaml.load_all(f.read_text(), Loader=YAML_LOADER)]
     for doc in docs:
         if doc["kind"] == "PrometheusRule":
             _validate_prometheus_rule(doc)
@@ -122,7 +119,7 @@ def test_dist_holds_the_monitoring_objects_the_stack_deploys(tmp_path, synths, n
         by_name = {f.name: f for f in files}
         for chart in s.stacks.monitoring.charts.all():
             (path,) = [f for n, f in by_name.items() if n.endswith(f"-{chart.node.id}.yaml")]
-            assert list(yaml.load_all(path.read_text(), Loader=_LOADER)) == chart.to_json()
+            assert list(yaml.load_all(path.read_text(), Loader=YAML_LOADER)) == chart.to_json()
         values_file = by_name["kube-prometheus-stack.values.yaml"]
         assert values_file.parent.name == "helm"
         header = values_file.read_text().splitlines()[0]

@@ -94,10 +94,14 @@ def test_instance_prices_are_the_regions_currency_and_positive(prices, field):
     assert err.value.field == field and "\n" not in str(err.value)
 
 
-def _asking_l2(model: str, instance_type: str, force: bool) -> dict:
+def _asking_l2(model: str, instance_type: str, force: bool, cache_kind: str) -> dict:
+    """The seed asking for an L2 the environment can serve: its shared cache (redis), or,
+    where `cache.kind` is none (which refuses redis), the in-cluster Valkey."""
     raw = copy.deepcopy(SEED)
     raw["spec"].update(modelName=model, instanceType=f"ml.{instance_type}")
     raw["spec"]["kvCacheSpec"].update(enableL2Cache=True, forceL2Cache=force)
+    if cache_kind == "none":
+        raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = "valkey"
     raw["spec"]["worker"]["resources"]["requests"].update(cpu="40", memory="160Gi")
     return raw
 
@@ -110,7 +114,8 @@ def test_an_l2_asked_for_and_not_deployed_is_a_change_to_the_request(name, model
     cfg = resolve_environment(_context(name))
     itype = cfg.gpu_node_groups[0].instance_types[0]
     spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/e.yaml",
-                                            _asking_l2(model, itype, force)))
+                                            _asking_l2(model, itype, force,
+                                                       cfg.cache.kind)))
     changes = [w for w in spec.warnings if kind_of(w) == CHANGED and ".kvCacheSpec." in w]
     plan = plan_text(cfg, (spec,))
     if l2_plan(cfg, spec) is None:
@@ -158,3 +163,16 @@ def test_a_china_plan_counts_the_kept_cny_table_and_names_what_it_lacks():
         assert {EKS_CLUSTER, NLB} <= set(lacking) and not set(lacking) & set(table), lacking
         assert "prices: " + ("cn-north-1's (none kept" if cfg.region != "cn-north-1"
                              else "AWS Price List API") in plan
+
+
+def test_a_redis_l2_where_cache_kind_is_none_is_one_line_naming_the_backend():
+    """What the L2 test above steers around: with no shared cache, a `redis` L2 (which
+    needs one) is refused, naming the field and what the environment can serve."""
+    name = ENVIRONMENTS[0]
+    cfg = resolve_environment(_context(name, cache={"kind": "none"}))
+    raw = _asking_l2("meta-llama/Llama-3.1-8B-Instruct",
+                     cfg.gpu_node_groups[0].instance_types[0], True, "elasticache")
+    with pytest.raises(ConfigError) as err:
+        fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/e.yaml", raw))
+    assert err.value.field.endswith("kvCacheSpec.l2CacheSpec.l2CacheBackend")
+    assert "valkey" in str(err.value) and "\n" not in str(err.value)

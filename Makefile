@@ -55,9 +55,10 @@ synth: $(VENV)/.installed node_modules/.installed
 	@cat cdk.out/kvcache-warnings.txt >&2
 	@cat cdk.out/kvcache-plan.txt >&2
 
-## The whole test suite: config, stacks, charts, loopback router tests, tools.
+## The whole test suite: config, stacks, charts, loopback router tests, tools. Two pytest-xdist
+## workers, one per lane of tests/lanes.py (the synth gates; the loopback and tools tests).
 test: tools deps
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 ## Record one environment's snapshots (environments/snapshots/ENV/) and touch no other file:
 ## `make snapshots ENV=prod-cn` after adding or changing environments/prod-cn.json, then `make test`.

@@ -28,6 +28,7 @@ from syrupy.extensions.amber import AmberSnapshotExtension
 from config import ConfigError, EnvironmentConfig, resolve_environment
 from config.context import ENVIRONMENTS_DIR, SNAPSHOTS_DIR, declared_environments, \
     repository_context
+from tests.lanes import runs_here
 
 ROOT = Path(__file__).resolve().parent.parent
 try:
@@ -203,11 +204,20 @@ _CHECKOV_AT_SYNTH: bool | None = None
 
 def pytest_collection_finish(session):
     global _LINT_AT_SYNTH, _CHECKOV_AT_SYNTH
-    _LINT_AT_SYNTH = any("cfn_lint" in getattr(item, "fixturenames", ())
-                         for item in session.items)
-    if any("scans" in getattr(item, "fixturenames", ()) for item in session.items):
+    items = [item for item in session.items if runs_here(session.config, item)]
+    _LINT_AT_SYNTH = any("cfn_lint" in getattr(item, "fixturenames", ()) for item in items)
+    if any("scans" in getattr(item, "fixturenames", ()) for item in items):
         from tests.test_checkov import reads_pd
-        _CHECKOV_AT_SYNTH = reads_pd(session.items)
+        _CHECKOV_AT_SYNTH = reads_pd(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n N` without `--dist` (`make test`): the lanes of tests/lanes.py, one per worker."""
+    if config.getoption("dist") == "load":
+        from tests.lanes import LaneScheduling
+        return LaneScheduling(config, log)
+    return None
 
 
 class Synths(dict):
@@ -285,9 +295,11 @@ def _start_early(start, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _starts_early(request, tmp_path_factory):
-    """Start the runs of the selected `starts_early` tests (tests/background.py) at once."""
+    """Start the runs of the selected `starts_early` tests (tests/background.py) at once (under
+    xdist: those this worker runs, tests/lanes.py)."""
     for item in request.session.items:
-        if marker := item.get_closest_marker("starts_early"):
+        if (marker := item.get_closest_marker("starts_early")) and runs_here(request.config,
+                                                                             item):
             _start_early(marker.kwargs["start"], tmp_path_factory)
     yield
     for early in _EARLY.values():

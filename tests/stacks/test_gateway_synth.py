@@ -1,18 +1,17 @@
 """A published HyperPod file asking for the inference gateway (`spec.inferenceGateway.enabled`)
 synthesizes in the global sample with a Gateway named: the whole CDK app with cdk-nag and CDK's
 validation, and the first-deploy scheduling gate over every pod. China is the `corp-cn` sample
-(its endpoints join a gateway), under every gate the shipped environments pass. The synth is a
-subprocess started with the session (tests/background.py), off the suite's own core."""
+(its endpoints join a gateway), under every gate the shipped environments pass. The synth runs
+in the test's own process (tests/lanes.py lane 1: its CDK kernel is loaded there already; a
+subprocess paid ~5 s of CPU for the imports and the kernel's start)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.background import Background
 from tests.conftest import ROOT
 
 PUBLISHED = ROOT / "tests" / "fixtures" / "hyperpod" / \
@@ -45,19 +44,13 @@ def synthesize(tmp: Path) -> None:
     app.synth()
 
 
-def _start(tmp: Path) -> Background:
-    return Background([sys.executable, "-m", "tests.stacks.test_gateway_synth", str(tmp)],
-                      cwd=ROOT, timeout=300)
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("gateway")
+    synthesize(tmp)
+    return tmp / "out"
 
 
-@pytest.fixture
-def out(early) -> Path:
-    proc = early.run.result()
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return early.tmp / "out"
-
-
-@pytest.mark.starts_early(start=_start)
 def test_cdk_nag_and_validation_find_nothing_but_our_own_warnings(out):
     report = json.loads((out / "validation-report.json").read_text())
     plugins = {r["pluginName"]: r for r in report["pluginReports"]}
@@ -68,7 +61,6 @@ def test_cdk_nag_and_validation_find_nothing_but_our_own_warnings(out):
                 if not v["ruleName"].startswith("Annotation::kvcache:")] == [], plugin
 
 
-@pytest.mark.starts_early(start=_start)
 def test_every_pod_fits_a_node_group_beside_the_gateway_path(out):
     from tests.stacks.cluster_model import manifest_pods, node_groups, unschedulable
     templates = {p.name.removesuffix(".template.json"): json.loads(p.read_text())
@@ -78,7 +70,3 @@ def test_every_pod_fits_a_node_group_beside_the_gateway_path(out):
     assert unschedulable(pods, node_groups(templates)) == []
     serving = json.dumps(templates)
     assert "InferencePool" in serving and "HTTPRoute" in serving
-
-
-if __name__ == "__main__":
-    synthesize(Path(sys.argv[1]))

@@ -1,7 +1,8 @@
-"""`make test`'s lanes (tests/lanes.py): each lane goes whole to its own worker, a worker
-that dies leaves its lane to the other, and no lane-1 module reads what lane 0 builds once per
-session (the synthesized environments and what runs over them, LMCache's parsers), which would
-then be built in both workers."""
+"""`make test`'s lanes (tests/lanes.py): each pinned lane goes whole to its own worker, the
+other modules float whole to whichever worker runs short, a dead worker's lane is taken over,
+and no module outside lane 0 reads what lane 0 builds once per session (the synthesized
+environments and what runs over them, LMCache's parsers), which both workers would then build;
+every module with a `starts_early` run is pinned, so that run starts in one worker."""
 from __future__ import annotations
 
 import ast
@@ -11,19 +12,22 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import ROOT
-from tests.lanes import LANE_0, LANE_1, LaneScheduling, lane
+from tests.lanes import FLOAT, LANE_0, LANE_1, LaneScheduling, lane
 
 # What the session builds once, in lane 0: tests/conftest.py's fixtures over `Synths` (cfn-lint
-# and the checkov scan over them too), and LMCache's parsers
+# and the checkov scan over them too), and what starts LMCache's parsers
 LANE_0_FIXTURES = {"synths", "cfn_lint", "dev", "china", "scans", "environment_snapshot"}
-LANE_0_MODULES = {"tests.k8s.lmcache_parse"}
+PARSER_STARTS = {"parse", "parse_server_args", "start"}
+# Where those are defined or only named
+NOT_USERS = {"tests/conftest.py", "tests/lanes.py", "tests/test_lanes.py",
+             "tests/k8s/lmcache_parse.py", "tests/test_checkov.py"}
 
 
 class _Node:
     def __init__(self, workerid: str):
         self.workerinput = {"workerid": workerid}
         self.gateway = SimpleNamespace(id=workerid)
-        self.shutting_down, self.sent = False, []
+        self.shutting_down, self.sent, self.done = False, [], 0
 
     def send_runtest_some(self, indices):
         self.sent += indices
@@ -32,72 +36,91 @@ class _Node:
         self.shutting_down = True
 
 
-def _scheduler(nodes: list[_Node], collection: list[str]) -> LaneScheduling:
+COLLECTION = ["tests/stacks/test_gates.py::test_a[dev]", "tests/e2e/test_pd.py::test_b",
+              "tests/e2e/test_pd.py::test_b2", "tests/k8s/test_charts.py::test_c",
+              "tests/test_new_environment.py::test_d", "tests/stacks/test_gates.py::test_a[cn]",
+              "tests/tools/test_mirror.py::test_e", "tests/test_docs.py::test_f"]
+
+
+def _run(nodes: list[_Node], collection=COLLECTION, *, die=None) -> LaneScheduling:
+    """Schedule `collection` on `nodes` and run it as workers do, one test per worker in
+    turn; `die`: a worker that dies before its first test, replaced by a new one."""
     config = SimpleNamespace(getvalue=lambda name: [f"{len(nodes)}*popen"],
                              option=SimpleNamespace(loadscopereorder=True))
     sched = LaneScheduling(config)
     for node in nodes:
         sched.add_node(node)
-    for node in nodes:
         sched.add_node_collection(node, collection)
     sched.schedule()
+    if die is not None:
+        sched.remove_node(die)
+        nodes = [n for n in nodes if n is not die] + [replacement := _Node("gw9")]
+        sched.add_node(replacement)
+        sched.add_node_collection(replacement, collection)
+        sched.schedule()
+    while not sched.tests_finished:
+        busy = [n for n in nodes if n.done < len(n.sent)]
+        assert busy, "work is left that no worker was given"
+        for node in busy:
+            sched.mark_test_complete(node, node.sent[node.done])
+            node.done += 1
     return sched
 
 
-COLLECTION = ["tests/stacks/test_gates.py::test_a[dev]", "tests/e2e/test_pd.py::test_b",
-              "tests/k8s/test_charts.py::test_c", "tests/tools/test_mirror.py::test_d",
-              "tests/test_docs.py::test_e"]
+def _ran(node: _Node) -> list[str]:
+    return [COLLECTION[i] for i in node.sent]
 
 
 @pytest.mark.parametrize("order", ["gw0 first", "gw1 first"])
-def test_each_lane_goes_whole_to_its_own_worker(order):
+def test_pinned_lanes_go_whole_to_their_workers_and_modules_float(order):
     gw0, gw1 = _Node("gw0"), _Node("gw1")
-    _scheduler([gw0, gw1] if order == "gw0 first" else [gw1, gw0], COLLECTION)
-    assert [COLLECTION[i] for i in gw0.sent] == [n for n in COLLECTION if lane(n) == 0]
-    assert [COLLECTION[i] for i in gw1.sent] == [n for n in COLLECTION if lane(n) == 1]
-    assert {lane(n) for n in COLLECTION} == {0, 1}
+    _run([gw0, gw1] if order == "gw0 first" else [gw1, gw0])
+    assert sorted(gw0.sent + gw1.sent) == list(range(len(COLLECTION)))   # each once
+    assert {lane(n) for n in COLLECTION} == {0, 1, FLOAT}
+    lane_0 = [n for n in COLLECTION if lane(n) == 0]
+    lane_1 = [n for n in COLLECTION if lane(n) == 1]
+    assert _ran(gw0)[:len(lane_0)] == lane_0          # the first worker starts on lane 0
+    assert _ran(gw1)[-len(lane_1):] == lane_1         # the second ends on lane 1
+    for name in {n.split("::")[0] for n in COLLECTION}:   # a module runs in one worker
+        assert len({i for i, node in enumerate((gw0, gw1))
+                    if any(n.startswith(name) for n in _ran(node))}) == 1, name
+    assert gw1.sent[0] not in {COLLECTION.index(n) for n in lane_1}   # it floated first
 
 
-def test_one_worker_runs_both_lanes():
-    (gw0,) = nodes = [_Node("gw0")]
-    sched = _scheduler(nodes, COLLECTION)
-    done = 0
-    while done < len(gw0.sent):   # it asks for more as it runs out
-        sched.mark_test_complete(gw0, gw0.sent[done])
-        done += 1
+def test_one_worker_runs_everything():
+    gw0 = _Node("gw0")
+    _run([gw0])
     assert sorted(gw0.sent) == list(range(len(COLLECTION)))
 
 
-def test_a_dead_workers_lane_goes_to_the_worker_that_replaces_it():
+def test_a_dead_workers_lane_goes_to_whoever_asks():
     gw0, gw1 = _Node("gw0"), _Node("gw1")
-    sched = _scheduler([gw0, gw1], COLLECTION)
-    lost = sorted(gw1.sent)
-    sched.remove_node(gw1)     # it died before running any of its lane
-    gw2 = _Node("gw2")         # xdist starts a replacement
-    sched.add_node(gw2)
-    sched.add_node_collection(gw2, COLLECTION)
-    sched.schedule()
-    assert sorted(gw2.sent) == lost and not set(gw0.sent) & set(lost)
+    _run([gw0, gw1], die=gw1)
+    assert gw0.sent and len(set(gw0.sent)) == len(gw0.sent)
 
 
-def _lane_1_files() -> list[Path]:
-    files = []
-    for entry in LANE_0:
+def _outside_lane_0() -> list[Path]:
+    for entry in LANE_0 + LANE_1:
         assert (ROOT / entry).exists(), f"tests/lanes.py names {entry}, which does not exist"
-    for entry in LANE_1:
-        path = ROOT / entry
-        assert path.exists(), f"tests/lanes.py names {entry}, which does not exist"
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return [f for f in files if not str(f.relative_to(ROOT)).startswith(LANE_0)]
+    return [p for p in sorted((ROOT / "tests").rglob("*.py"))
+            if not str(p.relative_to(ROOT)).startswith(LANE_0)
+            and str(p.relative_to(ROOT)) not in NOT_USERS]
 
 
-@pytest.mark.parametrize("path", _lane_1_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_lane_1_module_reads_what_lane_0_builds(path):
+@pytest.mark.parametrize("path", _outside_lane_0(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_outside_lane_0_reads_what_lane_0_builds(path):
     tree = ast.parse(path.read_text())
     asked = {a.arg for node in ast.walk(tree)
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
              for a in node.args.args + node.args.kwonlyargs}
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not asked & LANE_0_FIXTURES, (path, asked & LANE_0_FIXTURES)
-    assert not imported & LANE_0_MODULES, (path, imported & LANE_0_MODULES)
+    starts = {a.name for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module == "tests.k8s.lmcache_parse"
+              for a in n.names} & PARSER_STARTS
+    rel = str(path.relative_to(ROOT))
+    assert not asked & LANE_0_FIXTURES, f"{rel} asks for {asked & LANE_0_FIXTURES}: " \
+        "add it to LANE_0 in tests/lanes.py"
+    assert not starts, f"{rel} starts LMCache parsers ({starts}): add it to LANE_0"
+    early = any(isinstance(n, ast.Attribute) and n.attr == "starts_early"
+                for n in ast.walk(tree))
+    assert not early or rel.startswith(LANE_1), \
+        f"{rel} has a starts_early run: add it to LANE_1 in tests/lanes.py"

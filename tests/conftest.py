@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from syrupy.extensions.amber import AmberSnapshotExtension
 from config import ConfigError, EnvironmentConfig, resolve_environment
 from config.context import ENVIRONMENTS_DIR, SNAPSHOTS_DIR, declared_environments, \
     repository_context
-from tests.lanes import runs_here
+from tests.lanes import NICE, runs_here, worker_index
 
 ROOT = Path(__file__).resolve().parent.parent
 try:
@@ -60,6 +61,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    info = getattr(config, "workerinput", None)
+    if info and worker_index(info) == 0 and int(info["workercount"]) > 1:
+        os.nice(NICE)   # tests/lanes.py: the loopback tests' processes go first
     if _UNREADABLE is not None:
         raise pytest.UsageError(f"your file: {_UNREADABLE}")
     chosen = config.getoption("--environment")

@@ -1,15 +1,20 @@
 """How `make test`'s two pytest-xdist workers (one per core of CI's 2-core machine) share the
 suite.
 
-Lane 0 is pinned to the first worker: every module that reads what the session builds once,
-the synthesized environments (tests/conftest.py `Synths`, with the cfn-lint and checkov runs
-over them) and LMCache's parser processes (tests/k8s/lmcache_parse.py). Under xdist's own
-schedulers two workers would each build them. Lane 1 is pinned to the second worker: the other
-modules with a `starts_early` run, so each such run starts in one worker only. Every other
-module floats: a worker takes the next one whenever it runs short of work, so both finish
-together. A module is scheduled whole (its module fixtures are built once).
+- Lane 0, pinned to the first worker, first: every module that reads what the session builds
+  once, the synthesized environments (tests/conftest.py `Synths`, with the cfn-lint and checkov
+  runs over them) and LMCache's parser processes (tests/k8s/lmcache_parse.py). Under xdist's
+  own schedulers both workers would build them.
+- Lane 1, pinned to the second worker, first: the loopback tests that time real routers,
+  workers and HAProxy. The first worker runs niced (`NICE`), like the background runs, so
+  that these get the CPU when they need it, as they did when the suite ran in one process.
+- Last 1, pinned to the second worker, after everything else it gets: the other modules with
+  a `starts_early` run (each such run starts in one worker only, and has had the session to
+  finish when its test asks).
+- Every other module floats: whichever worker runs short takes the next one whole, so that
+  both finish together.
 
-A module that reads the session's synths and is not in LANE_0 still passes, only slower;
+A module that reads the session's synths outside lane 0 still passes, only slower;
 tests/test_lanes.py fails on it. docs/development.md says how `make test` runs.
 """
 from __future__ import annotations
@@ -29,51 +34,61 @@ LANE_0 = (
     "tests/stacks/test_snapshots.py", "tests/stacks/test_stacks.py", "tests/test_checkov.py",
     "tests/tools/test_carry.py",
 )
-LANE_1 = (
+LANE_1 = ("tests/e2e/", "tests/bench/", "tests/k8s/test_request_limits.py")
+LAST_1 = (
     "tests/k8s/test_l2_client_faults.py", "tests/stacks/test_cli_synth.py",
     "tests/test_new_environment.py", "tests/tools/test_router_image_runs.py",
 )
-FLOAT = -1
+# The first worker's niceness: below the background runs' 10 (tests/background.py)
+NICE = 5
 
 
-def lane(nodeid: str) -> int:
-    """0 or 1 (pinned), or FLOAT."""
-    return 0 if nodeid.startswith(LANE_0) else 1 if nodeid.startswith(LANE_1) else FLOAT
+PINNED = {"lane0": LANE_0, "lane1": LANE_1, "last1": LAST_1}
+
+
+def scope(nodeid: str) -> str | None:
+    """The pinned scope of a test (a key of PINNED), or None where it floats."""
+    return next((name for name, prefixes in PINNED.items() if nodeid.startswith(prefixes)),
+                None)
+
+
+def owner(pinned: str) -> int:
+    """The index of the worker a pinned scope belongs to."""
+    return int(pinned[4:])
 
 
 def runs_here(config, item) -> bool:
-    """Whether this process surely runs `item`: every item outside xdist, a pinned lane's in
-    its worker (what starts in the background at session start starts only where its test
-    runs; a floating module has no such run)."""
+    """Whether this process surely runs `item`: every item outside xdist or with one worker,
+    a pinned scope's in its worker (what starts in the background at session start starts
+    only where its test runs; a floating module has no such run)."""
     info = getattr(config, "workerinput", None)
-    if info is None:
+    if info is None or int(info["workercount"]) == 1:
         return True
-    index, count = _index(info), int(info["workercount"])
-    return count == 1 or lane(item.nodeid) == index
+    pinned = scope(item.nodeid)
+    return pinned is not None and owner(pinned) == worker_index(info)
 
 
-def _index(workerinput: dict) -> int:
+def worker_index(workerinput: dict) -> int:
     return int(workerinput["workerid"].removeprefix("gw"))
 
 
 class LaneScheduling(LoadScopeScheduling):
-    """xdist's scope scheduler with the pinned lanes and the floating modules as scopes. The
-    first worker starts on lane 0 (the longest) and then floats; the second floats first and
-    takes lane 1 last, so that lane's background runs have had the whole session to finish.
-    A lane whose worker is gone (died, or never started) goes to whoever asks."""
+    """xdist's scope scheduler with the pinned scopes and the floating modules as scopes. A
+    worker takes its own first scope, then floating modules one at a time as it runs short,
+    then its own last scope; a pinned scope whose worker is gone (died, or never started) goes
+    to whoever asks."""
 
     def _split_scope(self, nodeid: str) -> str:
-        pinned = lane(nodeid)
-        return nodeid.split("::", 1)[0] if pinned == FLOAT else f"lane{pinned}"
+        return scope(nodeid) or nodeid.split("::", 1)[0]
 
     def _assign_work_unit(self, node) -> None:
-        index = _index(node.workerinput)
-        alive = {_index(n.workerinput) for n in self.nodes}
-        lanes = {int(s.removeprefix("lane")): s for s in self.workqueue if s.startswith("lane")}
-        own = [lanes[index]] if index in lanes else []
-        floating = [s for s in self.workqueue if not s.startswith("lane")]
-        orphans = [s for k, s in lanes.items() if k not in alive]
-        order = own + floating + orphans if index == 0 else floating + own + orphans
-        if order:   # else what is left is another live worker's lane: this one waits
+        index = worker_index(node.workerinput)
+        alive = {worker_index(n.workerinput) for n in self.nodes}
+        pinned = [s for s in self.workqueue if s in PINNED]
+        floating = [s for s in self.workqueue if s not in pinned]
+        order = ([s for s in pinned if s == f"lane{index}"] + floating
+                 + [s for s in pinned if s == f"last{index}"]
+                 + [s for s in pinned if owner(s) not in alive])
+        if order:   # else what is left is another live worker's: this one waits
             self.workqueue.move_to_end(order[0], last=False)
             super()._assign_work_unit(node)

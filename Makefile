@@ -56,7 +56,7 @@ synth: $(VENV)/.installed node_modules/.installed
 	@cat cdk.out/kvcache-plan.txt >&2
 
 ## The whole test suite: config, stacks, charts, loopback router tests, tools. Two pytest-xdist
-## workers, one per lane of tests/lanes.py (the synth gates; the loopback and tools tests).
+## workers, one per core of a 2-core machine, scheduled by tests/lanes.py.
 test: tools deps
 	$(PY) -m pytest -n 2
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from syrupy.extensions.amber import AmberSnapshotExtension
 from config import ConfigError, EnvironmentConfig, resolve_environment
 from config.context import ENVIRONMENTS_DIR, SNAPSHOTS_DIR, declared_environments, \
     repository_context
-from tests.lanes import NICE, runs_here, worker_index
+from tests.lanes import runs_here, yield_to_lane_1
 
 ROOT = Path(__file__).resolve().parent.parent
 try:
@@ -61,9 +60,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    info = getattr(config, "workerinput", None)
-    if info and worker_index(info) == 0 and int(info["workercount"]) > 1:
-        os.nice(NICE)   # tests/lanes.py: the loopback tests' processes go first
+    yield_to_lane_1(config)
     if _UNREADABLE is not None:
         raise pytest.UsageError(f"your file: {_UNREADABLE}")
     chosen = config.getoption("--environment")
@@ -217,7 +214,7 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`-n N` without `--dist` (`make test`): the lanes of tests/lanes.py, one per worker."""
+    """`-n N` without `--dist` (`make test`): tests/lanes.py's scheduling."""
     if config.getoption("dist") == "load":
         from tests.lanes import LaneScheduling
         return LaneScheduling(config, log)

@@ -19,6 +19,8 @@ tests/test_lanes.py fails on it. docs/development.md says how `make test` runs.
 """
 from __future__ import annotations
 
+import os
+
 from xdist.scheduler import LoadScopeScheduling
 
 # Checked by a run that records which module asks for a synth or a parser (tests/test_lanes.py
@@ -39,11 +41,9 @@ LAST_1 = (
     "tests/k8s/test_l2_client_faults.py", "tests/stacks/test_cli_synth.py",
     "tests/test_new_environment.py", "tests/tools/test_router_image_runs.py",
 )
+PINNED = {"lane0": LANE_0, "lane1": LANE_1, "last1": LAST_1}
 # The first worker's niceness: below the background runs' 10 (tests/background.py)
 NICE = 5
-
-
-PINNED = {"lane0": LANE_0, "lane1": LANE_1, "last1": LAST_1}
 
 
 def scope(nodeid: str) -> str | None:
@@ -70,6 +70,14 @@ def runs_here(config, item) -> bool:
 
 def worker_index(workerinput: dict) -> int:
     return int(workerinput["workerid"].removeprefix("gw"))
+
+
+def yield_to_lane_1(config) -> None:
+    """In the first of several workers: run niced, so that lane 1's routers and workers get
+    the CPU first."""
+    info = getattr(config, "workerinput", None)
+    if info and worker_index(info) == 0 and int(info["workercount"]) > 1:
+        os.nice(NICE)
 
 
 class LaneScheduling(LoadScopeScheduling):

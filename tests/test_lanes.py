@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import ROOT
-from tests.lanes import LANE_0, LANE_1, LAST_1, LaneScheduling, scope
+from tests.lanes import LANE_0, LANE_1, LAST_1, NICE, LaneScheduling, scope, yield_to_lane_1
 
 # What the session builds once, in lane 0: tests/conftest.py's fixtures over `Synths` (cfn-lint
 # and the checkov scan over them too), and what starts LMCache's parsers
@@ -126,3 +126,25 @@ def test_no_module_outside_lane_0_reads_what_lane_0_builds(path):
                 for n in ast.walk(tree))
     assert not early or rel.startswith(LAST_1), \
         f"{rel} has a starts_early run: add it to LAST_1 in tests/lanes.py"
+
+
+@pytest.mark.parametrize("workerid, count, raised", [("gw0", 2, NICE), ("gw1", 2, 0),
+                                                     ("gw0", 1, 0)])
+def test_only_the_first_of_several_workers_runs_niced(workerid, count, raised):
+    """In a child process (a niceness cannot be lowered back)."""
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child writes what it measured, or nothing, and never returns
+        try:
+            before = os.nice(0)
+            yield_to_lane_1(SimpleNamespace(workerinput={"workerid": workerid,
+                                                         "workercount": count}))
+            os.write(write, str(os.nice(0) - before).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert int(os.read(read, 16)) == raised
+    os.close(read)

@@ -61,23 +61,29 @@ def runs_here(config, item) -> bool:
     """Whether this process surely runs `item`: every item outside xdist or with one worker,
     a pinned scope's in its worker (what starts in the background at session start starts
     only where its test runs; a floating module has no such run)."""
-    info = getattr(config, "workerinput", None)
-    if info is None or int(info["workercount"]) == 1:
+    index, count = _this_worker(config)
+    if count == 1:
         return True
     pinned = scope(item.nodeid)
-    return pinned is not None and owner(pinned) == worker_index(info)
+    return pinned is not None and owner(pinned) == index
+
+
+def yield_to_lane_1(config) -> None:
+    """In the first of several workers: run niced, so that lane 1's routers and workers get
+    the CPU first."""
+    index, count = _this_worker(config)
+    if index == 0 and count > 1:
+        os.nice(NICE)
 
 
 def worker_index(workerinput: dict) -> int:
     return int(workerinput["workerid"].removeprefix("gw"))
 
 
-def yield_to_lane_1(config) -> None:
-    """In the first of several workers: run niced, so that lane 1's routers and workers get
-    the CPU first."""
+def _this_worker(config) -> tuple[int, int]:
+    """(this process's worker index, the number of workers); (0, 1) outside xdist."""
     info = getattr(config, "workerinput", None)
-    if info and worker_index(info) == 0 and int(info["workercount"]) > 1:
-        os.nice(NICE)
+    return (worker_index(info), int(info["workercount"])) if info else (0, 1)
 
 
 class LaneScheduling(LoadScopeScheduling):

@@ -2,8 +2,8 @@
 synthesizes in the global sample with a Gateway named: the whole CDK app with cdk-nag and CDK's
 validation, and the first-deploy scheduling gate over every pod. China is the `corp-cn` sample
 (its endpoints join a gateway), under every gate the shipped environments pass. The synth runs
-in the test's own process (tests/lanes.py lane 1: its CDK kernel is loaded there already; a
-subprocess paid ~5 s of CPU for the imports and the kernel's start)."""
+in the test's own process, whose CDK kernel is loaded already (a subprocess paid ~5 s of CPU
+for the imports and the kernel's start)."""
 from __future__ import annotations
 
 import json

@@ -51,6 +51,9 @@ BATCHES = (1, 8, 32)
 DECODE_CONTEXT = 2048
 DECODE_TOKENS = 64
 TRIES = 3                # a failed stream is sent again, then named
+NO_CACHED_TOKENS = ("the endpoint reports no cached tokens (its usage has no "
+                    "prompt_tokens_details): start its vLLM with --enable-prompt-tokens-details "
+                    "(an endpoint file's spec.worker.args)")
 MAX_RESIDUAL = 0.10      # the fit must reproduce every measured point within 10%
 FITTED = ("mfu", "attention_efficiency", "bandwidth_efficiency", "frontend_fixed_ms",
           "frontend_us_per_token")
@@ -66,8 +69,9 @@ class ProbeError(RuntimeError):
 class Probe(Protocol):
     """Something that answers requests of token ids and times them."""
 
-    def ttft(self, prompt: list[int]) -> tuple[float, int]:
-        """Seconds to the first token and the cached tokens the server reports."""
+    def ttft(self, prompt: list[int]) -> tuple[float, int | None]:
+        """Seconds to the first token and the cached tokens the server reports (None: it
+        reports none)."""
 
     def decode_step(self, prompts: list[list[int]], tokens: int) -> float:
         """Median seconds between tokens while all `prompts` decode together."""
@@ -129,13 +133,14 @@ class HttpProbe:
                 return int(m["max_model_len"])
         return None
 
-    def _stream(self, prompt: list[int], max_tokens: int) -> tuple[list[float], int, float]:
+    def _stream(self, prompt: list[int],
+                max_tokens: int) -> tuple[list[float], int | None, float]:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
                 "stream": True, "temperature": 0.0, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
         conn = self._conn()
         times: list[float] = []
-        cached = 0
+        cached: int | None = None   # None: the usage had no prompt_tokens_details
         t0 = time.perf_counter()
         try:
             conn.request("POST", self.base + "/v1/completions", body=json.dumps(body).encode(),
@@ -152,22 +157,23 @@ class HttpProbe:
                 obj = json.loads(line[6:])
                 usage = obj.get("usage")
                 if usage:
-                    cached = (usage.get("prompt_tokens_details") or {}).get(
-                        "cached_tokens") or 0
+                    details = usage.get("prompt_tokens_details")
+                    cached = None if details is None else details.get("cached_tokens") or 0
                 if any(c.get("text") for c in obj.get("choices") or []):
                     times.append(time.perf_counter())
         finally:
             conn.close()
         return times, cached, t0
 
-    def _tokens(self, prompt: list[int], max_tokens: int) -> tuple[list[float], int, float]:
+    def _tokens(self, prompt: list[int],
+                max_tokens: int) -> tuple[list[float], int | None, float]:
         """A stream that must bring `max_tokens` tokens (a cut one is a failure)."""
         times, cached, t0 = self._stream(prompt, max_tokens)
         if len(times) < max_tokens:
             raise RuntimeError(f"the stream ended after {len(times)} of {max_tokens} tokens")
         return times, cached, t0
 
-    def ttft(self, prompt: list[int]) -> tuple[float, int]:
+    def ttft(self, prompt: list[int]) -> tuple[float, int | None]:
         times, cached, t0 = tried(f"a {len(prompt)}-token prompt",
                                   lambda: self._tokens(prompt, 1))
         return times[0] - t0, cached
@@ -294,6 +300,8 @@ def measure(probe: Probe, lengths: Sequence[int] = DEFAULT_LENGTHS, reps: int = 
             cold.append(probe.ttft(last)[0])
         for _ in range(reps):
             t, cached = probe.ttft(last[:n - 256] + token_ids(rng, 256))
+            if cached is None:   # vLLM's default: the fit would take every hit for a miss
+                raise ProbeError(NO_CACHED_TOKENS)
             hit.append((t, cached))
         out["ttft"][str(n)] = {"cold_s": statistics.median(cold),
                                "hit256_s": statistics.median(t for t, _ in hit),

@@ -80,6 +80,9 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 WORD_VOCAB_SIZE = 50_000
+# Prompt ids kept per arrival (FakeWorker.arrived): within a chat's system message, so they
+# tell its conversations apart
+ARRIVAL_HEAD = 32
 SPECIAL_TOKENS = {
     "bos": 50_000,
     "system": 50_001,
@@ -813,6 +816,7 @@ class FakeWorker:
         virtual: Any = None,
         fail_marker: str | None = None,
         host: str = LOOPBACK,
+        prompt_tokens_details: bool = True,
     ) -> None:
         if min(prefill_ms_per_token, decode_ms_per_token, overhead_ms) < 0:
             raise ValueError("timings must be >= 0")
@@ -829,6 +833,9 @@ class FakeWorker:
         self.max_model_len = int(max_model_len)
         self.max_num_seqs = int(max_num_seqs)
         self.verbose = verbose
+        # vLLM reports usage.prompt_tokens_details (the cached tokens) only when started with
+        # --enable-prompt-tokens-details; False plays a worker started without it
+        self.prompt_tokens_details = prompt_tokens_details
         if kv_events_port is not None and kv_events_port < 0:
             raise ValueError("kv_events_port must be None (off), 0 (any free port) or a port")
         self.kv_events_port = kv_events_port
@@ -1005,6 +1012,20 @@ class FakeWorker:
             self._ttft = _Histogram(_TTFT_BUCKETS)
             self._e2e = _Histogram(_E2E_BUCKETS)
             self.recent: collections.deque = collections.deque(maxlen=512)
+            # (monotonic time, the prompt's first ids) of each request as it arrives: which
+            # conversations reached this worker, finished or not (a test kills it mid-answer)
+            self.arrived: collections.deque = collections.deque(maxlen=4096)
+
+    def _usage(self, req: "_Request") -> dict:
+        usage = req.usage()
+        if not self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = None
+        return usage
+
+    def arrivals(self) -> list[tuple[float, tuple[int, ...]]]:
+        """(monotonic time, the prompt's first ARRIVAL_HEAD ids) of each request received."""
+        with self._lock:
+            return list(self.arrived)
 
     def stats(self) -> dict:
         """In-process counters (no HTTP): requests served, token counts, cache hits."""
@@ -1200,6 +1221,8 @@ class FakeWorker:
                 self._failed += 1
             raise _BadRequest("EngineCore encountered an issue.", 500)
         prompts = self._prompts(body, chat)
+        with self._lock:
+            self.arrived.append((time.monotonic(), tuple(prompts[0][:ARRIVAL_HEAD])))
         max_tokens = self._max_tokens(body, chat)
         for ids in prompts:
             if len(ids) + max_tokens > self.max_model_len:
@@ -1248,7 +1271,8 @@ class FakeWorker:
                 payload = {
                     "id": req.rid, "object": "chat.completion" if chat else "text_completion",
                     "created": req.created, "model": req.model, "choices": choices,
-                    "usage": req.usage(), "prompt_logprobs": None, "worker_id": self.worker_id,
+                    "usage": self._usage(req), "prompt_logprobs": None,
+                    "worker_id": self.worker_id,
                 }
                 self._finish(req, "length")  # counters settle before the client has the answer
                 handler._send_json(200, payload)
@@ -1358,7 +1382,7 @@ class FakeWorker:
                 req.outputs[i].append(w[step])
             if req.ttft is None:
                 req.ttft = time.perf_counter() - req.t0
-        event([], {"usage": req.usage()})
+        event([], {"usage": self._usage(req)})
         self._finish(req, "length")  # counters settle before the client sees [DONE]
         send(b"data: [DONE]\n\n")
         send(b"")  # the zero-length chunk ends the body

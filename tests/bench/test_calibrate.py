@@ -2,6 +2,7 @@
 parameters back within 10%; against an endpoint whose cost is linear in tokens three runs
 predict cold TTFT at 2K-64K within 15% and agree within 5%; a fit that misses a measured point
 by more than 10% writes no profile (exit 1, one line); a failed stream is retried, then named;
+an endpoint that reports no cached tokens is named, not fitted;
 it reads KV capacity from a worker's real /metrics; bad input is one line and exit 2; the
 profile it writes is one `bench-routing --profile-file` reads."""
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import replace
 import pytest
 
 from bench.calibrate import (
-    BOUNDS, EmulatedProbe, HttpProbe, cache_config_labels, calibrate, token_ids,
+    BOUNDS, MAX_RESIDUAL, EmulatedProbe, HttpProbe, ProbeError, cache_config_labels, calibrate,
+    fit, measure, residuals, token_ids,
 )
 from bench.emulator import PROFILES, load_profile_file, profile
 from bench.fake_worker import FakeWorker
@@ -193,6 +195,35 @@ def test_the_command_exits_1_with_one_line_and_writes_nothing_when_the_fit_misse
     assert any(line.startswith("fit residual, cold 1,023") for line in lines), lines
     last = lines[-1]
     assert "the fit misses" in last and "no profile written" in last, last
+
+
+def test_an_endpoint_that_reports_no_cached_tokens_is_named_not_fitted():
+    """vLLM reports a prompt's cached tokens only with --enable-prompt-tokens-details (off by
+    default, as a real H100 run showed: without it every hit was fitted as a miss and the fit
+    missed by up to 1418%)."""
+    with FakeWorker(0, "w0", prompt_tokens_details=False, max_model_len=1024) as w:
+        probe = HttpProbe(w.url)
+        assert probe.ttft(list(range(600)))[1] is None
+        with pytest.raises(ProbeError, match="^the endpoint reports no cached tokens .*"
+                                             "--enable-prompt-tokens-details"):
+            measure(probe, lengths=(600,), reps=1)
+    with FakeWorker(0, "w0", max_model_len=1024) as w:
+        prompt = list(range(600))
+        HttpProbe(w.url).ttft(prompt)
+        assert HttpProbe(w.url).ttft(prompt)[1] >= 512   # the default reports them
+
+
+def test_the_emulators_step_model_fits_a_real_h100_run_within_the_limit():
+    """What calibrate measured on vLLM 0.24.0 on one H100 (bench/data): the step model, fitted
+    within physics, reproduces every point within MAX_RESIDUAL, as it did on the GPU (worst
+    4.4%); a change to the model that loses real hardware fails here."""
+    run = json.loads((ROOT / "bench/data/h100_vllm_0_24_calibrate.json").read_text())
+    gpu = fit(profile("h100-8b"), run["measured"], "h100-8b-calibrated")
+    res = residuals(gpu, run["measured"])
+    assert res.keys() == run["residuals"].keys()
+    assert max(abs(r) for r in res.values()) <= MAX_RESIDUAL, res
+    worst = max(run["without_prompt_tokens_details"]["residuals"].values(), key=abs)
+    assert worst > 10 * MAX_RESIDUAL   # what a run without cached tokens looked like
 
 
 class _Failing:

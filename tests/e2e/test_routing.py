@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from bench.fake_worker import FakeWorker, expected_chat_text, tokenize_text
+from bench.fake_worker import (ARRIVAL_HEAD, FakeWorker, expected_chat_text, render_chat,
+                               tokenize_text)
 from bench.loopback import chat, filler, http_json, localize_router_args
 
 pytestmark = pytest.mark.e2e
@@ -200,6 +201,9 @@ def test_fake_worker_tokenizes_by_content_and_caches_prefixes():
         warm = chat(a.url, messages, max_tokens=8, timeout=10)
         assert cold.ok and warm.ok and cold.text == warm.text
         assert cold.cached_tokens == 0
+        # each request's arrival, with its prompt's head (which conversation reached it)
+        head = tuple(render_chat(messages)[:ARRIVAL_HEAD])
+        assert [h for _, h in a.arrivals()][-2:] == [head, head] and len(head) == ARRIVAL_HEAD
         prompt_tokens = warm.usage["prompt_tokens"]
         assert warm.cached_tokens >= prompt_tokens - 16, warm.usage
         assert warm.ttft_s < cold.ttft_s / 2, (cold.ttft_s, warm.ttft_s)

@@ -56,9 +56,11 @@ synth: $(VENV)/.installed node_modules/.installed
 	@cat cdk.out/kvcache-plan.txt >&2
 
 ## The whole test suite: config, stacks, charts, loopback router tests, tools. Two pytest-xdist
-## workers, one per core of a 2-core machine, scheduled by tests/lanes.py.
+## workers, one per core of a 2-core machine, scheduled by tests/lanes.py. Python's bytecode
+## cache on, as by default, where the machine turns it off (PYTHONDONTWRITEBYTECODE): the suite's
+## many Python processes then compile the project's modules once, not each.
 test: tools deps
-	$(PY) -m pytest -n 2
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n 2
 
 ## Record one environment's snapshots (environments/snapshots/ENV/) and touch no other file:
 ## `make snapshots ENV=prod-cn` after adding or changing environments/prod-cn.json, then `make test`.

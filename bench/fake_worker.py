@@ -80,7 +80,7 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 WORD_VOCAB_SIZE = 50_000
-# Prompt ids kept per arrival (FakeWorker.arrived): within a chat's system message, so they
+# Prompt ids kept per arrival (FakeWorker.arrivals): within a chat's system message, so they
 # tell its conversations apart
 ARRIVAL_HEAD = 32
 SPECIAL_TOKENS = {
@@ -1014,7 +1014,7 @@ class FakeWorker:
             self.recent: collections.deque = collections.deque(maxlen=512)
             # (monotonic time, the prompt's first ids) of each request as it arrives: which
             # conversations reached this worker, finished or not (a test kills it mid-answer)
-            self.arrived: collections.deque = collections.deque(maxlen=4096)
+            self._arrived: collections.deque = collections.deque(maxlen=4096)
 
     def _usage(self, req: "_Request") -> dict:
         usage = req.usage()
@@ -1025,7 +1025,7 @@ class FakeWorker:
     def arrivals(self) -> list[tuple[float, tuple[int, ...]]]:
         """(monotonic time, the prompt's first ARRIVAL_HEAD ids) of each request received."""
         with self._lock:
-            return list(self.arrived)
+            return list(self._arrived)
 
     def stats(self) -> dict:
         """In-process counters (no HTTP): requests served, token counts, cache hits."""
@@ -1222,7 +1222,7 @@ class FakeWorker:
             raise _BadRequest("EngineCore encountered an issue.", 500)
         prompts = self._prompts(body, chat)
         with self._lock:
-            self.arrived.append((time.monotonic(), tuple(prompts[0][:ARRIVAL_HEAD])))
+            self._arrived.append((time.monotonic(), tuple(prompts[0][:ARRIVAL_HEAD])))
         max_tokens = self._max_tokens(body, chat)
         for ids in prompts:
             if len(ids) + max_tokens > self.max_model_len:

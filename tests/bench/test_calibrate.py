@@ -208,9 +208,9 @@ def test_an_endpoint_that_reports_no_cached_tokens_is_named_not_fitted():
                                              "--enable-prompt-tokens-details"):
             measure(probe, lengths=(600,), reps=1)
     with FakeWorker(0, "w0", max_model_len=1024) as w:
-        prompt = list(range(600))
-        HttpProbe(w.url).ttft(prompt)
-        assert HttpProbe(w.url).ttft(prompt)[1] >= 512   # the default reports them
+        probe, prompt = HttpProbe(w.url), list(range(600))
+        probe.ttft(prompt)
+        assert probe.ttft(prompt)[1] >= 512   # the default reports them
 
 
 def test_the_emulators_step_model_fits_a_real_h100_run_within_the_limit():

@@ -1,4 +1,5 @@
-"""Takes workers whose pod is gone out of sglang-router 0.3.2 (a sidecar in the router pod).
+"""Takes workers whose pod is gone or not ready out of sglang-router 0.3.2, and puts a not-ready
+one back once it is ready again (a sidecar in the router pod).
 
 sglang-router 0.3.2 discovers workers from the Kubernetes API and keeps, per pod it added, the
 pod's name, IP, phase and Ready condition; on a pod's deletion it removes only an entry equal
@@ -13,8 +14,11 @@ Every --interval seconds this reads the router's workers (`GET /workers`), then 
 endpoint's pods, and deletes (`DELETE /workers/{id}`) every worker on the discovery port whose
 IP no pod of the selector holds any more, or only a pod being deleted: the same rule the
 router applies to a ready pod. In that order, so a worker the router added from a pod event is
-always in the later list. A pod that exists but is not ready stays: the router's own health
-checks keep it out of traffic, and its discovery would never add it again once removed.
+always in the later list. The router keeps a pod that turned not ready too, and its health
+checks (`/health`) do not take out a stalled engine, which answers 200 while it produces
+nothing (k8s/workers.py: its readiness probe fails on the stall): so a worker whose pod is not
+ready is deleted as well and remembered, and added back (`POST /workers`) once its pod is
+ready again, since the router's discovery, which still holds the pod's entry, never would.
 
 Standard library only: it runs with the router image's Python from a ConfigMap
 (k8s/worker_reaper.py renders it); the loopback tests run this same file.
@@ -57,6 +61,7 @@ class Reaper:
         self.args = args
         self.router = args.router.rstrip("/")
         self.last_error = ""
+        self.benched: set[str] = set()    # removed while their pod was not ready
         if args.api:
             self.api, self.context = args.api.rstrip("/"), None
         else:
@@ -65,9 +70,13 @@ class Reaper:
             self.api = f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
             self.context = ssl.create_default_context(cafile=f"{SERVICE_ACCOUNT}/ca.crt")
 
-    def _call(self, method: str, url: str, headers: dict[str, str]) -> object:
+    def _call(self, method: str, url: str, headers: dict[str, str],
+              body: object = None) -> object:
         """JSON of a GET's answer; any other method's answer is only checked for success."""
-        req = urllib.request.Request(url, method=method, headers=headers)
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers = {**headers, "Content-Type": "application/json"}
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
         context = self.context if url.startswith(self.api) else None
         with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=context) as resp:
             body = resp.read()
@@ -85,37 +94,56 @@ class Reaper:
         with open(f"{SERVICE_ACCOUNT}/token") as f:   # re-read: bound tokens rotate
             return {"Authorization": f"Bearer {f.read().strip()}"}
 
-    def live_ips(self) -> set[str]:
-        """IPs held by pods of the selector that are not being deleted and not finished."""
+    def live_ips(self) -> tuple[set[str], set[str]]:
+        """(IPs held by pods of the selector that are not being deleted and not finished, those
+        of them whose pod is Ready)."""
         query = urllib.parse.urlencode({"labelSelector": self.args.selector})
         pods = self._call("GET", f"{self.api}/api/v1/namespaces/"
                           f"{urllib.parse.quote(self.args.namespace)}/pods?{query}",
                           self._api_headers())
         ips: set[str] = set()
+        ready: set[str] = set()
         for pod in pods.get("items") or []:
             status = pod.get("status") or {}
             if (pod.get("metadata") or {}).get("deletionTimestamp") or \
                     status.get("phase") in ("Succeeded", "Failed"):
                 continue
-            ips.update(a["ip"] for a in status.get("podIPs") or [] if a.get("ip"))
+            held = {a["ip"] for a in status.get("podIPs") or [] if a.get("ip")}
             if status.get("podIP"):
-                ips.add(status["podIP"])
-        return ips
+                held.add(status["podIP"])
+            ips |= held
+            if any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in status.get("conditions") or []):
+                ready |= held
+        return ips, ready
 
     def sweep(self) -> list[str]:
         """One pass; the URLs it removed."""
         headers = self._router_headers()
         workers = (self._call("GET", f"{self.router}/workers", headers) or {}).get("workers")
-        live = self.live_ips()       # after the router's list: see the module's docstring
+        live, ready = self.live_ips()   # after the router's list: see the module's docstring
         removed = []
         for w in workers or []:
             url = urllib.parse.urlsplit(w.get("url", ""))
-            if url.port != self.args.port or url.hostname in live or not w.get("id"):
+            if url.port != self.args.port or url.hostname in ready or not w.get("id"):
                 continue
             self._call("DELETE", f"{self.router}/workers/"
                        f"{urllib.parse.quote(str(w['id']), safe='')}", headers)
             removed.append(w["url"])
-            log(event="removed", worker=w["url"], reason="no live pod holds its IP")
+            if url.hostname in live:
+                self.benched.add(w["url"])
+                log(event="removed", worker=w["url"], reason="its pod is not ready")
+            else:
+                log(event="removed", worker=w["url"], reason="no live pod holds its IP")
+        listed = {w.get("url") for w in workers or []}
+        for back in sorted(self.benched):
+            host = urllib.parse.urlsplit(back).hostname
+            if host not in live:
+                self.benched.discard(back)       # gone: the router's discovery adds its successor
+            elif host in ready and back not in listed:
+                self._call("POST", f"{self.router}/workers", headers, {"url": back})
+                self.benched.discard(back)
+                log(event="added back", worker=back, reason="its pod is ready again")
         return removed
 
     def run(self, stop: threading.Event) -> None:

@@ -516,21 +516,43 @@ WORKER_DRAIN_S = LONGEST_REQUEST_S
 # After the drain: the engine's own exit (vLLM gives its engine core 5 s) and the kubelet's slack.
 WORKER_EXIT_S = 30
 NO_DRAIN_GRACE_S = 120     # the grace period of an image we cannot drain, as before
+# A stalled engine (requests running, neither token counter moving: the liveness probe's rule,
+# below) never drains: the hook gives up once it has seen no progress for STALL_S, counted from
+# the last progress the liveness probe recorded (its state file, shared through /tmp), so a
+# kill that the probe's failures started passes the hook at once and a rollout of a stalled
+# engine waits STALL_S at most, not WORKER_DRAIN_S (the fault drill: 615 s, the restart at 868 s).
 DRAIN_HOOK = """\
-import sys, time, urllib.request
-port, least, most = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+import json, sys, time, urllib.request
+port, least, most, stall_s, state = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), \\
+    float(sys.argv[4]), sys.argv[5]
 start = time.time()
+try:
+    with open(state) as f:
+        seen = json.load(f)
+    tokens, since = seen["tokens"], seen["since"]
+except (OSError, ValueError, KeyError, TypeError):
+    tokens, since = None, start
 time.sleep(least)
 while time.time() - start < most:
     try:
         text = urllib.request.urlopen("http://127.0.0.1:" + port + "/metrics", timeout=2).read()
     except OSError:
         break
-    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
-               if line.split("{", 1)[0] in ("vllm:num_requests_running",
-                                            "vllm:num_requests_waiting"))
+    busy = now_tokens = 0.0
+    for line in text.decode().splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            busy += float(line.rsplit(" ", 1)[1])
+        elif name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
+            now_tokens += float(line.rsplit(" ", 1)[1])
     if busy == 0:
         break
+    now = time.time()
+    if now_tokens != tokens:
+        tokens, since = now_tokens, now
+    elif now - since > stall_s:
+        sys.exit(f"drain: engine stalled, {busy:g} requests held, no token for "
+                 f"{now - since:.0f} s: left to the kill")
     time.sleep(1)
 time.sleep(min(1.0, least))
 """
@@ -548,7 +570,8 @@ def pre_stop(p: "WorkerProps") -> dict:
         return {"sleep": {"seconds": WORKER_PRE_STOP_S}}
     return {"exec": {"command": [p.family.python, "-c", DRAIN_HOOK, str(p.port),
                                  str(WORKER_PRE_STOP_S),
-                                 str(WORKER_PRE_STOP_S + WORKER_DRAIN_S)]}}
+                                 str(WORKER_PRE_STOP_S + WORKER_DRAIN_S), str(STALL_S),
+                                 LIVENESS_STATE]}}
 
 
 def termination_grace_s(p: "WorkerProps") -> int:
@@ -573,13 +596,22 @@ def termination_grace_s(p: "WorkerProps") -> int:
 # So the liveness probe also reads the worker's own metrics: requests running while neither
 # token counter (vllm:generation_tokens_total, vllm:prompt_tokens_total, both counted per engine
 # step) has moved for STALL_S fails it, and the kubelet restarts the container: its connections
-# close (clients see a cut stream, never a success) and the router's health checks take it out
-# until it is back. STALL_S outlasts the longest step that moves neither counter, a whole
+# close (clients see a cut stream, never a success). The readiness probe runs the same rule, so
+# the pod leaves the routers' discovery before the kill (and /health, still 200, cannot keep
+# it in). STALL_S outlasts the longest step that moves neither counter, a whole
 # 128K-token prefill on the slowest prefill we know (~2,200 tokens/s on 2 x A10G, 60 s), three
 # times over. Exec probe with the image's own python (standard library only); an image of no
 # family we know keeps the HTTP check alone.
 STALL_S = 180
 LIVENESS_STATE = "/tmp/kvcache-liveness.json"
+READINESS_STATE = "/tmp/kvcache-readiness.json"
+PROBE_PERIOD_S, PROBE_TIMEOUT_S = 10, 5
+# The stall window is the patience; the failures after it only ride out one slow answer. The
+# stalled engine's clients are told (its connections close) at most LIVENESS_FAILURES x
+# PROBE_PERIOD_S + LIVENESS_GRACE_S = 50 s after the probe first fails (the drill: 678 s later,
+# the restart at 868 s: the pod's 645 s grace and a drain that waited for requests that never end).
+LIVENESS_FAILURES, READINESS_FAILURES = 3, 2
+LIVENESS_GRACE_S = 20
 STALL_PROBE = """\
 import json, sys, time, urllib.request
 port, stall_s, state, path = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -666,14 +698,36 @@ def file_init_container(c: Mapping[str, Any]) -> dict:
 
 def liveness_probe(p: "WorkerProps", http_check: dict) -> dict:
     """The vLLM container's livenessProbe: the stall check (above) where the image's python is
-    known, else ``http_check``; six failures 10 s apart restart it."""
-    probe = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
+    known, else ``http_check``; LIVENESS_FAILURES failures PROBE_PERIOD_S apart restart it,
+    with a grace period of its own (the kubelet's ProbeTerminationGracePeriod, GA in
+    Kubernetes 1.28), so the restart comes within LIVENESS_GRACE_S of the kill whatever the
+    drain hook or vLLM's own `--shutdown-timeout` would wait for on a stalled engine."""
+    probe = {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
+             "failureThreshold": LIVENESS_FAILURES,
+             "terminationGracePeriodSeconds": LIVENESS_GRACE_S}
     if p.family is None:
         return {**http_check, **probe}
-    # each HTTP call within the probe's timeout (what the kubelet allows the whole command)
-    http_timeout = str(probe["timeoutSeconds"] / 2)
-    return {"exec": {"command": [p.family.python, "-c", STALL_PROBE, str(p.port), str(STALL_S),
-                                 LIVENESS_STATE, p.health_check_path, http_timeout]}, **probe}
+    return {"exec": {"command": stall_check(p, LIVENESS_STATE)}, **probe}
+
+
+def readiness_probe(p: "WorkerProps", http_check: dict) -> dict:
+    """The vLLM container's readinessProbe: the liveness rule with its own state file, so a
+    stalled engine turns not ready (the routers' discovery drops it: no new request, no later
+    turn of its sessions) READINESS_FAILURES periods after its stall window, before the
+    liveness probe's kill; an image of no family we know keeps ``http_check``."""
+    probe = {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S}
+    if p.family is None:
+        return {**http_check, **probe, "failureThreshold": 3}
+    return {"exec": {"command": stall_check(p, READINESS_STATE)}, **probe,
+            "failureThreshold": READINESS_FAILURES}
+
+
+def stall_check(p: "WorkerProps", state: str) -> list[str]:
+    """The stall probe's command, each HTTP call within half the probe's timeout (what the
+    kubelet allows the whole command)."""
+    assert p.family is not None
+    return [p.family.python, "-c", STALL_PROBE, str(p.port), str(STALL_S), state,
+            p.health_check_path, str(PROBE_TIMEOUT_S / 2)]
 
 
 # vLLM's OpenAI server module: accepts `--model` in every vLLM version, where `vllm serve`
@@ -952,7 +1006,7 @@ class WorkersChart(Chart):
                            **efa_resources(p)}},
             # the startup budget (default 30 min) to load weights and start
             "startupProbe": {**health, "failureThreshold": startup_failures(p)},
-            "readinessProbe": {**health, "failureThreshold": 3},
+            "readinessProbe": readiness_probe(p, health),
             "livenessProbe": liveness_probe(p, health),
             "lifecycle": {"preStop": pre_stop(p)},
             "volumeMounts": [

@@ -105,7 +105,7 @@ def _wait(cond, timeout: float) -> bool:
 class DiscoveredPod:
     """The default router's pod with its discovery, its sidecars and its front (see above)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **worker_opts: float) -> None:
         self.tmp, self.rendered = tmp, _rendered(DEFAULT)
         router = self.rendered["containers"]["router"]
         args = router["args"]
@@ -115,7 +115,8 @@ class DiscoveredPod:
                                dict(s.split("=", 1) for s in selector))
         self.port = _shared_port()
         self.workers = [FakeWorker(self.port, f"w{i}", host=ip, model=served_names()[0],
-                                   **WORKER_OPTS) for i, ip in enumerate(IPS)]
+                                   **{**WORKER_OPTS, **worker_opts})
+                        for i, ip in enumerate(IPS)]
         binary, argv = router_launch(router["command"][-1], localize_discovery_args(
             args, free_port(), free_port(), self.port))
         env = {**container_env(router),

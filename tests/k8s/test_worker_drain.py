@@ -51,8 +51,8 @@ def _drain_and_grace(pod: dict) -> tuple[int | None, int, int, int]:
     hook = vllm["lifecycle"]["preStop"]
     if "sleep" in hook:
         least = most = hook["sleep"]["seconds"]
-    else:
-        *_, least, most = hook["exec"]["command"]
+    else:   # python -c SCRIPT port least most stall_s state
+        least, most = hook["exec"]["command"][4:6]
     return ((None if drain is None else int(drain)), int(least), int(most),
             pod["terminationGracePeriodSeconds"])
 
@@ -98,6 +98,17 @@ def test_only_a_vllm_that_has_the_flag_gets_it(image):
         assert probe["exec"]["command"][:3] == [family.python, "-c", STALL_PROBE]
         assert hook["exec"]["command"][:3] == [family.python, "-c", DRAIN_HOOK]
         assert most - least >= longest and grace > most
+        # readiness reads the same rule from a state file of its own; the drain hook reads the
+        # liveness probe's, and gives up after the same stall window
+        ready = container["readinessProbe"]["exec"]["command"]
+        assert ready[:3] == probe["exec"]["command"][:3] and ready[4] == probe["exec"]["command"][4]
+        assert ready[5] != probe["exec"]["command"][5]
+        assert hook["exec"]["command"][6:] == probe["exec"]["command"][4:6]
+    # a stalled engine's clients are told within a minute of the first failed probe, whatever
+    # the pod's grace (645 s) or the drain would wait for
+    told = (probe["failureThreshold"] - 1) * probe["periodSeconds"] + \
+        probe["terminationGracePeriodSeconds"]
+    assert told <= 60 and probe["terminationGracePeriodSeconds"] < grace
 
 
 def test_a_files_own_shutdown_timeout_is_kept_and_covered():

@@ -64,6 +64,7 @@ def test_only_sglang_routers_front_lists_the_models_itself():
 class _Router(http.server.BaseHTTPRequestHandler):
     workers: list = []
     deleted: list = []
+    added: list = []
 
     def log_message(self, *args) -> None:
         pass
@@ -75,6 +76,13 @@ class _Router(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:   # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.added.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_DELETE(self) -> None:   # noqa: N802
         self.deleted.append(self.path)
         self.send_response(202)
@@ -82,7 +90,7 @@ class _Router(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
 
-def test_the_reaper_removes_only_workers_no_live_pod_holds():
+def test_the_reaper_removes_workers_whose_pod_is_gone_or_not_ready_and_adds_them_back():
     labels = {"app": "w"}
     api = FakeKubeApi("ns", labels)
     router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Router)
@@ -105,12 +113,20 @@ def test_the_reaper_removes_only_workers_no_live_pod_holds():
             "--router", f"http://127.0.0.1:{router.server_address[1]}", "--namespace", "ns",
             "--selector", "app=w", "--port", "8000", "--api", f"http://127.0.0.1:{api.port}"]))
         removed = reaper.sweep()
-        # not ready: kept (the router's health checks hold it; its discovery would never add
-        # it back); deleting, finished and gone: removed; another port is not discovery's
-        assert sorted(removed) == ["http://10.0.0.3:8000", "http://10.0.0.5:8000",
-                                   "http://10.0.0.9:8000"]
-        assert sorted(_Router.deleted) == ["/workers/id-10.0.0.3", "/workers/id-10.0.0.5",
-                                           "/workers/id-10.0.0.9"]
+        # not ready (a stalled engine whose /health still answers), deleting, finished and
+        # gone: removed; another port is not discovery's
+        assert sorted(removed) == ["http://10.0.0.2:8000", "http://10.0.0.3:8000",
+                                   "http://10.0.0.5:8000", "http://10.0.0.9:8000"]
+        assert sorted(_Router.deleted) == ["/workers/id-10.0.0.2", "/workers/id-10.0.0.3",
+                                           "/workers/id-10.0.0.5", "/workers/id-10.0.0.9"]
+        _Router.workers = [w for w in _Router.workers if w["url"] not in removed]
+        _Router.added, _Router.deleted = [], []
+        assert reaper.sweep() == [] and _Router.added == []     # still not ready: left out
+        api.set("not-ready", ready=True)      # the router's discovery would never add it back
+        assert reaper.sweep() == []
+        assert _Router.added == [("/workers", {"url": "http://10.0.0.2:8000"})]
+        _Router.added = []
+        assert reaper.sweep() == [] and _Router.added == []     # once
     finally:
         router.shutdown()
         api.close()

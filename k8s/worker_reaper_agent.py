@@ -94,7 +94,7 @@ class Reaper:
         with open(f"{SERVICE_ACCOUNT}/token") as f:   # re-read: bound tokens rotate
             return {"Authorization": f"Bearer {f.read().strip()}"}
 
-    def live_ips(self) -> tuple[set[str], set[str]]:
+    def pod_ips(self) -> tuple[set[str], set[str]]:
         """(IPs held by pods of the selector that are not being deleted and not finished, those
         of them whose pod is Ready)."""
         query = urllib.parse.urlencode({"labelSelector": self.args.selector})
@@ -121,7 +121,7 @@ class Reaper:
         """One pass; the URLs it removed."""
         headers = self._router_headers()
         workers = (self._call("GET", f"{self.router}/workers", headers) or {}).get("workers")
-        live, ready = self.live_ips()   # after the router's list: see the module's docstring
+        live, ready = self.pod_ips()    # after the router's list: see the module's docstring
         removed = []
         for w in workers or []:
             url = urllib.parse.urlsplit(w.get("url", ""))

@@ -516,6 +516,20 @@ WORKER_DRAIN_S = LONGEST_REQUEST_S
 # After the drain: the engine's own exit (vLLM gives its engine core 5 s) and the kubelet's slack.
 WORKER_EXIT_S = 30
 NO_DRAIN_GRACE_S = 120     # the grace period of an image we cannot drain, as before
+# The worker's own counters as the drain hook and the stall probe (below) both read them from its
+# /metrics (standard library only), so the two share one rule for progress: either token
+# counter, each moved every engine step, has grown.
+READ_COUNTERS = """\
+COUNTERS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+            "vllm:generation_tokens_total": "tokens", "vllm:prompt_tokens_total": "tokens"}
+def counters(text):
+    got = dict.fromkeys(COUNTERS.values(), 0.0)
+    for line in text.decode().splitlines():
+        key = COUNTERS.get(line.split("{", 1)[0].split(" ", 1)[0])
+        if key:
+            got[key] += float(line.rsplit(" ", 1)[1])
+    return got
+"""
 # A stalled engine (requests running, neither token counter moving: the liveness probe's rule,
 # below) never drains: the hook gives up once it has seen no progress for STALL_S, counted from
 # the last progress the liveness probe recorded (its state file, shared through /tmp), so a
@@ -523,6 +537,7 @@ NO_DRAIN_GRACE_S = 120     # the grace period of an image we cannot drain, as be
 # engine waits STALL_S at most, not WORKER_DRAIN_S (the fault drill: 615 s, the restart at 868 s).
 DRAIN_HOOK = """\
 import json, sys, time, urllib.request
+""" + READ_COUNTERS + """\
 port, least, most, stall_s, state = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), \\
     float(sys.argv[4]), sys.argv[5]
 start = time.time()
@@ -535,21 +550,16 @@ except (OSError, ValueError, KeyError, TypeError):
 time.sleep(least)
 while time.time() - start < most:
     try:
-        text = urllib.request.urlopen("http://127.0.0.1:" + port + "/metrics", timeout=2).read()
+        got = counters(urllib.request.urlopen("http://127.0.0.1:" + port + "/metrics",
+                                              timeout=2).read())
     except OSError:
         break
-    busy = now_tokens = 0.0
-    for line in text.decode().splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            busy += float(line.rsplit(" ", 1)[1])
-        elif name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
-            now_tokens += float(line.rsplit(" ", 1)[1])
+    busy = got["running"] + got["waiting"]
     if busy == 0:
         break
     now = time.time()
-    if now_tokens != tokens:
-        tokens, since = now_tokens, now
+    if got["tokens"] != tokens:
+        tokens, since = got["tokens"], now
     elif now - since > stall_s:
         sys.exit(f"drain: engine stalled, {busy:g} requests held, no token for "
                  f"{now - since:.0f} s: left to the kill")
@@ -614,16 +624,12 @@ LIVENESS_FAILURES, READINESS_FAILURES = 3, 2
 LIVENESS_GRACE_S = 20
 STALL_PROBE = """\
 import json, sys, time, urllib.request
+""" + READ_COUNTERS + """\
 port, stall_s, state, path = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 base, timeout = "http://127.0.0.1:" + port, float(sys.argv[5])
 urllib.request.urlopen(base + path, timeout=timeout).read()
-running = tokens = 0.0
-for line in urllib.request.urlopen(base + "/metrics", timeout=timeout).read().decode().splitlines():
-    name = line.split("{", 1)[0].split(" ", 1)[0]
-    if name == "vllm:num_requests_running":
-        running += float(line.rsplit(" ", 1)[1])
-    elif name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
-        tokens += float(line.rsplit(" ", 1)[1])
+got = counters(urllib.request.urlopen(base + "/metrics", timeout=timeout).read())
+running, tokens = got["running"], got["tokens"]
 now = time.time()
 try:
     with open(state) as f:

@@ -24,7 +24,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -63,9 +62,13 @@ def _pod(strategy: str) -> tuple[dict, dict, dict, str, dict]:
     front = next(c for c in pod["containers"] if c["name"] == "front")
     config = next(d for d in docs if d["kind"] == "ConfigMap"
                   and d["metadata"]["name"].endswith("-router-front"))["data"]["haproxy.cfg"]
-    workers = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                   and d["metadata"]["name"].endswith("-workers"))
-    return router, front, pod, config, workers["spec"]["template"]["spec"]["containers"][0]
+    return router, front, pod, config, _worker_pod(docs)["containers"][0]
+
+
+def _worker_pod(docs: list[dict]) -> dict:
+    """The worker pod's spec among rendered ``docs``."""
+    return next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                and d["metadata"]["name"].endswith("-workers"))["spec"]["template"]["spec"]
 
 
 def _scaled(seconds: float) -> float:
@@ -161,14 +164,6 @@ def test_a_router_pod_leaving_finishes_what_it_accepted(tmp_path, report_figure)
                   f"{results['long'].tokens}/{tokens} tokens")
 
 
-def _probe(worker: dict, port: int, state: str) -> list[str]:
-    """The rendered liveness exec command, run here: this python for the image's, the fake's
-    port, the state file in the test's tmp dir, the stall window and HTTP timeout scaled."""
-    python, flag, script, _, stall, _, path, timeout = worker["livenessProbe"]["exec"]["command"]
-    return [sys.executable, flag, script, str(port), str(float(stall) * SCALE), state, path,
-            str(max(0.2, float(timeout) * SCALE))]
-
-
 # The stall tests' scale: the stall window (180 s) runs as 1.5 s, the probes' period (10 s) as
 # 0.083 s; a probe is a python start (~50 ms, more on two busy cores), so 1/600 would leave the
 # kubelet's cadence to the machine.
@@ -178,12 +173,6 @@ STALL_SCALE = 1 / 120
 # hook on two busy cores (at this scale 1 s is 120 rendered seconds; the previous code told the
 # client ~5.8 s after the first failure).
 TOLD_WITHIN_S, STARTS_SLACK_S = 60, 1.0
-
-
-def _worker_pod(strategy: str) -> dict:
-    docs = _rendered_docs(strategy)
-    return next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                and d["metadata"]["name"].endswith("-workers"))["spec"]["template"]["spec"]
 
 
 def test_a_stalled_worker_leaves_the_rotation_and_its_clients_are_told(tmp_path, report_figure):
@@ -196,7 +185,7 @@ def test_a_stalled_worker_leaves_the_rotation_and_its_clients_are_told(tmp_path,
     the probe's grace period. The stalled stream's client (the official OpenAI client) gets an
     error within TOLD_WITHIN_S of the first liveness failure, and the next turn of a
     conversation that was on the stalled worker is answered by the other one."""
-    worker_pod = _worker_pod(STRATEGY)
+    worker_pod = _worker_pod(_rendered_docs(STRATEGY))
     (vllm,) = worker_pod["containers"]
     pod = DiscoveredPod(tmp_path, decode_ms_per_token=DECODE_MS).start()
     kubelet = None
@@ -282,7 +271,7 @@ def test_the_drain_hook_gives_up_on_a_stalled_engine(tmp_path):
     waiting once neither token counter has moved for the stall window (not after the longest
     request, 615 s), and at once where the liveness probe's state file has already seen the
     stall window pass (a kill the probe's failures started)."""
-    (vllm,) = _worker_pod(STRATEGY)["containers"]
+    (vllm,) = _worker_pod(_rendered_docs(STRATEGY))["containers"]
     slow = {**WORKER_OPTS, "decode_ms_per_token": DECODE_MS}
     with FakeWorkerPool(1, **slow) as pool:
         worker = pool.workers[0]
@@ -317,7 +306,7 @@ def test_the_liveness_probe_fails_a_hung_worker(tmp_path):
     _, _, _, _, worker_c = _pod("prefixaware")
     with FakeWorkerPool(1, **WORKER_OPTS) as pool:
         worker = pool.workers[0]
-        command = _probe(worker_c, worker.port, str(tmp_path / "liveness.json"))
+        command = Kubelet(worker_c, 0, worker, SCALE, tmp_path, lambda: None).command("liveness")
         assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
         worker.hang()
         try:

@@ -15,7 +15,7 @@ import pytest
 from config import resolve_environment
 from constructs.cluster_scaling import MAX_GRACEFUL_TERMINATION_S
 from config.endpoint_spec import arg_value, parse_endpoint
-from config.images import image_for, image_family, image_release
+from config.images import KUBERNETES_VERSIONS, image_for, image_family, image_release
 from k8s.serving import build_charts
 from k8s.workers import DRAIN_HOOK, SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
 from tests.conftest import DECLARED, ENVIRONMENTS, context_for
@@ -109,6 +109,12 @@ def test_only_a_vllm_that_has_the_flag_gets_it(image):
     told = (probe["failureThreshold"] - 1) * probe["periodSeconds"] + \
         probe["terminationGracePeriodSeconds"]
     assert told <= 60 and probe["terminationGracePeriodSeconds"] < grace
+
+
+def test_every_kubernetes_an_environment_may_run_honours_the_probes_grace():
+    """The liveness probe's own terminationGracePeriodSeconds (ProbeTerminationGracePeriod) is
+    GA from Kubernetes 1.28; an older kubelet would ignore it and wait the pod's 645 s."""
+    assert min(tuple(map(int, v.split("."))) for v in KUBERNETES_VERSIONS) >= (1, 28)
 
 
 def test_a_files_own_shutdown_timeout_is_kept_and_covered():

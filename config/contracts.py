@@ -26,6 +26,8 @@ DEVICE_PLUGIN_LABEL = "kvcache.io/nvidia-device-plugin"
 # labels of eks:DescribeNodegroup (cloudprovider/aws/aws_manager.go buildNodeFromTemplate).
 ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
 CA_NODE_TEMPLATE_LABEL = "k8s.io/cluster-autoscaler/node-template/label/"
+# what a node of the group offers before one exists (CA reads it from the node group's tags)
+CA_NODE_TEMPLATE_RESOURCE = "k8s.io/cluster-autoscaler/node-template/resources/"
 
 # Namespaces
 SERVING_NAMESPACE = "kvcache-serving"

@@ -16,7 +16,10 @@ from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
 from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
 from .images import KUBERNETES_VERSIONS, ImageResolver
-from .instances import EFA, GPU_SHAPES, accelerator_label, gpu_direct_efa_in, gpu_shape
+from .instances import (
+    DAEMONSET_ROOM_M, DAEMONSET_ROOM_MIB, EFA, GPU_SHAPES, accelerator_label, allocatable,
+    gpu_direct_efa_in, gpu_shape,
+)
 from .notices import ACK_PATTERN
 from .prices import PSEUDO_TYPES, PriceTable, region_currency
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
@@ -116,6 +119,9 @@ class ListenerConfig:
 
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"   # GEP-1762: on a Gateway's pods
 FAILURE_MODES = ("FailOpen", "FailClose")
+# docs/gateway.md's table; `other`: a conformant gateway that needs nothing rendered for it
+GATEWAY_IMPLEMENTATIONS = ("istio", "agentgateway", "nginx-gateway-fabric", "other")
+ROUTE_BY = ("none", "model", "hostname")
 
 
 @dataclass(frozen=True)
@@ -131,8 +137,19 @@ class InferenceGatewayConfig:
     namespace: str
     proxy_namespace: str
     proxy_labels: tuple[tuple[str, str], ...]
+    # which gateway serves the Gateway: what it needs to reach the picker (Istio: a
+    # DestinationRule for the picker's TLS, k8s/gateway.py)
+    implementation: str = "other"
     all_endpoints: bool = False
     failure_mode: str = "FailOpen"     # the InferencePool's; why in k8s/gateway.py
+    # the picker's request (memory limit twice it), upstream's chart's by default
+    picker_cpu: int = 4
+    picker_memory_gib: int = 8
+    # how one Gateway tells its endpoints apart (k8s/gateway.py route_matches): `none` (one
+    # endpoint takes every request), `model` (the body-based router's model header) or
+    # `hostname` (<endpoint>.<domain>)
+    route_by: str = "none"
+    domain: str | None = None
     # false where the cluster has the InferencePool CRD already (the gateway's install put it
     # there): ours would replace it, and take every pool with it when the stack is deleted
     install_crd: bool = True
@@ -364,7 +381,7 @@ _LABEL_KEY = (r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
 _LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
 
 
-def _inference_gateway(r: _Reader) -> InferenceGatewayConfig:
+def _inference_gateway(r: _Reader, system: NodeGroupConfig) -> InferenceGatewayConfig:
     gw = r.child("gateway")
     names = {}
     for key in ("name", "namespace"):
@@ -374,6 +391,7 @@ def _inference_gateway(r: _Reader) -> InferenceGatewayConfig:
                           "63")
         names[key] = value
     gw.done()
+    implementation = r.choice("implementation", GATEWAY_IMPLEMENTATIONS)
     proxy = r.child("proxyPods", {})
     proxy_ns = proxy.get("namespace", str, names["namespace"], allowed="a DNS label")
     if not re.fullmatch(_DNS_LABEL, proxy_ns, re.A):
@@ -389,11 +407,33 @@ def _inference_gateway(r: _Reader) -> InferenceGatewayConfig:
         raise proxy.fail("labels", labels, "at least one label: an empty selector would "
                          "admit every pod of the namespace")
     proxy.done()
+    picker = r.child("picker", {})
+    cpu, memory = picker.integer("cpu", 1, 64, 4), picker.integer("memoryGiB", 1, 256, 8)
+    # the picker runs on the system nodes (k8s/gateway.py): it must fit one beside DaemonSets
+    room = min(allocatable(t) for t in system.instance_types)
+    cpu_room = int((room.cpu_m - DAEMONSET_ROOM_M) // 1000)
+    gib_room = int((room.memory_mib - DAEMONSET_ROOM_MIB) // 1024)
+    for key, value, most in (("cpu", cpu, cpu_room), ("memoryGiB", memory, gib_room)):
+        if value > most:
+            raise picker.fail(key, value, f"at most {most} beside the DaemonSets of a system "
+                              f"node ({', '.join(system.instance_types)}): a larger "
+                              "nodeGroups.system.instanceTypes, or a smaller picker (upstream "
+                              "sizes it 4 CPU, 8 GiB)")
+    picker.done()
+    route_by = r.choice("routeBy", ROUTE_BY, "none")
+    domain = None
+    if route_by == "hostname":
+        domain = r.get("domain", str, allowed="the DNS domain under which each endpoint's "
+                       "hostname <endpoint>.<domain> points at the Gateway")
+        if not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})+", domain, re.A) or len(domain) > 200:
+            raise r.fail("domain", domain, "a DNS domain, e.g. models.example.com")
     cfg = InferenceGatewayConfig(
         names["name"], names["namespace"], proxy_ns, tuple(sorted(labels.items())),
+        implementation=implementation,
         all_endpoints=r.get("allEndpoints", bool, False),
         failure_mode=r.choice("failureMode", FAILURE_MODES, "FailOpen"),
-        install_crd=r.get("installCrd", bool, True))
+        install_crd=r.get("installCrd", bool, True), picker_cpu=cpu, picker_memory_gib=memory,
+        route_by=route_by, domain=domain)
     r.done()
     return cfg
 
@@ -671,7 +711,7 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
             "as Acknowledge with 'Annotation::ID', without 'Annotation::': "
             "kvcache:changed:<endpoint>:<field>, kvcache:ignored, "
             "kvcache:check, kvcache:image-without-digest"),
-        inference_gateway=(_inference_gateway(r.child("inferenceGateway"))
+        inference_gateway=(_inference_gateway(r.child("inferenceGateway"), system)
                            if "inferenceGateway" in r.data else None),
     )
     r.done()

@@ -23,8 +23,9 @@ from constructs.naming import logical_id
 from constructs.nag import acknowledge, managed_policy, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps, pod_identity_principal
 from config.contracts import (
-    EFA_NODE_LABEL,
-    ACCELERATOR_LABEL, CA_NODE_TEMPLATE_LABEL, DEVICE_PLUGIN_LABEL, GPU_TAINT_KEY,
+    EFA_NODE_LABEL, EFA_RESOURCE,
+    ACCELERATOR_LABEL, CA_NODE_TEMPLATE_LABEL, CA_NODE_TEMPLATE_RESOURCE, DEVICE_PLUGIN_LABEL,
+    GPU_TAINT_KEY,
     GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
 from config.instances import EFA, accelerator_label
@@ -283,7 +284,9 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
     labelled for the device plugin and for Cluster Autoscaler (ACCELERATOR_LABEL, also as the
     node-template tag CA documents; EKS keeps node group tags off the Auto Scaling group, so
     CA 1.35 takes the label from eks:DescribeNodegroup, which constructs/cluster_scaling.py
-    grants it)."""
+    grants it). An EFA group's tags also say how many `vpc.amazonaws.com/efa` a node offers
+    (CA 1.35 aws_manager.go reads node-template/resources/ from the node group's tags too):
+    without it CA never scales a group at zero nodes up for a pod that asks for EFA."""
     template = node_launch_template(
         scope, f"{logical_id(group.name)}Template",
         device=_DATA_DEVICE.get(group.ami_type.split("_")[0], "/dev/xvda"),
@@ -301,6 +304,8 @@ def node_group(scope: Construct, owner: Construct, cluster: eks.ICluster,
             labels[DEVICE_PLUGIN_LABEL] = "daemonset"
         taints = [eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY,
                                 value=GPU_TAINT_VALUE)]
+    if efa is not None:   # a group at zero nodes offers the EFA its pods ask for
+        tags = {**(tags or {}), CA_NODE_TEMPLATE_RESOURCE + EFA_RESOURCE: str(efa.interfaces)}
     ng = eks.Nodegroup(   # the id add_nodegroup_capacity gives: logical IDs stay as they were
         owner, f"Nodegroup{logical_id(group.name)}", cluster=cluster,
         instance_types=None if group.gpu else [ec2.InstanceType(t)

@@ -28,6 +28,7 @@ from k8s.objects import account_role, hardened, k8s_object, pod_security
 
 VALID_DAYS = 397          # what browsers accept for a public certificate; renewed well before
 RENEW_DAYS = 30
+CN_MAX = 64               # X.509's upper bound on a common name (RFC 5280)
 SCHEDULE = "17 3 * * *"   # daily
 PUBLIC_DIR = "/run/certificate"
 PUBLIC_FILE = f"{PUBLIC_DIR}/tls.crt"
@@ -64,11 +65,14 @@ if crt and lasts(crt):
     print("certificate valid beyond", e["RENEW_DAYS"], "days")
 else:
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:P-256", "-nodes", "-keyout", d + "/key",
-                        "-out", d + "/crt", "-days", e["VALID_DAYS"], "-subj", "/CN=" + names[0],
-                        "-addext", "subjectAltName=" + ",".join("DNS:" + n for n in names)],
-                       check=True, capture_output=True)
+        made = subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-keyout", d + "/key", "-out", d + "/crt", "-days", e["VALID_DAYS"],
+             "-subj", "/CN=" + e["COMMON_NAME"],
+             "-addext", "subjectAltName=" + ",".join("DNS:" + n for n in names)],
+            capture_output=True, text=True)
+        if made.returncode:   # one line that says why, in the Job's log
+            sys.exit("openssl req: " + (made.stderr.strip().splitlines() or ["failed"])[-1])
         crt, key = open(d + "/crt", "rb").read(), open(d + "/key", "rb").read()
     secret["data"] = {"tls.crt": base64.b64encode(crt).decode(),
                       "front.pem": base64.b64encode(crt + key).decode()}
@@ -96,6 +100,16 @@ def dns_names(router: str, namespace: str, region: str, domain_suffix: str) -> t
     (`<name>-<id>.elb.<region>.<domain>`, one DNS label before `.elb`)."""
     return (f"{router}.{namespace}.svc.cluster.local", f"{router}.{namespace}.svc",
             f"{router}.{namespace}", router, f"*.elb.{region}.{domain_suffix}")
+
+
+def common_name(router: str, names: tuple[str, ...]) -> str:
+    """The subject's CN: the router's own name, which is one DNS label (at most 63), where
+    the Service's full name may pass the 64 characters X.509 allows a CN (RFC 5280 ub-common-
+    name; OpenSSL refuses it, "string too long"). Clients match the subjectAltNames, which
+    carry every name; the CN is only a label."""
+    if router not in names or len(router) > CN_MAX:
+        raise ValueError(f"{router}: not a name the certificate carries, or over {CN_MAX}")
+    return router
 
 
 def s3_object(uri: str, endpoint: str) -> str:
@@ -129,6 +143,7 @@ def certificate_objects(scope: Construct, *, router: str, endpoint: str, namespa
         "env": [{"name": "NAMESPACE", "value": namespace}, {"name": "SECRET", "value": secret},
                 {"name": "DEPLOYMENT", "value": router},
                 {"name": "DNS_NAMES", "value": " ".join(names)},
+                {"name": "COMMON_NAME", "value": common_name(router, names)},
                 {"name": "VALID_DAYS", "value": str(VALID_DAYS)},
                 {"name": "RENEW_DAYS", "value": str(RENEW_DAYS)},
                 {"name": "PUBLIC_OUT", "value": PUBLIC_FILE}],

@@ -52,14 +52,14 @@ POOL_GROUP = "inference.networking.k8s.io"
 POOL_API = f"{POOL_GROUP}/v1"
 ROUTE_GROUP = "gateway.networking.k8s.io"
 ROUTE_API = f"{ROUTE_GROUP}/v1"
+ISTIO_API = "networking.istio.io/v1"   # Istio 1.28+, which InferencePool v1 needs anyway
 # API groups whose CRDs the team's own gateway installs (Gateway API: its controller's chart or
 # the standard CRDs), before any of our deploys: nothing of ours provides or waits for them.
-TEAM_CRD_GROUPS = frozenset({ROUTE_GROUP})
+TEAM_CRD_GROUPS = frozenset({ROUTE_GROUP, ISTIO_API.split("/")[0]})
 CRD_FILE = Path(__file__).with_name("crds") / "inference.networking.k8s.io_inferencepools.yaml"
 EPP_CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
 EPP_GRPC_PORT, EPP_HEALTH_PORT, EPP_METRICS_PORT = 9002, 9003, 9090   # the EPP's defaults
 EPP_CONFIG_DIR, EPP_CONFIG_FILE = "/config", "epp.yaml"
-EPP_CPU, EPP_MEMORY, EPP_MEMORY_LIMIT = "1", "1Gi", "2Gi"
 # The release's default profile (its inferencepool chart's default-plugins.yaml).
 DEFAULT_PROFILE = (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2),
                    ("prefix-cache-scorer", 3))
@@ -109,6 +109,49 @@ def gateway_check(cfg: EnvironmentConfig, s: EndpointSpec) -> None:
                           "the pinned endpoint picker has no prefill/decode scheduling")
 
 
+MODEL_HEADER = "X-Gateway-Model-Name"   # v1.5.0 BBR's body-field-to-header default
+
+
+def route_match(g: InferenceGatewayConfig, model: str) -> dict:
+    """What of a request sends it to this endpoint's pool: every path under `/`, and with
+    `routeBy: model` the header the team's body-based router (the extension's BBR, installed
+    on the Gateway) sets from the request body's `model`, equal to the served name."""
+    match: dict = {"path": {"type": "PathPrefix", "value": "/"}}
+    if g.route_by == "model":
+        match["headers"] = [{"type": "Exact", "name": MODEL_HEADER, "value": model}]
+    return match
+
+
+def route_hostnames(g: InferenceGatewayConfig, endpoint: str) -> dict:
+    """`routeBy: hostname`: the endpoint answers at <endpoint>.<domain> only."""
+    return {"hostnames": [f"{endpoint}.{g.domain}"]} if g.route_by == "hostname" else {}
+
+
+def routes_check(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]) -> None:
+    """One line before deploy where two endpoints on the one Gateway would take each other's
+    requests: by Gateway API's rules two routes that match alike go to the oldest route, so
+    one model would be unreachable. `routeBy` tells them apart; under `model` two endpoints
+    serving the same name cannot be told apart either."""
+    joining = [s for s in specs if joins_gateway(cfg, s)]
+    g = cfg.inference_gateway
+    if len(joining) < 2:
+        return
+    names = ", ".join(s.name for s in joining)
+    if g.route_by == "none":
+        raise ConfigError(cfg.name, "inferenceGateway.routeBy", "none", f"model or hostname: "
+                          f"{names} join Gateway {g.namespace}/{g.name}, and routes that match "
+                          "alike send every request to one of them (docs/gateway.md)")
+    if g.route_by == "model":
+        seen: dict[str, str] = {}
+        for s in joining:
+            if s.model_name in seen:
+                raise ConfigError(cfg.name, f"{s.source_file}: spec.modelName", s.model_name,
+                                  f"a served name other than {seen[s.model_name]}'s: both join "
+                                  "Gateway by model (inferenceGateway.routeBy: hostname tells "
+                                  "them apart by name instead)")
+            seen[s.model_name] = s.name
+
+
 def epp_config(strategy: str) -> dict:
     """The EPP's EndpointPickerConfig for a routing strategy (names from the pinned release)."""
     profile = STRATEGY_PROFILES[strategy]
@@ -156,6 +199,7 @@ class GatewayProps:
     image: str
     gateway: InferenceGatewayConfig
     longest_request_s: int
+    model: str = ""              # the served model name (vLLM's --served-model-name)
 
 
 class InferenceGatewayChart(Chart):
@@ -183,11 +227,21 @@ class InferenceGatewayChart(Chart):
                    namespace=ns, labels=labels, body={"spec": {
                        "parentRefs": [{"group": ROUTE_GROUP, "kind": "Gateway",
                                        "name": g.name, "namespace": g.namespace}],
+                       **route_hostnames(g, p.endpoint),
                        "rules": [{
-                           "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                           "matches": [route_match(g, p.model)],
                            "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
                                             "name": pool}],
                            "timeouts": {"request": f"{p.longest_request_s}s"}}]}})
+        if g.implementation == "istio":
+            # The picker serves TLS with a certificate of its own (v1.5.0 SecureServing); Envoy
+            # reaches it over TLS only where a DestinationRule says so (upstream's chart
+            # renders this one for provider istio). Without it every ext-proc call fails.
+            k8s_object(self, "DestinationRule", api_version=ISTIO_API, kind="DestinationRule",
+                       name=name, namespace=ns, labels=labels, body={"spec": {
+                           "host": f"{name}.{ns}.svc.cluster.local",
+                           "trafficPolicy": {"tls": {"mode": "SIMPLE",
+                                                     "insecureSkipVerify": True}}}})
         k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount", name=name,
                    namespace=ns, labels=labels, body={"automountServiceAccountToken": True})
         # least privilege: read its pool and the pods, in this namespace only
@@ -243,15 +297,21 @@ class InferenceGatewayChart(Chart):
                                    "livenessProbe": {**probe, "initialDelaySeconds": 5,
                                                      "periodSeconds": 10},
                                    "readinessProbe": {**probe, "periodSeconds": 2},
-                                   "resources": {
-                                       "requests": {"cpu": EPP_CPU, "memory": EPP_MEMORY},
-                                       "limits": {"memory": EPP_MEMORY_LIMIT}},
+                                   "resources": picker_resources(g),
                                    "volumeMounts": [{"name": "config",
                                                      "mountPath": EPP_CONFIG_DIR,
                                                      "readOnly": True}],
                                    "securityContext": hardened()}],
                                "volumes": [{"name": "config",
                                             "configMap": {"name": name}}]}}}})
+
+
+def picker_resources(g: InferenceGatewayConfig) -> dict:
+    """`inferenceGateway.picker`, upstream's chart's by default (v1.5.0 inferencepool
+    values.yaml: 4 CPU, 8Gi, limit 16Gi): its prefix index is its memory, its per-request
+    scoring its CPU; the memory limit twice the request, as upstream's."""
+    return {"requests": {"cpu": str(g.picker_cpu), "memory": f"{g.picker_memory_gib}Gi"},
+            "limits": {"memory": f"{2 * g.picker_memory_gib}Gi"}}
 
 
 def hash_text(text: str) -> str:

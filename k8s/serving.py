@@ -14,6 +14,7 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig, pod_fields
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
+from config.environment import NodeGroupConfig
 from config.contracts import (
     CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, LONGEST_REQUEST_S, SERVING_NAMESPACE,
 )
@@ -42,6 +43,7 @@ from k8s.l2 import (
 )
 from k8s.gateway import (
     GatewayProps, InferenceGatewayChart, InferencePoolCrdChart, gateway_check, joins_gateway,
+    routes_check,
 )
 from k8s.pd import BODY_BYTES_PER_TOKEN, pd_verdict, refusal as pd_refusal
 from k8s.certificate import dns_names
@@ -88,6 +90,7 @@ def load_endpoints(cfg: EnvironmentConfig, root: Path) -> tuple[EndpointSpec, ..
     for s in specs:
         multi_process_check(cfg, s)
         gateway_check(cfg, s)
+    routes_check(cfg, specs)
     return specs
 
 
@@ -147,11 +150,31 @@ def node_groups(cfg: EnvironmentConfig) -> tuple[pod_fields.NodeGroupFacts, ...]
                  for g in cfg.gpu_node_groups)
 
 
+def endpoint_group(cfg: EnvironmentConfig, s: EndpointSpec) -> NodeGroupConfig | None:
+    """The GPU node group an endpoint's workers run on: of the groups carrying its instance
+    type, the first whose nodes its nodeAffinity admits (two groups of one type: the file
+    names one with `kvcache.io/node-group`, docs/serving.md); the first of them otherwise."""
+    groups = [g for g in cfg.gpu_node_groups if s.instance_type in g.instance_types]
+    if s.node_affinity and groups:
+        facts = {f.name: f for f in node_groups(cfg)}
+        admitted = [g for g in groups if not pod_fields.unsatisfied(s.node_affinity,
+                                                                    facts[g.name])]
+        groups = admitted or groups    # none: placement_notices says so in one line
+    return groups[0] if groups else None
+
+
+def idle_groups(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...]
+                ) -> list[NodeGroupConfig]:
+    """GPU node groups no endpoint runs on: billed at their minimum for nothing."""
+    used = {g.name for s in specs if (g := endpoint_group(cfg, s))}
+    return [g for g in cfg.gpu_node_groups if g.name not in used]
+
+
 def placement_notices(cfg: EnvironmentConfig, s: EndpointSpec) -> list[str]:
     """The file's node affinity must let its workers onto their node group (an error, not a
     Pending pod); each toleration should be for a taint some node group has (a warning)."""
     where = f"{s.source_file}: spec"
-    group = next(g for g in node_groups(cfg) if g.name == cfg.gpu_group_for(s.instance_type).name)
+    group = next(g for g in node_groups(cfg) if g.name == endpoint_group(cfg, s).name)
     if s.node_affinity and pod_fields.unsatisfied(s.node_affinity, group):
         labels = "; ".join(f"{k}={'|'.join(v)}" for k, v in sorted(group.labels.items()))
         raise ConfigError(cfg.name, f"{where}.nodeAffinity.requiredDuringSchedulingIgnored"
@@ -183,7 +206,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     """What can only be judged with the environment; returns the spec with its warnings."""
     where = f"{s.source_file}: spec"
     warnings = list(s.warnings)
-    if cfg.gpu_group_for(s.instance_type) is None:
+    if endpoint_group(cfg, s) is None:
         raise ConfigError(cfg.name, f"{where}.instanceType", s.instance_type,
                           "an instance type of one of the environment's GPU node groups: "
                           + ", ".join(t for g in cfg.gpu_node_groups for t in g.instance_types)
@@ -191,6 +214,11 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     if (fit := weights_fit_notice(s)) is not None:
         warnings.append(fit)
     warnings += placement_notices(cfg, s)
+    if joins_gateway(cfg, s) and s.routing_strategy == "kvaware":
+        warnings.append(f"{where}.intelligentRoutingSpec.routingStrategy: kvaware on the "
+                        "gateway path is the endpoint picker's prefix scoring, predicted from "
+                        "its own routing history (no KV events in GAIE v1.5.0); requests "
+                        "through the router keep kvaware's KV events (docs/gateway.md)")
     if s.hub and cfg.facts.china:
         warnings.append(f"{where}.modelSourceConfig.huggingFaceModel: the Hugging Face Hub is "
                         "not reachable from China: the weights are staged from the model "
@@ -341,7 +369,7 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                               "list of workers (or choose prefixaware/session/roundrobin)")
         capacity = worker_capacity(cfg, s)
         if s.autoscaling.max_replicas > capacity:
-            group = cfg.gpu_group_for(s.instance_type)
+            group = endpoint_group(cfg, s)
             raise ConfigError(cfg.name, f"{scaling_path}.maxReplicaCount",
                               s.autoscaling.max_replicas,
                               f"at most {capacity} (node group {group.name}: maxSize "
@@ -369,7 +397,7 @@ def _pd_fit(cfg: EnvironmentConfig, s: EndpointSpec, where: str, warnings: list[
                    image=s.image, vllm=image_release(s.image).vllm,
                    prefix_tokens=s.prefix_tokens, strategy=s.routing_strategy,
                    node_group=(group.name, group.efa)
-                   if (group := cfg.gpu_group_for(s.instance_type)) else None)
+                   if (group := endpoint_group(cfg, s)) else None)
     if not v.renders(s.pd.forced):
         warnings.append(changed(pd_refusal(v, where, s.pd.forced), s.name, "pdSpec"))
         return replace(s, pd=None)
@@ -398,7 +426,7 @@ def _pd_fit(cfg: EnvironmentConfig, s: EndpointSpec, where: str, warnings: list[
                                 "pdSpec.autoScalingSpec.prefillAutoScaling and "
                                 "decodingAutoScaling scale each role", s.name, "autoScalingSpec"))
         s = replace(s, autoscaling=None)
-    group = cfg.gpu_group_for(s.instance_type)
+    group = endpoint_group(cfg, s)
     prefill = s.pd.prefill
     budget = l1_budget(_gib(prefill.memory), parallel_ranks(prefill.args), s.l1_size_gib)
     if s.l1_enabled and (budget.l1_per_rank_gib < 1 or not budget.fits):
@@ -599,7 +627,7 @@ def fleet_replicas(cfg: EnvironmentConfig, s: EndpointSpec) -> tuple[int, str]:
 
 
 def worker_capacity(cfg: EnvironmentConfig, s: EndpointSpec) -> int:
-    group = cfg.gpu_group_for(s.instance_type)
+    group = endpoint_group(cfg, s)
     return group.max_size * (group.gpus_per_node // s.gpus)
 
 
@@ -700,7 +728,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             staging_image=images.uri("aws-cli"), region=cfg.region,
             model_bucket=facts.model_bucket, model_location=s.model_location,
             model_name=s.model_name, replicas=s.replicas, gpus=s.gpus, cpu=s.cpu,
-            memory=s.memory, node_group=cfg.gpu_group_for(s.instance_type).name,
+            memory=s.memory, node_group=endpoint_group(cfg, s).name,
             l1_enabled=s.l1_enabled, l1_size_gib=budget.l1_per_rank_gib, l2=l2,
             family=image_family(s.image), lmcache=lmcache_version(s.image),
             vllm=image_release(s.image).vllm,
@@ -751,7 +779,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
                 endpoint=s.name, namespace=SERVING_NAMESPACE, strategy=s.routing_strategy,
                 worker_selector=workers.selector, worker_port=wp.router_port,
                 image=images.uri("epp"), gateway=cfg.inference_gateway,
-                longest_request_s=LONGEST_REQUEST_S))]
+                longest_request_s=LONGEST_REQUEST_S, model=s.model_name))]
         for chart in (*roles, router, *gateway):
             chart.add_dependency(ns)
             charts.append(chart)

@@ -1148,11 +1148,16 @@ def efa_resources(p: WorkerProps) -> dict:
 
 
 def pd_security(context: dict, p: WorkerProps) -> dict:
-    """IPC_LOCK on P/D workers, the only capability added (docs/security.md): NIXL registers the
-    KV cache with EFA, which pins (mlocks) it; every other capability stays dropped."""
+    """IPC_LOCK on P/D workers, the only capability added (docs/security.md): NIXL registers
+    the KV cache with EFA, which pins (mlocks) it past the container's memlock limit (8 MiB:
+    the EKS AMI's runtime spec sets none). A capability reaches only a root process: the CRI
+    gives a non-root UID no ambient set, so its execve drops what the pod added
+    (kubernetes#56374; tests/k8s/test_pd_memlock.py runs it). So the P/D worker runs as UID 0,
+    with every other capability dropped, no privilege escalation and a read-only root."""
     if not p.pd:
         return context
-    return {**context, "capabilities": {**context["capabilities"], "add": ["IPC_LOCK"]}}
+    return {**context, "runAsUser": 0, "runAsNonRoot": False,
+            "capabilities": {**context["capabilities"], "add": ["IPC_LOCK"]}}
 
 
 def zone_affinity(p: WorkerProps) -> dict:

@@ -12,7 +12,9 @@ from config.endpoint_spec import EndpointSpec, _gib
 from config.notices import CHANGED, ack_id, kind_of
 from config.prices import EKS_CLUSTER, NLB, Prices
 from k8s.l2 import ELASTICACHE, IN_CLUSTER, OWN
-from k8s.serving import effective_scaling, fleet_replicas, generated_tls, in_cluster_node, l2_plan
+from k8s.serving import (
+    effective_scaling, fleet_replicas, generated_tls, idle_groups, in_cluster_node, l2_plan,
+)
 from k8s.workers import l1_budget, parallel_ranks
 from stacks.app_builder import l2_needs
 
@@ -84,9 +86,13 @@ def plan_text(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> st
     lines.append("  node groups:")
     groups = [cfg.system_nodes, *cfg.gpu_node_groups]
     low = high = 0.0
+    idle = {g.name for g in idle_groups(cfg, endpoints)}
     for g in groups:
         lines.append(_group_line(g.name, g.instance_types, g.min_size, g.desired_size,
-                                 g.max_size, g.gpus_per_node))
+                                 g.max_size, g.gpus_per_node)
+                     + (" (idle: no endpoint runs on it" + (
+                         f"; {g.desired_size} node(s) billed for nothing)" if g.desired_size
+                         else ")") if g.name in idle else ""))
         low += prices.cost(g.instance_types[0], g.desired_size)
         high += prices.cost(g.instance_types[0], g.max_size)
     node = in_cluster_node(cfg, endpoints)

@@ -99,9 +99,7 @@ class ServingStack(Stack):
                 identities[cert_sa] = PodIdentityRole(
                     self, f"{logical_id(spec.name)}CertIdentity", props=PodIdentityRoleProps(
                         cluster=cluster, namespace=SERVING_NAMESPACE, service_account=cert_sa))
-                bucket_key = s3_object(uri, spec.name).removeprefix("s3://")
-                identities[cert_sa].role.add_to_policy(iam.PolicyStatement(
-                    actions=["s3:PutObject"], resources=[f"arn:{Aws.PARTITION}:s3:::{bucket_key}"]))
+                cert_object(identities[cert_sa].role, s3_object(uri, spec.name))
             if l2_secret_arn and reads_managed_l2(cfg, spec):
                 role.add_to_policy(iam.PolicyStatement(
                     actions=["secretsmanager:GetSecretValue"], resources=[l2_secret_arn]))
@@ -173,3 +171,21 @@ def _service_accounts(chart: cdk8s.Chart) -> set[str]:
     """The service accounts the chart's pod templates run as."""
     return {doc["spec"]["template"]["spec"].get("serviceAccountName", "default")
             for doc in chart.to_json() if "template" in doc.get("spec", {})}
+
+
+def cert_object(role: iam.IRole, uri: str) -> None:
+    """The certificate Job may write its one object, and encrypt it under whatever key the
+    team's bucket uses by default (SSE-KMS needs kms:GenerateDataKey of the writer): any key,
+    but only through S3 and only for that object (or its bucket, where S3 Bucket Keys make
+    the bucket the encryption context)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    bucket_arn = f"arn:{Aws.PARTITION}:s3:::{bucket}"
+    role.add_to_principal_policy(iam.PolicyStatement(
+        actions=["s3:PutObject"], resources=[f"{bucket_arn}/{key}"]))
+    role.add_to_principal_policy(iam.PolicyStatement(
+        actions=["kms:GenerateDataKey"], resources=["*"], conditions={
+            "StringEquals": {"kms:ViaService": f"s3.{Aws.REGION}.{Aws.URL_SUFFIX}"},
+            "ForAnyValue:StringEquals": {"kms:EncryptionContext:aws:s3:arn": [
+                f"{bucket_arn}/{key}", bucket_arn]}}))
+    acknowledge(role, {wildcard("*"): "kms:GenerateDataKey of the team's bucket key, which "
+                       "the stack does not know: only via S3, only for the certificate's object"})

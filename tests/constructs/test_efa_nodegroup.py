@@ -14,7 +14,9 @@ import pytest
 from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam
 
 from config import ConfigError, resolve_environment
-from config.contracts import NODE_ROLE_GPU, NODE_ROLE_LABEL
+from config.contracts import (
+    CA_NODE_TEMPLATE_RESOURCE, EFA_RESOURCE, NODE_ROLE_GPU, NODE_ROLE_LABEL,
+)
 from config.instances import EFA
 from constructs.gpu_cluster import EfaPlacement, NodeVersions, node_group
 from tests.conftest import context_for, resources
@@ -91,6 +93,12 @@ def test_an_efa_group_carries_the_types_interfaces_in_one_zone_and_placement(
                for r in egress)
     for n in nics:   # the cluster's security group too: the template names the interfaces'
         assert "sg-0123456789abcdef0" in n["Groups"] and self_ref in n["Groups"]
+    # Cluster Autoscaler's template node for the group at zero nodes (CA 1.35 aws_manager.go
+    # reads `node-template/resources/<name>` from the node group's tags): as many EFA devices
+    # as the plugin will advertise, one per interface the template attaches
+    offered = {k.split(CA_NODE_TEMPLATE_RESOURCE, 1)[1]: v
+               for k, v in ng["Properties"]["Tags"].items() if CA_NODE_TEMPLATE_RESOURCE in k}
+    assert offered == {EFA_RESOURCE: str(len(nics))}
     for kind, props in (("AWS::EC2::LaunchTemplate", lt["Properties"]),
                         ("AWS::EKS::Nodegroup", ng["Properties"])):
         assert sorted(e.message for e in _schema(region, kind).iter_errors(

@@ -251,7 +251,9 @@ def test_a_stalled_worker_leaves_the_rotation_and_its_clients_are_told(tmp_path,
     period_s = vllm["livenessProbe"]["periodSeconds"] * STALL_SCALE
     # not before the window (counted from the last probe that saw progress)
     assert failed and failed - t_stall >= stall_s - period_s, kubelet.events
-    assert not_ready and kill and not_ready <= kill, kubelet.events      # out before the kill
+    # out by the kill: readiness fails on its 2nd probe, liveness on its 3rd, but each probe
+    # keeps its own loop and window, so readiness may trail by a period (it did once, loaded)
+    assert not_ready and kill and not_ready <= kill + period_s, kubelet.events
     assert isinstance(outcome.get("ended"), openai.APIConnectionError), outcome  # no short answer
     told_s = outcome["at"] - failed
     assert told_s <= TOLD_WITHIN_S * STALL_SCALE + STARTS_SLACK_S, (told_s, kubelet.events)

@@ -1,7 +1,7 @@
 """Schema checks for custom resources, which kubernetes-validate does not know.
 
-KEDA's schemas come from npm `@kubernetes-models/keda` (generated from KEDA's CRDs, pinned in
-package-lock.json); `validate_crd_objects.mjs` runs them under the venv's Node.js. The
+KEDA's and Istio's schemas come from npm `@kubernetes-models/keda` and `@kubernetes-models/istio`
+(generated from KEDA's CRDs and Istio 1.29.2's, pinned in package-lock.json); `validate_crd_objects.mjs` runs them under the venv's Node.js. The
 InferencePool's and HTTPRoute's are the pinned CRDs themselves (k8s/crds/, tests/fixtures/
 gateway/), checked strictly with jsonschema.
 """

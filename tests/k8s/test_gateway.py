@@ -7,6 +7,7 @@ source); strict Kubernetes schemas, restricted pod security, China's ECR; one-li
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from functools import lru_cache
 
@@ -19,18 +20,22 @@ import yaml
 from config import ConfigError
 from config.contracts import SERVING_NAMESPACE, WORKER_LIMITS_PORT
 from config.endpoint_spec import parse_endpoint
+from config.environment import GATEWAY_IMPLEMENTATIONS
 from k8s.gateway import (
-    COMPONENT, CRD_FILE, DEFAULT_PROFILE, POOL_API, crd, epp_config, gateway_check,
+    COMPONENT, CRD_FILE, DEFAULT_PROFILE, MODEL_HEADER, POOL_API, crd, epp_config, gateway_check,
+    routes_check,
 )
-from k8s.serving import build_charts, fit_endpoint
-from tests.conftest import ROOT
-from tests.k8s.crds import gateway_schemas, is_custom_resource
+from k8s.serving import build_charts, fit_endpoint, worker_service_account
+from tests.conftest import ROOT, context_for
+from tests.k8s.crds import gateway_schemas, is_custom_resource, validate_custom_resources
 from tests.k8s.netpol import selector_matches
 from tests.k8s.test_charts import SEED, _env, _facts
 
 DATA = ROOT / "tests" / "fixtures" / "gateway"
 EPP = json.loads((DATA / "epp-v1.5.0.json").read_text())
-GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
+# the dev sample's system nodes (m6i.xlarge) hold 2 of upstream's 4 picker CPUs
+GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"},
+           "implementation": "istio", "picker": {"cpu": 2}}
 LIMITS = {"maxConcurrentRequests": 4, "maxQueueSize": 8}
 # (environment, strategy, request limits): each partition, each strategy the EPP serves, with
 # and without the per-worker limit sidecar (the whole app: tests/stacks/test_gateway_synth.py)
@@ -252,6 +257,10 @@ def test_asking_without_a_gateway_named_is_refused_in_one_line():
     ({**GATEWAY, "proxyPods": {"labels": {"app": "a b"}}}, "inferenceGateway.proxyPods.labels.app"),
     ({**GATEWAY, "gatewayRef": {}}, "inferenceGateway.gatewayRef"),
     ({**GATEWAY, "installCrd": "no"}, "inferenceGateway.installCrd"),
+    ({"gateway": GATEWAY["gateway"]}, "inferenceGateway.implementation"),
+    ({**GATEWAY, "implementation": "envoy"}, "inferenceGateway.implementation"),
+    ({**GATEWAY, "picker": {}}, "inferenceGateway.picker.cpu"),   # upstream's 4 > 2
+    ({**GATEWAY, "picker": {"cpu": 2, "memoryGiB": 12}}, "inferenceGateway.picker.memoryGiB"),
 ])
 def test_a_bad_environment_field_is_one_line_naming_it(over, field):
     with pytest.raises(ConfigError) as err:
@@ -272,3 +281,130 @@ def test_the_epp_is_in_the_namespace_of_its_pool():
     _, _, docs = rendered(*CASES[1])
     for kind in ("InferencePool", "HTTPRoute"):
         assert _one(docs, kind)["metadata"]["namespace"] == SERVING_NAMESPACE
+
+
+@pytest.mark.parametrize("implementation", GATEWAY_IMPLEMENTATIONS)
+def test_istio_reaches_the_pickers_tls_and_no_other_gateway_gets_an_istio_object(implementation):
+    """The picker serves TLS (v1.5.0 SecureServing defaults on; we pass no --secure-serving):
+    Istio's Envoy speaks TLS to it only through a DestinationRule, as upstream's chart renders
+    for provider istio. Checked against Istio 1.29's CRD schema."""
+    cfg = _env("dev", inferenceGateway={**GATEWAY, "implementation": implementation})
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", _raw()))
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    rules = [d for d in docs if d["kind"] == "DestinationRule"]
+    if implementation != "istio":
+        assert not rules and not any("istio.io" in d["apiVersion"] for d in docs)
+        return
+    (rule,) = rules
+    svc = next(d for d in docs if d["kind"] == "Service"
+               and d["metadata"]["name"] == f"{spec.name}-epp")
+    assert rule["spec"]["host"] == (f"{svc['metadata']['name']}."
+                                    f"{svc['metadata']['namespace']}.svc.cluster.local")
+    assert rule["metadata"]["namespace"] == svc["metadata"]["namespace"]
+    assert rule["spec"]["trafficPolicy"]["tls"] == {"mode": "SIMPLE", "insecureSkipVerify": True}
+    validate_custom_resources([rule])
+    epp = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"] == f"{spec.name}-epp")
+    assert "--secure-serving=false" not in epp["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_picker_is_sized_as_upstreams_chart_where_the_system_nodes_hold_it():
+    cfg = _env("dev", inferenceGateway={k: v for k, v in GATEWAY.items() if k != "picker"},
+               nodeGroups={**context_for(env="dev")["environments"]["dev"]["nodeGroups"],
+                           "system": {"instanceTypes": ["m6i.2xlarge"], "minSize": 2,
+                                      "maxSize": 3}})
+    spec = fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", _raw()))
+    docs = [d for c in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
+            for d in c.to_json()]
+    epp = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"] == f"{spec.name}-epp")
+    assert epp["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+
+
+def _two(route: dict, same_model: bool = False) -> tuple:
+    """Two endpoints of different models joining the one Gateway, rendered."""
+    cfg = _env("dev", inferenceGateway={**GATEWAY, **route})
+    raws = []
+    for name, model in (("chat-a", "Llama-3.3-70B-Instruct"), ("chat-b", "gpt-oss-120b")):
+        raw = _raw()
+        raw["metadata"]["name"] = name
+        raw["spec"]["modelName"] = "Llama-3.3-70B-Instruct" if same_model else model
+        raws.append(raw)
+    specs = tuple(fit_endpoint(cfg, parse_endpoint(cfg.name, f"endpoints/{r['metadata']['name']}"
+                                                   ".yaml", r)) for r in raws)
+    routes_check(cfg, specs)
+    facts = dataclasses.replace(_facts(cfg, specs[0]), service_account={
+        s.name: worker_service_account(s.name) for s in specs})
+    docs = [d for c in build_charts(cdk8s.App(), cfg, specs, facts) for d in c.to_json()]
+    return cfg, specs, docs
+
+
+def _gateway_picks(routes: list[dict], host: str, headers: dict[str, str]) -> set[str]:
+    """The pools a Gateway sends a request to, by Gateway API's HTTPRoute rules (a stand-in
+    for the gateway's own matching): a route whose hostnames admit the host (or none listed),
+    a match whose path prefix and every header (Exact) hold; among those that match, the
+    most specific (exact hostname over none, longer path, more headers); a tie between
+    routes goes to one of them (the oldest, then by name), which we report as both."""
+    found = []
+    for route in routes:
+        names = route["spec"].get("hostnames")
+        if names and host not in names:
+            continue
+        for rule in route["spec"]["rules"]:
+            for m in rule["matches"]:
+                if not "/v1/chat/completions".startswith(m["path"]["value"]):
+                    continue
+                if any(headers.get(h["name"]) != h["value"] for h in m.get("headers", [])):
+                    continue
+                rank = (bool(names), len(m["path"]["value"]), len(m.get("headers", [])))
+                found += [(rank, b["name"]) for b in rule["backendRefs"]]
+    if not found:
+        return set()
+    best = max(rank for rank, _ in found)
+    return {pool for rank, pool in found if rank == best}
+
+
+@pytest.mark.parametrize("route", [{"routeBy": "model"},
+                                   {"routeBy": "hostname", "domain": "models.example.com"}])
+def test_two_endpoints_behind_one_gateway_are_each_reachable(route):
+    cfg, specs, docs = _two(route)
+    routes = [d for d in docs if d["kind"] == "HTTPRoute"]
+    assert len(routes) == 2
+    for r in routes:
+        jsonschema.validate(r, ROUTE_SCHEMA)
+    for s in specs:
+        host = f"{s.name}.{cfg.inference_gateway.domain}" if cfg.inference_gateway.domain \
+            else "gateway.example.com"
+        # the body-based router's header, set from the request body's model
+        picked = _gateway_picks(routes, host, {MODEL_HEADER: s.model_name})
+        assert picked == {f"{s.name}-pool"}, (s.name, picked)
+
+
+def test_two_endpoints_that_a_gateway_cannot_tell_apart_are_one_line():
+    with pytest.raises(ConfigError) as err:
+        _two({})                                        # routeBy none: both take everything
+    assert "inferenceGateway.routeBy = " in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _two({"routeBy": "model"}, same_model=True)     # one model header for both
+    assert "spec.modelName = " in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _env("dev", inferenceGateway={**GATEWAY, "routeBy": "hostname"})
+    assert "inferenceGateway.domain" in str(err.value)
+
+
+def test_one_endpoint_on_a_gateway_takes_every_request_without_a_header():
+    _, _, docs = rendered(*CASES[0])
+    (route,) = [d for d in docs if d["kind"] == "HTTPRoute"]
+    assert _gateway_picks([route], "any.example.com", {}) == {route["spec"]["rules"][0][
+        "backendRefs"][0]["name"]}
+
+
+def test_kvaware_on_the_gateway_is_said_in_one_line():
+    cfg = _env("dev", inferenceGateway=GATEWAY)
+    said = [w for w in fit_endpoint(cfg, parse_endpoint(cfg.name, "e.yaml", _raw("kvaware")))
+            .warnings if "gateway path" in w]
+    assert len(said) == 1 and "\n" not in said[0] and "routingStrategy" in said[0]
+    plain = fit_endpoint(cfg, parse_endpoint(cfg.name, "e.yaml", _raw("prefixaware")))
+    assert not [w for w in plain.warnings if "gateway path" in w]

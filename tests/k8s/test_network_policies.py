@@ -39,7 +39,9 @@ CASES = [("dev", "prefixaware", "redis"), ("dev", "kvaware", "valkey"),
          ("china@private-only", "kvaware", "valkey"),
          # alpha joins the team's Gateway (k8s/gateway.py), beta does not
          ("dev+gateway", "prefixaware", "redis")]
-GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
+# the dev sample's system nodes (m6i.xlarge) hold 2 of upstream's 4 picker CPUs
+GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"},
+           "implementation": "istio", "picker": {"cpu": 2}}
 # A private-only existing VPC in the China sample's zones (config/network.py).
 PRIVATE_ONLY = {"vpcId": "vpc-0c4e1a2b3d5f60789", "cidr": "10.48.0.0/16", "privateSubnets": [
     {"subnetId": f"subnet-0{i}11c0ffee000000{i}", "zone": f"cn-northwest-1{z}",

@@ -133,9 +133,13 @@ def test_ipc_lock_is_the_only_capability_added_and_only_on_pd_workers(env, itype
     for name, pod in _pods(r).items():
         for c in pod.get("initContainers", []) + pod["containers"]:
             sc = c["securityContext"]
-            want = ({"drop": ["ALL"], "add": ["IPC_LOCK"]} if c["name"] == "vllm"
-                    and name.endswith(("-prefill", "-decode")) else {"drop": ["ALL"]})
+            pd_worker = c["name"] == "vllm" and name.endswith(("-prefill", "-decode"))
+            want = {"drop": ["ALL"], "add": ["IPC_LOCK"]} if pd_worker else {"drop": ["ALL"]}
             assert sc["capabilities"] == want, (name, c["name"])
+            # root only where the capability must reach the process (tests/k8s/
+            # test_pd_memlock.py); every other container keeps its non-root UID
+            assert (sc.get("runAsUser", pod["securityContext"].get("runAsUser")) == 0) == \
+                pd_worker, (name, c["name"])
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
 
 

@@ -16,7 +16,9 @@ from tests.conftest import ROOT
 
 PUBLISHED = ROOT / "tests" / "fixtures" / "hyperpod" / \
     "hpcli-sample-llama31-8b-intelligent-routing.yaml"
-GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"}}
+# the dev sample's system nodes (m6i.xlarge) hold 2 of upstream's 4 picker CPUs
+GATEWAY = {"gateway": {"name": "inference", "namespace": "istio-ingress"},
+           "implementation": "istio", "picker": {"cpu": 2}}
 
 
 def synthesize(tmp: Path) -> None:

@@ -10,8 +10,10 @@ from config.contracts import GPU_TAINT_KEY, NODE_ROLE_GPU, NODE_ROLE_LABEL
 from config.images import CHARTS, IMAGES, autoscaler_key
 from k8s.cache import SharedCacheChart
 from k8s.gateway import joins_gateway
-from k8s.serving import load_endpoints, reads_managed_l2
+from k8s.certificate import s3_object
+from k8s.serving import generated_tls, load_endpoints, reads_managed_l2
 from tests.conftest import ENVIRONMENTS, ROOT, dumps, resources
+from tests.stacks.cluster_model import flatten
 
 
 
@@ -289,11 +291,18 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
         isinstance(c, SharedCacheChart) for c in charts) + joining + (
         1 if joining and synth.cfg.inference_gateway.install_crd else 0)
     policies = dumps(resources(t, "AWS::IAM::Policy"))
-    assert "s3:PutObject" not in policies and "s3:DeleteObject" not in policies
+    assert "s3:DeleteObject" not in policies
+    # the only write: each front certificate's public part, to the one object its file names
+    certs = {s3_object(uri, s.name).removeprefix("s3://") for s in specs
+             if (uri := generated_tls(synth.cfg, s).get("certificate_s3_uri"))}
+    statements = [st for pol in resources(t, "AWS::IAM::Policy").values()
+                  for st in pol["Properties"]["PolicyDocument"]["Statement"]]
+    writes = [st for st in statements if "s3:PutObject" in _listify(st["Action"])]
+    assert all(_listify(st["Action"]) == ["s3:PutObject"] for st in writes)
+    assert sorted(flatten(st["Resource"]).split(":s3:::", 1)[1] for st in writes) == sorted(certs)
     prefixes = {f"{s.model_location}/*" for s in specs}
-    s3 = [st for pol in resources(t, "AWS::IAM::Policy").values()
-          for st in pol["Properties"]["PolicyDocument"]["Statement"]
-          if any(a.startswith("s3:") for a in _listify(st["Action"]))]
+    s3 = [st for st in statements if st not in writes
+          and any(a.startswith("s3:") for a in _listify(st["Action"]))]
     # least privilege: objects under each endpoint's own prefix, and listing only with the
     # s3:prefix condition
     assert {a for st in s3 for a in _listify(st["Action"])} == {"s3:GetObject", "s3:ListBucket"}
@@ -315,7 +324,7 @@ def test_serving_stack_applies_every_chart_and_grants_read_only_model_access(syn
     assert "resolve:secretsmanager" not in text  # workers fetch it at start, never a manifest
     # a worker and a router identity per endpoint; both may read the API key, nothing else
     assert len(resources(t, "AWS::EKS::PodIdentityAssociation")) == 2 * len(
-        synth.cfg.endpoint_files)
+        synth.cfg.endpoint_files) + len(certs)   # and the certificate Job's, where it writes
     assert "resolve:secretsmanager" not in text and "ApiKeySecretArn" in t["Outputs"]
 
 
@@ -391,3 +400,29 @@ def test_alb_controller_chart_comes_from_where_the_region_can_reach(synth):
                                      "amazonaws.com.cn/kvcache/charts/aws-load-balancer-controller")
     else:
         assert alb["Repository"] == "https://aws.github.io/eks-charts"
+
+
+@pytest.mark.parametrize("uri", ["s3://team-certs/kvcache", "s3://team-certs/a/b/front.pem"])
+def test_the_certificate_job_may_write_its_object_under_the_buckets_own_kms_key(uri):
+    """SSE-KMS by default on the team's bucket: the writer needs kms:GenerateDataKey of a key
+    the stack does not know; the grant holds to S3 and that object (or its bucket, with S3
+    Bucket Keys), nothing else."""
+    import aws_cdk as cdk
+    from aws_cdk import aws_iam as iam
+
+    from stacks.serving_stack import cert_object
+
+    stack = cdk.Stack(cdk.App(), "Grants", env=cdk.Environment(region="cn-north-1"))
+    role = iam.Role(stack, "Cert", assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"))
+    obj = s3_object(uri, "chat").removeprefix("s3://")
+    cert_object(role, s3_object(uri, "chat"))
+    template = stack.resolve(cdk.assertions.Template.from_stack(stack).to_json())
+    (policy,) = resources(template, "AWS::IAM::Policy").values()
+    put, data_key = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert (put["Action"], flatten(put["Resource"]).split(":s3:::", 1)[1]) == ("s3:PutObject", obj)
+    assert data_key["Action"] == "kms:GenerateDataKey" and data_key["Resource"] == "*"
+    via = flatten(data_key["Condition"]["StringEquals"]["kms:ViaService"])
+    assert via.startswith("s3.") and via.count("TOKEN") == 2   # s3.<region>.<url suffix>
+    contexts = [flatten(a).split(":s3:::", 1)[1] for a in data_key["Condition"][
+        "ForAnyValue:StringEquals"]["kms:EncryptionContext:aws:s3:arn"]]
+    assert contexts == [obj, obj.split("/", 1)[0]]

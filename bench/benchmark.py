@@ -800,7 +800,9 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
 
 def _env_price(a: argparse.Namespace, hourly: float | None,
                instances: float | None) -> tuple[float | None, float | None]:
-    """instanceHourlyUsd of the endpoint's instance type; replicas x GPUs / GPUs per node."""
+    """The endpoint's instance type's hourly price as the plan counts it (the region's table
+    under the file's instancePrices: EnvironmentConfig.prices), in USD, which the report is
+    in; replicas x GPUs / GPUs per node."""
     from config.instances import gpu_shape
     from config.arguments import load_environment, pick_endpoint
     from config.context import ROOT
@@ -809,11 +811,14 @@ def _env_price(a: argparse.Namespace, hourly: float | None,
     cfg = load_environment(a)
     spec = pick_endpoint(cfg, load_endpoints(cfg, ROOT), a.endpoint)
     if hourly is None:
-        if spec.instance_type not in cfg.instance_hourly_usd:
-            raise ToolError.bad_input("--hourly-usd", None, f"a price: environment "
-                                      f"'{cfg.name}' has no instanceHourlyUsd for "
-                                      f"{spec.instance_type}")
-        hourly = cfg.instance_hourly_usd[spec.instance_type]
+        prices = cfg.prices()
+        hourly = prices.get(spec.instance_type)
+        if prices.currency != "USD" or hourly is None:
+            raise ToolError.bad_input("--hourly-usd", None, f"a price in USD: environment "
+                                      f"'{cfg.name}' prices {spec.instance_type} "
+                                      + (f"in {prices.currency}" if hourly is not None
+                                         else "nowhere (instancePrices, or `python -m tools "
+                                              "prices`)"))
     if instances is None:
         instances = spec.replicas * spec.gpus / gpu_shape(spec.instance_type).gpus
     return hourly, instances

@@ -24,7 +24,7 @@ from config.instances import ec2_type, gpu_shape, pod_share
 from config.models import (
     FAMILIES, RECORDED, ModelShape, known_model, shape_from_config, shape_from_config_json,
 )
-from config.hyperpod_fields import FIELDS, ignored
+from config.hyperpod_fields import FIELDS, OPERATOR_CHART, OPERATOR_VERSION, ignored
 from config import pod_fields
 from config.notices import changed
 
@@ -276,8 +276,10 @@ class _Doc:
             prefix = _index_free(self.path) + "."
             known = sorted(self.used | {f.rsplit(".", 1)[1] for f in FIELDS
                                         if f.startswith(prefix) and "." not in f[len(prefix):]})
-            raise self.fail(key, self.data[key], "fields of InferenceEndpointConfig v1 here: "
-                            + ", ".join(known))
+            raise self.fail(key, self.data[key], f"fields of InferenceEndpointConfig v1 here "
+                            f"(HyperPod inference operator {OPERATOR_VERSION}, chart "
+                            f"{OPERATOR_CHART}: a field of a newer operator is not read yet, "
+                            "config/hyperpod_fields.py): " + ", ".join(known))
 
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")

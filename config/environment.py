@@ -15,17 +15,20 @@ from typing import Any, Mapping
 from .contracts import ROUTER_STRATEGIES, default_router
 from .errors import ConfigError, allowed_for, type_name
 from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
-from .images import KUBERNETES_VERSIONS, ImageResolver
+from .images import (
+    IMAGES, KUBERNETES_VERSIONS, ImageResolver, catalogue_key_for, image_family, parse_reference,
+)
 from .instances import (
     DAEMONSET_ROOM_M, DAEMONSET_ROOM_MIB, EFA, GPU_SHAPES, accelerator_label, allocatable,
     gpu_direct_efa_in, gpu_shape,
 )
 from .notices import ACK_PATTERN
-from .prices import PSEUDO_TYPES, PriceTable, region_currency
+from .prices import PSEUDO_TYPES, Prices, PriceTable, region_currency
 from .network import DEFAULT_VPC_CIDR, NetworkConfig, created_network, existing_network
 from .regions import (
-    CACHE_ENGINE_FAMILIES, RegionFacts, cache_engine_versions_in, cache_node_types_in, families,
-    instance_types_in, known_regions, region_facts,
+    AMP_TYPE, CACHE_ENGINE_FAMILIES, GRAFANA_TYPE, RegionFacts, cache_engine_versions_in,
+    cache_node_types_in, families, instance_types_in, known_regions, region_facts,
+    resource_types_in,
 )
 
 GPU_AMI_TYPES = ("AL2023_X86_64_NVIDIA", "BOTTLEROCKET_X86_64_NVIDIA")
@@ -193,6 +196,9 @@ class EnvironmentConfig:
     instance_prices: PriceTable | None = None
     # HyperPod instance type (`ml.p5.48xlarge`) -> the EC2 type of a GPU node group serving it
     instance_type_map: Mapping[str, str] = field(default_factory=dict)
+    # `imageBases`: a team's worker image (registry/repository:tag) -> the catalogue key of
+    # the image it is built FROM, stated offline (config/images.py Image.based_on)
+    image_bases: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
     # HyperPod strategy -> router implementation, where it differs from contracts.DEFAULT_ROUTER
     router_implementations: Mapping[str, str] = field(default_factory=dict)
@@ -219,6 +225,11 @@ class EnvironmentConfig:
     def router_implementation(self, strategy: str) -> str:
         """The router an endpoint with HyperPod routing `strategy` runs behind."""
         return self.router_implementations.get(strategy) or default_router(strategy)
+
+    def prices(self) -> Prices:
+        """The one price list everything reads (the plan, `bench`, the cost panels): the
+        region's table under the file's `instancePrices` (and `instanceHourlyUsd`)."""
+        return Prices(self.region, self.instance_prices, self.instance_hourly_usd)
 
     def gpu_group_for(self, instance_type: str) -> NodeGroupConfig | None:
         return next((g for g in self.gpu_node_groups if instance_type in g.instance_types), None)
@@ -635,13 +646,24 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
                      "subnets; a private-only VPC's is internal, in the node subnets)")
     listener = _listener(r.child("listener", {}), facts, account, public_listener)
     cache = _cache(r.child("cache"), facts)
+    offered = resource_types_in(region)
+    has_amp = facts.managed_observability and AMP_TYPE in offered
     observability = r.choice("observability", OBSERVABILITY_KINDS,
-                             "managed" if facts.managed_observability else "self-hosted")
-    if observability == "managed" and not facts.managed_observability:
-        raise r.fail("observability", observability,
-                     f"self-hosted (AMP and Amazon Managed Grafana do not exist in {region})")
+                             "managed" if has_amp else "self-hosted")
+    if observability == "managed" and not has_amp:
+        raise r.fail("observability", observability, f"self-hosted (AMP and Amazon Managed "
+                     f"Grafana do not exist in {region})" if not facts.managed_observability
+                     else f"self-hosted (Amazon Managed Service for Prometheus does not exist "
+                     f"in {region})")
     if observability == "managed":
-        managed_grafana = r.choice("grafana", GRAFANA_KINDS, "managed") == "managed"
+        # Amazon Managed Grafana is in fewer regions than AMP: there, AMP alone by default
+        has_grafana = GRAFANA_TYPE in offered
+        managed_grafana = r.choice("grafana", GRAFANA_KINDS,
+                                   "managed" if has_grafana else "none") == "managed"
+        if managed_grafana and not has_grafana:
+            raise r.fail("grafana", "managed", f"none (Amazon Managed Grafana does not exist "
+                         f"in {region}: AMP, its alerts and KEDA's queries only; point a "
+                         "Grafana of your own at the workspace), or observability self-hosted")
     else:
         managed_grafana = False
         if "grafana" in raw:
@@ -700,6 +722,8 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
         log_retention_days=r.choice("logRetentionDays", LOG_RETENTION_DAYS, 90),
         endpoint_files=r.strings("endpoints", (), allowed="a list of endpoint file paths"),
         instance_hourly_usd=dict(prices), instance_prices=own_prices, tags=tags, instance_type_map=dict(type_map),
+        image_bases=_image_bases(name, r.get("imageBases", Mapping, {}, allowed="an object: "
+                                             "your worker image -> the image it is built FROM")),
         ttft_objective_seconds=float(ttft) if ttft is not None else None,
         router_implementations=dict(routers),
         alert_subscriptions=_alert_subscriptions(r.child("alerts", {})),
@@ -718,11 +742,42 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     return cfg
 
 
+def image_key(reference: str) -> str:
+    """registry/repository:tag, as Docker reads a reference (a digest dropped)."""
+    registry, path, tag, _ = parse_reference(reference)
+    return f"{registry}/{path}:{tag}"
+
+
+def _image_bases(env: str, bases: Mapping) -> dict[str, str]:
+    """`imageBases`: each of the team's worker images and the catalogue worker image it is
+    built FROM, so its layout and releases (the drain, the stall probe, layerwise, the L2's
+    guard) are known offline, before `mirror` reads its layers."""
+    workers = sorted(f"{i.source.split('/', 1)[1]}:{i.tag}" for i in IMAGES.values()
+                     if image_family(i) is not None)
+    out = {}
+    for written, base in bases.items():
+        try:
+            key = image_key(written)
+        except ValueError as err:
+            raise ConfigError(env, f"imageBases.{written}", written,
+                              f"an image reference ({err})") from None
+        catalogue = catalogue_key_for(base) if isinstance(base, str) else None
+        if catalogue is None or image_family(IMAGES[catalogue]) is None:
+            raise ConfigError(env, f"imageBases.{written}", base,
+                              f"the worker image it is built FROM, one of {', '.join(workers)}")
+        out[key] = catalogue
+    return out
+
+
 def _hourly_prices(env: str, where: str, prices: Mapping) -> dict[str, float]:
     for itype, price in prices.items():
-        if itype not in PSEUDO_TYPES and not re.fullmatch(r"[a-z0-9-]+\.[a-z0-9]+", itype, re.A):
+        # EC2 types, and ElastiCache node types (the plan counts both and names either
+        # where no table prices it)
+        if itype not in PSEUDO_TYPES and not re.fullmatch(
+                r"(cache\.)?[a-z0-9-]+\.[a-z0-9]+", itype, re.A):
             raise ConfigError(env, where, itype, "EC2 instance types as keys, e.g. g5.24xlarge"
-                              + (f", or {', '.join(PSEUDO_TYPES)}" if where != "instanceHourlyUsd"
+                              + (f", ElastiCache node types (cache.r7g.large), or "
+                                 f"{', '.join(PSEUDO_TYPES)}" if where != "instanceHourlyUsd"
                                  else ""))
         if isinstance(price, bool) or not isinstance(price, (int, float)) or \
                 not 0 < price < math.inf:

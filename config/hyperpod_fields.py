@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The operator release whose CRD the table follows (tests/fixtures/hyperpod/FIELDS-2.7.0.txt):
+# a field a later operator adds is refused until a row reads it, and the refusal says so.
+OPERATOR_VERSION, OPERATOR_CHART = "v3.7", "2.7.0"
 USED = "used"
 IGNORED = "ignored (warning)"
 

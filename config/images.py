@@ -88,6 +88,10 @@ class Image:
     deployed: str = ALWAYS      # when an environment deploys it (above)
     built_from: str | None = None   # catalogue key of its base: built by `tools mirror`
     built_layers: BuiltLayers | None = None   # with `digest`, for an image we build
+    # the team's statement (environment `imageBases`): its image is built FROM this catalogue
+    # image, so it has that image's layout (family) and vLLM/LMCache releases, until mirror
+    # reads the image's own layers (images.lock.json wins)
+    based_on: str | None = None
 
     @property
     def mirror_repository(self) -> str:
@@ -466,6 +470,10 @@ def image_for(reference: str) -> Image:
     if key is not None:
         return pinned(IMAGES[key])
     registry, path, tag, digest = parse_reference(reference)
+    if digest and ":" not in reference.partition("@")[0].rsplit("/", 1)[-1]:
+        # digest only: the mirror's tag names the digest (`latest` would be every such
+        # image's, and ECR's immutable tags refuse the second)
+        tag = "sha256-" + digest.removeprefix("sha256:")
     return pinned(Image(f"{path}:{tag}", f"{registry}/{path}", tag, digest,
                         "worker image named by an endpoint file", written=reference))
 
@@ -553,7 +561,10 @@ _LMCACHE_TAG = re.compile(r"v(\d+)\.(\d+)\.(\d+)(?:\.?post(\d+))?$")
 
 def image_family(image: Image) -> ImageFamily | None:
     """The family an image belongs to, by repository (and for lmcache/vllm-openai, by tag);
-    None for an image we know nothing about (the chart then probes for vLLM)."""
+    None for an image we know nothing about (the chart then probes for vLLM). An image the
+    environment states is built FROM a catalogue image (`imageBases`) has that one's."""
+    if image.based_on in IMAGES:
+        return image_family(IMAGES[image.based_on])
     path = image.source.split("/", 1)[1]
     if path == "lmcache/vllm-openai":
         m = _LMCACHE_TAG.match(image.tag)
@@ -629,7 +640,13 @@ def image_release(image: Image) -> ImageRelease:
 
 
 def catalogue_release(image: Image) -> ImageRelease:
-    """What the image's build files say about the vLLM and LMCache it carries."""
+    """What the image's build files say about the vLLM and LMCache it carries (for a team's
+    image built FROM a catalogue one, as the environment's `imageBases` states: that one's)."""
+    if image.based_on in IMAGES:
+        base = IMAGES[image.based_on]
+        release = catalogue_release(base)
+        return replace(release, source=f"built FROM {base.source}:{base.tag}, as the "
+                       f"environment's imageBases states ({release.source})")
     path = image.source.split("/", 1)[1]
     if path == "lmcache/vllm-openai":
         m = _LMCACHE_TAG.match(image.tag)

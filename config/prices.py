@@ -3,10 +3,13 @@ own currency, each table with its source and date.
 
 - The China regions bill in CNY (docs.amazonaws.cn, "Billing and Payment": priced and billed
   in local currency); every other region in USD.
-- us-east-1: Amazon EC2 On-Demand pricing (aws.amazon.com/ec2/pricing/on-demand, Linux,
-  US East (N. Virginia)), Amazon EKS pricing (a cluster: 0.10/h) and Elastic Load Balancing
-  pricing (a Network Load Balancer's hour, without its LCUs). The in-cluster Valkey's nodes
-  are config/bandwidth.py's IN_CLUSTER_NODE_TYPES figures (the same page), read from there.
+- us-east-1: config/price_tables/us-east-1.json, every EC2 on-demand (Linux) price of the AWS
+  Price List API as Karpenter generated it on 2026-07-20 (after AWS's June 2025 P4 and P5
+  cuts: p5.48xlarge 55.04, p4d.24xlarge 21.96), with Amazon EKS pricing (a cluster: 0.10/h)
+  and Elastic Load Balancing pricing (a Network Load Balancer's hour, without its LCUs). The
+  in-cluster Valkey's nodes are config/bandwidth.py's IN_CLUSTER_NODE_TYPES figures.
+- Any other global region: us-east-1's, and the plan's price line says so; `python -m tools
+  prices --env E` reads the region's own from the Price List Query API into the team's file.
 - cn-north-1: config/price_tables/cn-north-1.json, the EC2 on-demand (Linux) prices of the
   AWS Price List API as Karpenter generates them for its own use (its source and date are in
   the file). amazonaws.cn/en/ec2/pricing/ could not be read from where this table was written
@@ -44,29 +47,20 @@ class PriceTable:
     hourly: Mapping[str, float] = field(default_factory=dict)
 
 
-_US_EAST_1 = {
-    # GPU workers (g4dn, g5) and the system group's general-purpose types
-    "g4dn.xlarge": 0.526, "g4dn.2xlarge": 0.752, "g4dn.4xlarge": 1.204, "g4dn.8xlarge": 2.176,
-    "g4dn.12xlarge": 3.912, "g4dn.16xlarge": 4.352, "g4dn.metal": 7.824,
-    "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624, "g5.8xlarge": 2.448,
-    "g5.12xlarge": 5.672, "g5.16xlarge": 4.096, "g5.24xlarge": 8.144, "g5.48xlarge": 16.288,
-    "m6i.large": 0.096, "m6i.xlarge": 0.192, "m6i.2xlarge": 0.384, "m6i.4xlarge": 0.768,
-    "m5.large": 0.096, "m5.xlarge": 0.192, "m5.2xlarge": 0.384,
-    **{n.type: n.hourly_usd for n in IN_CLUSTER_NODE_TYPES},
-    EKS_CLUSTER: 0.10, NLB: 0.0225,
-}
-
-
 def _table_file(region: str) -> PriceTable:
     raw = json.loads((Path(__file__).parent / "price_tables" / f"{region}.json").read_text())
     return PriceTable(raw["currency"], raw["source"], raw["date"], raw["hourly"])
 
 
 _CN_NORTH_1 = _table_file("cn-north-1")
+_EC2_US_EAST_1 = _table_file("us-east-1")
 
 TABLES: dict[str, PriceTable] = {
-    "us-east-1": PriceTable("USD", "aws.amazon.com/ec2/pricing/on-demand (Linux), EKS and "
-                            "ELB pricing pages, US East (N. Virginia)", "2026-11", _US_EAST_1),
+    "us-east-1": PriceTable(
+        "USD", _EC2_US_EAST_1.source + "; EKS and ELB pricing pages, US East (N. Virginia), "
+        "2026-11", _EC2_US_EAST_1.date, {
+            **_EC2_US_EAST_1.hourly, **{n.type: n.hourly_usd for n in IN_CLUSTER_NODE_TYPES},
+            EKS_CLUSTER: 0.10, NLB: 0.0225}),
     "cn-north-1": _CN_NORTH_1,
     "cn-northwest-1": PriceTable(
         "CNY", "cn-north-1's (none kept for cn-northwest-1, which prices on its own: state "

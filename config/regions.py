@@ -87,8 +87,24 @@ def _cache_offerings() -> dict[str, tuple[str, ...]]:
     return _cfnlint_enum("aws_elasticache_cachecluster", "cachenodetype_enum.json")
 
 
+@lru_cache(maxsize=None)
+def resource_types_in(region: str) -> frozenset[str]:
+    """The CloudFormation resource types the region has (cfn-lint's per-region provider
+    schemas): Amazon Managed Grafana and AMP are in some global regions only."""
+    (package,) = find_spec("cfnlint").submodule_search_locations
+    path = Path(package) / "data" / "schemas" / "providers" / f"{region}.json"
+    return frozenset(json.loads(path.read_text())) if path.exists() else frozenset()
+
+
+AMP_TYPE, GRAFANA_TYPE = "AWS::APS::Workspace", "AWS::Grafana::Workspace"
+
+
 def known_regions() -> tuple[str, ...]:
-    return tuple(sorted(r for r in _ec2_offerings() if r != "all"))
+    """The regions an environment may name: the commercial partition's and China's (the
+    GovCloud partition, aws-us-gov, has its own ARNs, endpoints and service set, which
+    nothing here models)."""
+    return tuple(sorted(r for r in _ec2_offerings()
+                        if r != "all" and not r.startswith("us-gov-")))
 
 
 def instance_types_in(region: str) -> frozenset[str]:

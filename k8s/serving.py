@@ -14,7 +14,7 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig, pod_fields
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
-from config.environment import NodeGroupConfig
+from config.environment import NodeGroupConfig, image_key
 from config.contracts import (
     CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, LONGEST_REQUEST_S, SERVING_NAMESPACE,
 )
@@ -59,11 +59,10 @@ from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
-    l1_budget, l2_refusal, parallel_ranks, served_model_names, worker_urls,
+    l1_budget, l2_refusal, parallel_ranks, served_model_names, worker_urls, LIMITS_MEMORY,
     COMPONENT as WORKER_COMPONENT, PDWorker, pd_selector,
 )
 from config.instances import efa
-from config.prices import Prices
 from k8s.objects import selector_labels
 
 
@@ -150,6 +149,13 @@ def node_groups(cfg: EnvironmentConfig) -> tuple[pod_fields.NodeGroupFacts, ...]
                  for g in cfg.gpu_node_groups)
 
 
+def vllm_memory_gib(s: EndpointSpec) -> float:
+    """What vLLM's container keeps of the worker's memory, which its L1 is sized from: the
+    request-limit sidecar's share comes out of it (k8s/workers.py), so the pod still fits."""
+    sidecar = int(LIMITS_MEMORY.removesuffix("Mi")) / 1024 if s.request_limits else 0.0
+    return _gib(s.memory) - sidecar
+
+
 def endpoint_group(cfg: EnvironmentConfig, s: EndpointSpec) -> NodeGroupConfig | None:
     """The GPU node group an endpoint's workers run on: of the groups carrying its instance
     type, the first whose nodes its nodeAffinity admits (two groups of one type: the file
@@ -206,6 +212,10 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     """What can only be judged with the environment; returns the spec with its warnings."""
     where = f"{s.source_file}: spec"
     warnings = list(s.warnings)
+    base = s.image and cfg.image_bases.get(image_key(s.image.written or
+                                                     f"{s.image.source}:{s.image.tag}"))
+    if base:     # the team's image, built FROM a catalogue one (imageBases)
+        s = replace(s, image=replace(s.image, based_on=base))
     if endpoint_group(cfg, s) is None:
         raise ConfigError(cfg.name, f"{where}.instanceType", s.instance_type,
                           "an instance type of one of the environment's GPU node groups: "
@@ -213,6 +223,13 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                           + " (or map it with the environment's instanceTypeMap)")
     if (fit := weights_fit_notice(s)) is not None:
         warnings.append(fit)
+    if s.model is None and not s.l2_enabled:   # with an L2 asked, model_shape refuses instead
+        warnings.append(f"{where}.modelName: {s.model_name}'s shape is not known ({FAMILIES}: "
+                        "config/models.py), so nothing checks that its weights fit "
+                        f"{s.gpus} GPU(s) of {s.instance_type}, nor can an L2 be judged for "
+                        f"it: record its config.json (`python -m tools upload-model` writes "
+                        f"{RECORDED.format(location=s.model_location)}) or name it in "
+                        "spec.kvCacheSpec.modelShape")
     warnings += placement_notices(cfg, s)
     if joins_gateway(cfg, s) and s.routing_strategy == "kvaware":
         warnings.append(f"{where}.intelligentRoutingSpec.routingStrategy: kvaware on the "
@@ -340,15 +357,19 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                         "know (lmcache/vllm-openai, vllm/vllm-openai, AWS DLC vllm): the "
                         "worker starts the first `vllm` on its PATH or in /opt/venv/bin")
     if s.l1_enabled:
-        budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
+        budget = l1_budget(vllm_memory_gib(s), parallel_ranks(s.worker_args), s.l1_size_gib)
         if budget.l1_per_rank_gib < 1 or not budget.fits:
             need = replace(budget, l1_per_rank_gib=max(budget.l1_per_rank_gib, 1)).total_gib
+            sidecar = _gib(s.memory) - vllm_memory_gib(s)   # the request-limit sidecar's
+            need = math.ceil(need + sidecar)
             raise ConfigError(cfg.name, f"{where}.worker.resources.requests.memory", s.memory,
                               f"at least {need:g}Gi: "
                               f"{budget.ranks} GPU processes each pin their own L1 "
                               f"({max(budget.l1_per_rank_gib, 1)} GiB), beside vLLM "
                               f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB)"
-                              " (or a smaller kvCacheSpec.l1CacheSizeGiB)")
+                              + (f" and the request-limit sidecar ({LIMITS_MEMORY})"
+                                 if sidecar else "")
+                              + " (or a smaller kvCacheSpec.l1CacheSizeGiB)")
     if s.l2_enabled and s.l2_backend == "lmcache-server" and s.l2_url is None:
         warnings.append(changed(
             f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: lmcache-server is served by the "
@@ -464,7 +485,7 @@ def l2_size_notice(cfg: EnvironmentConfig, s: EndpointSpec, plan: "L2Plan") -> s
                 f"replica(s): {fleet_replicas(cfg, s)[1]})")
     if plan.target == IN_CLUSTER:
         node = v.server.node_type
-        prices = Prices(cfg.region, cfg.instance_prices, cfg.instance_hourly_usd)
+        prices = cfg.prices()
         price, gpu_price = prices.get(node), prices.get(s.instance_type)
         shape = gpu_shape(s.instance_type)
         instances = math.ceil(v.replicas * s.gpus / shape.gpus) if shape else v.replicas
@@ -578,7 +599,7 @@ def l2_plan(cfg: EnvironmentConfig, s: EndpointSpec) -> L2Plan | None:
                  connector_for(target, lmcache_version(s.image), carries_glide(s.image)))
     ranks = parallel_ranks(s.worker_args)
     replicas, _ = fleet_replicas(cfg, s)
-    l1 = l1_budget(_gib(s.memory), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
+    l1 = l1_budget(vllm_memory_gib(s), ranks, s.l1_size_gib).l1_per_rank_gib if s.l1_enabled else 0
     model = model_shape(cfg, s)
     gpu = gpu_kv_gib(s.instance_type, model, ranks, gpu_memory_utilization(s))
     args = dict(instance_type=s.instance_type, model=model,
@@ -719,7 +740,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
         elif plan:
             l2 = connection(plan, L2Connection(url=shared[_shared_kind(cfg, s)].url))
         kvaware = s.routing_strategy == "kvaware"
-        budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
+        budget = l1_budget(vllm_memory_gib(s), parallel_ranks(s.worker_args), s.l1_size_gib)
         wp = WorkerProps(
             endpoint=s.name, namespace=SERVING_NAMESPACE,
             service_account=facts.service_account[s.name],
@@ -867,6 +888,11 @@ def environment_notices(cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ...])
             "environment: cache.kind: elasticache, but no ElastiCache is provisioned: no "
             "endpoint's L2 uses it (none asks for an L2 with l2CacheBackend redis, or the L2 "
             "verdict left it out: the endpoint warnings say why)", "environment", "cache.kind"))
+    currency = cfg.prices().currency
+    if cfg.instance_hourly_usd and currency != "USD":
+        out.append(f"environment: instanceHourlyUsd: ignored: {cfg.region} bills in {currency}; "
+                   "the plan, bench and the cost panels read the region's table under "
+                   f"instancePrices {{currency: {currency}, hourly, source}}")
     return out
 
 

@@ -509,7 +509,7 @@ def lmcache_config(p: WorkerProps) -> dict:
 # #34730, reverted and re-applied by #36666 on 2026-03-10; 0, the default, aborts): rendered too
 # where the image's vLLM has it, for a request that slips in late; an image whose vLLM lacks it,
 # or is unknown, never gets it (vLLM refuses an unknown flag). The hook runs with the image's own
-# python (standard library only); an image of no family we know gets the plain sleep.
+# python (standard library only), found in an image of no family we know (FIND_PYTHON).
 WORKER_PRE_STOP_S = 15
 SHUTDOWN_TIMEOUT_SINCE: tuple[int, int, int] = (0, 18, 0)
 WORKER_DRAIN_S = LONGEST_REQUEST_S
@@ -568,17 +568,36 @@ time.sleep(min(1.0, least))
 """
 
 
+# An image of no family we know still runs vLLM, a Python program: the drain hook and the
+# stall probe (standard library only) run with the first python3 found where vLLM's own is
+# (beside the `vllm` on PATH, LMCache's /opt/venv) or on PATH. Called `sh -c FIND_PYTHON
+# find-python SECONDS -c SCRIPT ARGS...`; where the image has no python at all, it waits
+# SECONDS and succeeds (the drain's plain wait, a probe that cannot judge: 0).
+FIND_PYTHON = (
+    'wait_s=$1; shift; v=$(command -v vllm 2>/dev/null); '
+    'for py in "${v%/*}/python3" "${v%/*}/python" /opt/venv/bin/python3 '
+    '"$(command -v python3 2>/dev/null)" /usr/bin/python3; do '
+    'if [ -x "$py" ]; then exec "$py" "$@"; fi; done; '
+    'echo "no python3 in the image: nothing to run the check with" >&2; sleep "$wait_s"')
+
+
+def image_python(p: "WorkerProps", wait_s: int = 0) -> list[str]:
+    """The command that starts the image's python: the family's, else FIND_PYTHON's."""
+    if p.family is not None:
+        return [p.family.python]
+    return ["/bin/sh", "-c", FIND_PYTHON, "find-python", str(wait_s)]
+
+
 def drains(p: "WorkerProps") -> bool:
     """Does this worker's vLLM take `--shutdown-timeout` (above)?"""
     return p.vllm is not None and p.vllm >= SHUTDOWN_TIMEOUT_SINCE
 
 
 def pre_stop(p: "WorkerProps") -> dict:
-    """The vLLM container's preStop hook (above): the drain with the image's python, or the
-    plain sleep where we know no python in the image."""
-    if p.family is None:
-        return {"sleep": {"seconds": WORKER_PRE_STOP_S}}
-    return {"exec": {"command": [p.family.python, "-c", DRAIN_HOOK, str(p.port),
+    """The vLLM container's preStop hook (above): the drain with the image's python (found,
+    where the image is of no family we know), or the plain wait where it has none."""
+    return {"exec": {"command": [*image_python(p, WORKER_PRE_STOP_S), "-c", DRAIN_HOOK,
+                                 str(p.port),
                                  str(WORKER_PRE_STOP_S),
                                  str(WORKER_PRE_STOP_S + WORKER_DRAIN_S), str(STALL_S),
                                  LIVENESS_STATE]}}
@@ -593,8 +612,7 @@ def termination_grace_s(p: "WorkerProps") -> int:
     except ValueError:
         raise ValueError(f"endpoint {p.endpoint}: worker args --shutdown-timeout {value!r}: "
                          "whole seconds") from None
-    if p.family is not None:
-        drain = max(drain, WORKER_DRAIN_S)
+    drain = max(drain, WORKER_DRAIN_S)   # the hook's drain, whatever the image
     if not drain:
         return NO_DRAIN_GRACE_S
     return max(NO_DRAIN_GRACE_S, WORKER_PRE_STOP_S + drain + WORKER_EXIT_S)
@@ -702,28 +720,25 @@ def file_init_container(c: Mapping[str, Any]) -> dict:
     return out
 
 
-def liveness_probe(p: "WorkerProps", http_check: dict) -> dict:
-    """The vLLM container's livenessProbe: the stall check (above) where the image's python is
-    known, else ``http_check``; LIVENESS_FAILURES failures PROBE_PERIOD_S apart restart it,
+def liveness_probe(p: "WorkerProps") -> dict:
+    """The vLLM container's livenessProbe: the stall check (above), with the image's python
+    (found by FIND_PYTHON in an image of no family we know); LIVENESS_FAILURES failures
+    PROBE_PERIOD_S apart restart it,
     with a grace period of its own (the kubelet's ProbeTerminationGracePeriod, GA in
     Kubernetes 1.28), so the restart comes within LIVENESS_GRACE_S of the kill whatever the
     drain hook or vLLM's own `--shutdown-timeout` would wait for on a stalled engine."""
     probe = {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
              "failureThreshold": LIVENESS_FAILURES,
              "terminationGracePeriodSeconds": LIVENESS_GRACE_S}
-    if p.family is None:
-        return {**http_check, **probe}
     return {"exec": {"command": stall_check(p, LIVENESS_STATE)}, **probe}
 
 
-def readiness_probe(p: "WorkerProps", http_check: dict) -> dict:
+def readiness_probe(p: "WorkerProps") -> dict:
     """The vLLM container's readinessProbe: the liveness rule with its own state file, so a
     stalled engine turns not ready (the routers' discovery drops it: no new request, no later
     turn of its sessions) READINESS_FAILURES periods after its stall window, before the
-    liveness probe's kill; an image of no family we know keeps ``http_check``."""
+    liveness probe's kill."""
     probe = {"periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S}
-    if p.family is None:
-        return {**http_check, **probe, "failureThreshold": 3}
     return {"exec": {"command": stall_check(p, READINESS_STATE)}, **probe,
             "failureThreshold": READINESS_FAILURES}
 
@@ -731,8 +746,7 @@ def readiness_probe(p: "WorkerProps", http_check: dict) -> dict:
 def stall_check(p: "WorkerProps", state: str) -> list[str]:
     """The stall probe's command, each HTTP call within half the probe's timeout (what the
     kubelet allows the whole command)."""
-    assert p.family is not None
-    return [p.family.python, "-c", STALL_PROBE, str(p.port), str(STALL_S), state,
+    return [*image_python(p), "-c", STALL_PROBE, str(p.port), str(STALL_S), state,
             p.health_check_path, str(PROBE_TIMEOUT_S / 2)]
 
 
@@ -1012,8 +1026,8 @@ class WorkersChart(Chart):
                            **efa_resources(p)}},
             # the startup budget (default 30 min) to load weights and start
             "startupProbe": {**health, "failureThreshold": startup_failures(p)},
-            "readinessProbe": readiness_probe(p, health),
-            "livenessProbe": liveness_probe(p, health),
+            "readinessProbe": readiness_probe(p),
+            "livenessProbe": liveness_probe(p),
             "lifecycle": {"preStop": pre_stop(p)},
             "volumeMounts": [
                 {"name": "model-weights", "mountPath": p.model_mount_path,

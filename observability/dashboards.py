@@ -46,7 +46,7 @@ class EndpointCost:
 
     endpoint: str
     instance_type: str
-    usd_per_pod_hour: float
+    per_pod_hour: float     # in the environment's currency (EnvironmentConfig.prices)
 
 
 def endpoint_costs(cfg: EnvironmentConfig,
@@ -54,8 +54,9 @@ def endpoint_costs(cfg: EnvironmentConfig,
                                                                tuple[str, ...]]:
     """Costs for endpoints whose instance type has a price, and the names of those without."""
     costs, unpriced = [], []
+    prices = cfg.prices()
     for spec in endpoints:
-        price = cfg.instance_hourly_usd.get(spec.instance_type)
+        price = prices.get(spec.instance_type)
         shape = gpu_shape(spec.instance_type)
         if price is None or shape is None:
             unpriced.append(spec.name)
@@ -240,17 +241,21 @@ def serving_dashboard(cfg: EnvironmentConfig,
         tokens = " + ".join(
             f'sum(rate({m}{{job="{WORKERS_JOB}",{_EP}="{c.endpoint}"}}[{RATE}]))'
             for m in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"))
-        usd_per_s = f"{workers} * {c.usd_per_pod_hour:g} / 3600"
-        cost_queries.append((f"({usd_per_s}) / (({tokens}) > 0) * 1000",
+        per_s = f"{workers} * {c.per_pod_hour:g} / 3600"
+        cost_queries.append((f"({per_s}) / (({tokens}) > 0) * 1000",
                              f"{c.endpoint} ({c.instance_type})"))
-        hourly_queries.append((f"{workers} * {c.usd_per_pod_hour:g}", c.endpoint))
-    note = (f" No price configured for: {', '.join(unpriced)}." if unpriced else "")
+        hourly_queries.append((f"{workers} * {c.per_pod_hour:g}", c.endpoint))
+    currency = cfg.prices().currency
+    note = (f" No {currency} price for: {', '.join(unpriced)} (instancePrices in the "
+            "environment file, or `python -m tools prices`)." if unpriced else "")
+    unit = "currencyUSD" if currency == "USD" else f"prefix:{currency} "
     cost = [
-        _ts("Cost per 1K tokens", "currencyUSD", cost_queries,
-            "Running worker pods x the instance's hourly price (instanceHourlyUsd, shared by "
+        _ts("Cost per 1K tokens", unit, cost_queries,
+            f"Running worker pods x the instance's hourly {currency} price (the region's table "
+            "under the environment's instancePrices, as the synth plan counts it; shared by "
             "the pods on one instance) / live prompt + generated tokens per second x 1000. "
             "Empty while idle." + note),
-        _ts("Worker cost per hour", "currencyUSD", hourly_queries,
+        _ts("Worker cost per hour", unit, hourly_queries,
             "Running worker pods x their share of the instance's hourly price." + note),
     ]
     rows = [("Latency", latency), ("Throughput and queue", throughput), ("KV cache", kv),

@@ -10,12 +10,13 @@ from config import EnvironmentConfig
 from config.contracts import ROUTER_PORT
 from config.endpoint_spec import EndpointSpec, _gib
 from config.notices import CHANGED, ack_id, kind_of
-from config.prices import EKS_CLUSTER, NLB, Prices
+from config.prices import EKS_CLUSTER, NLB
 from k8s.l2 import ELASTICACHE, IN_CLUSTER, OWN
 from k8s.serving import (
     effective_scaling, fleet_replicas, generated_tls, idle_groups, in_cluster_node, l2_plan,
+    vllm_memory_gib,
 )
-from k8s.workers import l1_budget, parallel_ranks
+from k8s.workers import LIMITS_CPU, LIMITS_MEMORY, l1_budget, parallel_ranks
 from stacks.app_builder import l2_needs
 
 PLAN_FILE = "kvcache-plan.txt"   # in the cloud assembly, beside SUMMARY_FILE
@@ -76,7 +77,7 @@ def _replicas(cfg: EnvironmentConfig, s: EndpointSpec) -> str:
 
 
 def plan_text(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> str:
-    prices = Prices(cfg.region, cfg.instance_prices, cfg.instance_hourly_usd)
+    prices = cfg.prices()
     lines = [f"kvcache plan: environment {cfg.name} ({cfg.region}, account {cfg.account})"]
     net = cfg.network
     lines.append("  network: " + (f"existing VPC {net.vpc_id}"
@@ -113,11 +114,16 @@ def plan_text(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> st
         lines.append(f"  L2 node: none (cache.kind {cfg.cache.kind}: no endpoint's L2 is there)")
     for s in endpoints:
         strategy = s.routing_strategy
-        budget = l1_budget(_gib(s.memory), parallel_ranks(s.worker_args), s.l1_size_gib)
+        budget = l1_budget(vllm_memory_gib(s), parallel_ranks(s.worker_args), s.l1_size_gib)
         l1 = f"on, {budget.l1_per_rank_gib:g} GiB per GPU process" if s.l1_enabled else "off"
         lines += [f"  endpoint {s.name} ({s.source_file}): {_replicas(cfg, s)}, {s.gpus} "
                   f"GPU(s) each on {s.instance_type}",
                   f"    routing {strategy} ({cfg.router_implementation(strategy)}); L1 {l1}",
+                  *([f"    request limits: {s.request_limits.max_concurrent} at once per "
+                     f"worker, {s.request_limits.max_queue} queued, then "
+                     f"{s.request_limits.status}; their sidecar takes {LIMITS_CPU} "
+                     f"CPU and {LIMITS_MEMORY} of the worker's request"]
+                    if s.request_limits else []),
                   f"    L2: {_l2_line(cfg, s)}",
                   f"    load balancer: {_listener(cfg, s)}"]
     fixed = prices.cost(EKS_CLUSTER, 1) + prices.cost(NLB, len(endpoints))

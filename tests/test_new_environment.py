@@ -13,6 +13,13 @@ snapshot`, what `make snapshots ENV=NAME` runs). Each gate must have run on it a
 snapshots must be in its own folder, and no other file of the copy may have changed. That run
 starts with the session, beside the rest of it.
 
+Beside it run the two environments of issue 42's team (tests/team_fleet.py: its own VPC
+with public subnets, two regions, Llama-3.3-70B on p5 with an L2 and KEDA, gpt-oss-120b on p4d
+with kvaware and request limits, both behind one Istio Gateway, its own ECR image built FROM
+LMCache's) and environments drawn from the schema (tests/generated_environments.py, GENERATED
+of them, seeded; `KVCACHE_GENERATED=N` draws more, `KVCACHE_GENERATED_SEED` moves the seeds):
+a red gate on any of them is our bug.
+
 `KVCACHE_MORE_ENVIRONMENTS=1` adds three more (about 10 s of CPU each, outside the suite's
 budget): `team-us` (existing VPC with load balancer subnets of its own, Kubernetes 1.34, AMP, a
 team endpoint's L2 on ElastiCache, an internet-facing listener, Arm system nodes, a Bottlerocket
@@ -40,6 +47,8 @@ from config.network import existing_network, load_balancer_addresses
 from k8s.l2 import in_cluster_refusal
 from tests.background import Background
 from tests.conftest import ROOT
+from tests.generated_environments import draw, seeds, write
+from tests.team_fleet import fleet
 
 CN_ZONES = ["cn-northwest-1a", "cn-northwest-1b"]
 US_ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
@@ -146,6 +155,11 @@ ALL_ENVIRONMENTS = {
     },
 }
 ENVIRONMENTS = {k: v for k, v in ALL_ENVIRONMENTS.items() if MORE or k == "prod-cn"}
+# The fleet of issue 42's team (tests/team_fleet.py), and environments drawn from the schema
+# (tests/generated_environments.py: GENERATED of them, `KVCACHE_GENERATED=N` for more)
+FLEET, FLEET_FILES = fleet()
+ENVIRONMENTS.update(FLEET)
+GENERATED_NAMES = [draw(seed)[0] for seed in seeds()]
 # Every per-environment gate, by test: each must have run on each new environment and passed.
 GATES = {
     "tests/stacks/test_gates.py": ["test_cdk_nag_and_cdk_validation_report_no_unacknowledged_"
@@ -216,6 +230,11 @@ def _digests(repo: Path) -> dict[str, str]:
             and "__pycache__" not in p.parts}
 
 
+def ALL_NEW() -> list[str]:   # noqa: N802 (reads as the constant it is)
+    """Every environment the scratch copy adds: the teams' and the drawn ones."""
+    return [*ENVIRONMENTS, *GENERATED_NAMES]
+
+
 def _gates_run(tmp: Path) -> Background:
     """The suite in a scratch copy with the new environments, narrowed to them (a subprocess
     that starts with the session: tests/background.py)."""
@@ -223,17 +242,21 @@ def _gates_run(tmp: Path) -> Background:
     _scratch_copy(repo)
     for path in ENDPOINTS:
         (repo / path).write_text(_team_endpoint(path))
+    for path, text in FLEET_FILES.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
     for name, raw in ENVIRONMENTS.items():
         (repo / "environments" / f"{name}.json").write_text(json.dumps(raw, indent=2))
+    assert [write(repo, seed) for seed in seeds()] == GENERATED_NAMES
     (tmp / "before.json").write_text(json.dumps(_digests(repo)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CDK_"))}
     env["PATH"] = f"{repo / '.venv' / 'bin'}:{repo / 'node_modules' / '.bin'}:{env['PATH']}"
-    narrow = [arg for name in ENVIRONMENTS for arg in ("--environment", name)]
+    narrow = [arg for name in ALL_NEW() for arg in ("--environment", name)]
     # `-k snapshot` as `make snapshots` selects (a sample's snapshot test named by another
     # parameter must not lose its snapshots), and every gate of the new environments
     return Background(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *narrow,
-         "-k", " or ".join(["snapshot", *ENVIRONMENTS]), "--snapshot-update",
+         "-k", " or ".join(["snapshot", *ALL_NEW()]), "--snapshot-update",
          f"--junitxml={tmp / 'junit.xml'}", *sorted(GATES)],
         cwd=repo, env=env, timeout=900)
 
@@ -252,11 +275,12 @@ def test_new_environments_run_every_gate_without_touching_tests(early):
         if "[" not in name:   # test_snapshots' own checks, which `-k snapshot` selects
             assert outcome == "passed", name
             continue
-        (env,) = [e for e in ENVIRONMENTS if e in name]   # only the new environments
+        (env,) = [e for e in ALL_NEW() if f"[{e}]" in name or f"-{e}]" in name
+                  or f"[{e}-" in name]   # only the new environments
         ran.setdefault((module, name.split("[")[0], env), []).append(outcome)
     for module, tests in GATES.items():
         for test in tests:
-            for env in ENVIRONMENTS:
+            for env in ALL_NEW():
                 outcomes = ran.get((module, test, env))
                 # passed (a China environment has no Observability stack to snapshot: skipped)
                 assert outcomes and "passed" in outcomes and "failed" not in outcomes, (
@@ -265,7 +289,7 @@ def test_new_environments_run_every_gate_without_touching_tests(early):
     before = json.loads((early.tmp / "before.json").read_text())
     after = _digests(repo)
     new = {p for p in after if p not in before}
-    assert {p.split("/")[2] for p in new} == set(ENVIRONMENTS), sorted(new)
+    assert {p.split("/")[2] for p in new} == set(ALL_NEW()), sorted(new)
     assert all(p.startswith("environments/snapshots/") for p in new), sorted(new)
     assert {p: d for p, d in after.items() if p in before} == before
     cn = (repo / "environments/snapshots/prod-cn/test_snapshots.ambr").read_text()

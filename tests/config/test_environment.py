@@ -229,3 +229,28 @@ def test_cli_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides):
     assert len(lines) == 1 and lines[0].startswith("error: environment '")
     assert "Traceback" not in proc.stderr and "jsii" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_managed_observability_only_where_the_region_offers_it():
+    """Amazon Managed Grafana is in fewer regions than AMP (cfn-lint's provider schemas): in
+    us-west-1 `managed` means AMP alone by default, and asking for its Grafana is one line."""
+    from config import ConfigError, resolve_environment
+    from config.regions import GRAFANA_TYPE, resource_types_in
+    from tests.conftest import context_for
+
+    assert GRAFANA_TYPE not in resource_types_in("us-west-1")
+    assert GRAFANA_TYPE in resource_types_in("us-east-1")
+
+    def ctx(**fields):
+        c = context_for(env="dev")
+        env = c["environments"]["dev"]
+        env.pop("chinaVariant", None)
+        env.update(region="us-west-1", availabilityZones=["us-west-1a", "us-west-1c"],
+                   observability="managed", instanceTypeMap={}, **fields)
+        env["nodeGroups"]["gpu"] = [{"name": "t4", "instanceTypes": ["g4dn.12xlarge"],
+                                     "minSize": 0, "maxSize": 2}]
+        return c
+    assert resolve_environment(ctx()).managed_grafana is False
+    with pytest.raises(ConfigError) as err:
+        resolve_environment(ctx(grafana="managed"))
+    assert err.value.field == "grafana" and "\n" not in str(err.value)

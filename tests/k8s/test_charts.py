@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import json
 from dataclasses import replace
 
@@ -13,7 +14,10 @@ import yaml
 from config import ConfigError, resolve_environment
 from config.contracts import GPU_RESOURCE, GPU_TAINT_KEY, SESSION_HEADER
 from config.endpoint_spec import parse_endpoint
-from k8s.serving import ServingFacts, build_charts, load_endpoints, worker_service_account
+from config.instances import gpu_shape, pod_share
+from k8s.serving import (
+    ServingFacts, build_charts, fit_endpoint, load_endpoints, worker_service_account,
+)
 from k8s.workers import L2Connection, MetricsSource
 from config.contracts import IN_CLUSTER_PROMETHEUS_URL
 from tests.conftest import ROOT, context_for, normalise
@@ -30,8 +34,29 @@ def _env(name: str, **over):
     return resolve_environment(ctx)
 
 
+def on_its_gpus(cfg, raw: dict) -> dict:
+    """The seed (g5.24xlarge, TP 4) where the environment runs that type; elsewhere on its
+    first GPU group's type, with as many of its GPUs as 4 or fewer and a share of its CPU and
+    memory: these tests are about what is rendered, for any environment a team declares."""
+    itype = raw["spec"]["instanceType"]
+    served = cfg.instance_type_map.get(itype, itype.removeprefix("ml."))
+    if cfg.gpu_group_for(served) is not None:
+        return raw
+    served = cfg.gpu_node_groups[0].instance_types[0]
+    shape = gpu_shape(served)
+    gpus = max(g for g in (1, 2, 4) if g <= shape.gpus and shape.gpus % g == 0)
+    cpu, memory = pod_share(served, shape.gpus // gpus)
+    raw["spec"]["instanceType"] = f"ml.{served}"
+    worker = raw["spec"]["worker"]
+    worker["args"] = [a for a in worker["args"] if not a.startswith("--tensor-parallel-size")]
+    worker["args"].append(f"--tensor-parallel-size={gpus}")
+    worker["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {
+        "cpu": str(min(cpu, 16)), "memory": f"{min(memory, 96)}Gi", "nvidia.com/gpu": gpus}}
+    return raw
+
+
 def _spec(cfg, strategy="prefixaware", backend="redis", image=None, **spec_over):
-    raw = copy.deepcopy(SEED)
+    raw = on_its_gpus(cfg, copy.deepcopy(SEED))
     raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
     if image:
         raw["spec"]["worker"]["image"] = image
@@ -335,6 +360,9 @@ def test_tieredstorage_is_the_in_cluster_valkey():
     (lambda r: r["spec"].update(instanceType="ml.m5.large"), "spec.instanceType", "GPU"),
     (lambda r: r["spec"].update(bogusField=1), "spec.bogusField",
      "fields of InferenceEndpointConfig v1 here"),
+    # a field of a later operator (issue 42: l2CacheSizeGiB) is told which operator we read
+    (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(l2CacheSizeGiB=64),
+     "spec.kvCacheSpec.l2CacheSpec.l2CacheSizeGiB", "HyperPod inference operator v3.7"),
     (lambda r: r["spec"]["modelSourceConfig"].update(modelSourceType="nfs"),
      "spec.modelSourceConfig.modelSourceType", "s3, fsx, huggingface, kubernetesVolume"),
     (lambda r: r["spec"]["kvCacheSpec"]["l2CacheSpec"].update(
@@ -474,3 +502,21 @@ def test_the_files_container_port_is_where_everything_reaches_the_workers():
     ports = {p["port"] for pol in policies for r in pol["spec"].get("ingress", [])
              for p in r.get("ports", [])}
     assert ports == {8080}
+
+
+@pytest.mark.parametrize("limits", [False, True])
+def test_the_memory_floor_a_refusal_names_is_one_that_passes(limits):
+    """`at least NGi` is true: that much is accepted, with or without the request-limit
+    sidecar, whose share comes out of the worker's memory (issue 42: 8Gi was refused with
+    `at least 8Gi`)."""
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["resources"]["requests"]["memory"] = "1Gi"
+    if limits:
+        raw["spec"]["worker"]["requestLimits"] = {"maxConcurrentRequests": 8}
+    with pytest.raises(ConfigError) as err:
+        fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", raw))
+    floor = re.search(r"at least (\d+)Gi", err.value.allowed)[1]
+    assert ("sidecar" in err.value.allowed) == limits
+    raw["spec"]["worker"]["resources"]["requests"]["memory"] = f"{floor}Gi"
+    fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", raw))

@@ -17,7 +17,7 @@ from constructs.cluster_scaling import MAX_GRACEFUL_TERMINATION_S
 from config.endpoint_spec import arg_value, parse_endpoint
 from config.images import KUBERNETES_VERSIONS, image_for, image_family, image_release
 from k8s.serving import build_charts
-from k8s.workers import DRAIN_HOOK, SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
+from k8s.workers import DRAIN_HOOK, FIND_PYTHON, SHUTDOWN_TIMEOUT_SINCE, STALL_PROBE
 from tests.conftest import DECLARED, ENVIRONMENTS, context_for
 from tests.k8s.test_charts import SEED, _facts
 
@@ -51,8 +51,9 @@ def _drain_and_grace(pod: dict) -> tuple[int | None, int, int, int]:
     hook = vllm["lifecycle"]["preStop"]
     if "sleep" in hook:
         least = most = hook["sleep"]["seconds"]
-    else:   # python -c SCRIPT port least most stall_s state
-        least, most = hook["exec"]["command"][4:6]
+    else:   # PYTHON... -c SCRIPT port least most stall_s state (after the script)
+        command = hook["exec"]["command"]
+        least, most = command[command.index(DRAIN_HOOK) + 2:][:2]
     return ((None if drain is None else int(drain)), int(least), int(most),
             pod["terminationGracePeriodSeconds"])
 
@@ -92,18 +93,22 @@ def test_only_a_vllm_that_has_the_flag_gets_it(image):
     (container,) = pod["containers"]
     probe, hook = container["livenessProbe"], container["lifecycle"]["preStop"]
     family = image_family(image_for(image))
-    if family is None:   # no python we know of: the HTTP check and the sleep alone
-        assert "httpGet" in probe and "sleep" in hook and grace > most
-    else:
-        assert probe["exec"]["command"][:3] == [family.python, "-c", STALL_PROBE]
-        assert hook["exec"]["command"][:3] == [family.python, "-c", DRAIN_HOOK]
-        assert most - least >= longest and grace > most
-        # readiness reads the same rule from a state file of its own; the drain hook reads the
-        # liveness probe's, and gives up after the same stall window
-        ready = container["readinessProbe"]["exec"]["command"]
-        assert ready[:3] == probe["exec"]["command"][:3] and ready[4] == probe["exec"]["command"][4]
-        assert ready[5] != probe["exec"]["command"][5]
-        assert hook["exec"]["command"][6:] == probe["exec"]["command"][4:6]
+    live, drain_cmd = probe["exec"]["command"], hook["exec"]["command"]
+    ready = container["readinessProbe"]["exec"]["command"]
+    # the image's python: its family's, else the first one FIND_PYTHON finds in the image
+    for command, script in ((live, STALL_PROBE), (ready, STALL_PROBE), (drain_cmd, DRAIN_HOOK)):
+        at = command.index(script)
+        assert command[at - 1] == "-c"
+        assert command[:at - 1] == ([family.python] if family else
+                                    ["/bin/sh", "-c", FIND_PYTHON, "find-python",
+                                     str(least if script == DRAIN_HOOK else 0)]), image
+    live, ready = live[live.index(STALL_PROBE):], ready[ready.index(STALL_PROBE):]
+    drain_args = drain_cmd[drain_cmd.index(DRAIN_HOOK):]
+    assert most - least >= longest and grace > most
+    # readiness reads the same rule from a state file of its own; the drain hook reads the
+    # liveness probe's, and gives up after the same stall window
+    assert ready[2] == live[2] and ready[3] != live[3]
+    assert drain_args[4:] == live[2:4]
     # a stalled engine's clients are told within a minute of the first failed probe, whatever
     # the pod's grace (645 s) or the drain would wait for
     told = (probe["failureThreshold"] - 1) * probe["periodSeconds"] + \
@@ -124,3 +129,30 @@ def test_a_files_own_shutdown_timeout_is_kept_and_covered():
     assert container["args"].count("--shutdown-timeout") == 1
     drain, least, _, grace = _drain_and_grace(pod)
     assert drain == 900 and grace > least + 900
+
+
+def test_an_image_of_no_family_we_know_runs_the_checks_with_a_python_it_has(tmp_path):
+    """FIND_PYTHON as the rendered hook runs it (`sh -c`, the image's PATH): the python beside
+    the image's `vllm` first, else a python3 on PATH; the script and its arguments reach it."""
+    import subprocess
+    import sys
+
+    cfg = resolve_environment(context_for(env="dev"))
+    pod, _ = _pods(cfg, IMAGES[-1])
+    (container,) = pod["containers"]
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    prefix = hook[:hook.index(DRAIN_HOOK) - 1]
+    show = "import sys; print(sys.executable, *sys.argv[1:])"
+    venv, other = tmp_path / "venv" / "bin", tmp_path / "other"
+    for d in (venv, other):
+        d.mkdir(parents=True)
+    (venv / "vllm").write_text("#!/bin/sh\n")
+    (venv / "vllm").chmod(0o755)
+    (venv / "python3").symlink_to(sys.executable)
+    (other / "python3").symlink_to(sys.executable)
+
+    def run(path: str) -> str:
+        return subprocess.run([*prefix, "-c", show, "8000", "15"], capture_output=True,
+                              text=True, timeout=30, env={"PATH": path}).stdout.strip()
+    assert run(f"{other}:{venv}:/bin") == f"{venv}/python3 8000 15"     # vLLM's own first
+    assert run(f"{other}:/bin") == f"{other}/python3 8000 15"           # else PATH's

@@ -34,7 +34,8 @@ def test_shipped_workers_reach_vllm_in_their_images_layout(synths, env, tmp_path
     for i, (pod, container) in enumerate(pods):
         api_key = any(c["name"] == "fetch-api-key" for c in pod["initContainers"])
         assert api_key   # every shipped environment has an endpoint API key
-        for family in families_for(upstream_ref(container["image"])):
+        for family in families_for(upstream_ref(container["image"]),
+                                   synths[env].cfg.image_bases):
             here = tmp_path / f"pod{i}"      # a root per worker workload (P/D: two)
             here.mkdir(exist_ok=True)
             root = fake_root(here, family)
@@ -216,7 +217,7 @@ def test_the_step_model_reads_vllms_defaults_per_release():
 def test_shipped_workers_store_layerwise_only_with_the_guard(synths, env):
     docs = _docs(synths[env])
     assert worker_containers(docs)
-    assert_layerwise_is_guarded(docs)
+    assert_layerwise_is_guarded(docs, synths[env].cfg.image_bases)
 
 
 def test_every_image_we_render_for_says_its_vllm_and_lmcache_with_a_source():

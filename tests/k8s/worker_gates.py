@@ -21,11 +21,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
-from config.images import IMAGE_FAMILIES, ImageFamily, image_family, image_for, image_release
+from config.environment import image_key
+from config.images import (
+    IMAGE_FAMILIES, Image, ImageFamily, image_family, image_for, image_release,
+)
 from config.endpoint_spec import _gib
 from k8s.secret_fetch import API_KEY_FILE
 from k8s.workers import (
@@ -127,10 +132,20 @@ def assert_reaches_vllm(seen: dict, root: Path, family: ImageFamily, container: 
     assert not seen["stale_metrics"], where
 
 
-def families_for(image_ref: str) -> tuple[ImageFamily, ...]:
-    """The layout(s) to run a worker image in: its family, or for an image we do not know
-    every family (the start-up shell must find vLLM in any of them)."""
-    family = image_family(image_for(image_ref))
+def stated_image(image_ref: str, bases: Mapping[str, str] | None = None) -> Image:
+    """The catalogue's or the file's image, built FROM the base the environment's
+    `imageBases` states for it (k8s/serving.py fit_endpoint does the same)."""
+    image = image_for(image_ref)
+    base = (bases or {}).get(image_key(image_ref.partition("@")[0]))
+    return replace(image, based_on=base) if base else image
+
+
+def families_for(image_ref: str, bases: Mapping[str, str] | None = None
+                 ) -> tuple[ImageFamily, ...]:
+    """The layout(s) to run a worker image in: its family (stated by `bases` for a team's
+    image), or for an image we do not know every family (the start-up shell must find vLLM
+    in any of them)."""
+    family = image_family(stated_image(image_ref, bases))
     return (family,) if family else IMAGE_FAMILIES
 
 
@@ -213,7 +228,8 @@ def upstream_ref(image: str) -> str:
     return image.split("/kvcache/", 1)[1] if "/kvcache/" in image else image
 
 
-def assert_layerwise_is_guarded(docs: list[dict]) -> bool:
+def assert_layerwise_is_guarded(docs: list[dict], bases: Mapping[str, str] | None = None
+                                ) -> bool:
     """Every worker that stores layerwise runs each step through LMCache's layer hooks, in the
     vLLM its image carries (config/images.py image_release). Returns whether any worker stores
     layerwise (so callers can check the gate saw one)."""
@@ -225,7 +241,7 @@ def assert_layerwise_is_guarded(docs: list[dict]) -> bool:
         if not config.get("use_layerwise"):
             continue
         seen = True
-        vllm = image_release(image_for(upstream_ref(container["image"]))).vllm
+        vllm = image_release(stated_image(upstream_ref(container["image"]), bases)).vllm
         steps = vllm_steps(vllm, container["args"])
         assert steps is not None, ("layerwise for an image whose vLLM is unknown", name)
         mode, asynchronous = steps

@@ -71,20 +71,28 @@ def test_the_issue_s_panels_are_there(dashboards):
                                               "histogram_quantile(0.99"]
 
 
-@pytest.mark.parametrize("name,price", [("dev", 8.144), ("china", 9.5)])
-def test_cost_uses_the_environment_s_price_and_live_tokens(dashboards, synths, name, price):
-    (spec,) = load_endpoints(synths[name].cfg, ROOT)   # g5.24xlarge, 1 of its 4 GPUs per pod
-    (target,) = _panels(dashboards[name][SERVING_UID])["Cost per 1K tokens"]["targets"]
+@pytest.mark.parametrize("name,currency", [("dev", "USD"), ("china", "CNY")])
+def test_cost_uses_the_environment_s_price_and_live_tokens(dashboards, synths, name, currency):
+    """The price the plan counts (the region's table under the file's own), in the region's
+    currency: dev's instanceHourlyUsd, China's CNY table."""
+    cfg = synths[name].cfg
+    (spec,) = load_endpoints(cfg, ROOT)   # g5.24xlarge, 1 of its 4 GPUs per pod
+    price = cfg.prices().get(spec.instance_type)
+    assert cfg.prices().currency == currency and price
+    panel = _panels(dashboards[name][SERVING_UID])["Cost per 1K tokens"]
+    (target,) = panel["targets"]
     expr = target["expr"]
     assert f"* {price * spec.gpus / 4:g} / 3600" in expr and expr.endswith("* 1000")
+    assert (panel["fieldConfig"]["defaults"]["unit"] == "currencyUSD") == (currency == "USD")
     assert "vllm:prompt_tokens_total" in expr and "vllm:generation_tokens_total" in expr
     assert f'kvcache_endpoint="{spec.name}"' in expr
 
 
 def test_an_instance_without_a_price_is_named_not_guessed(synths):
-    cfg = synths["dev"].cfg
-    specs = load_endpoints(cfg, ROOT)
-    unpriced = dataclasses.replace(cfg, instance_hourly_usd={})
+    cfg = synths["china"].cfg      # the CNY table prices no p5
+    specs = tuple(dataclasses.replace(s, instance_type="p5.48xlarge")
+                  for s in load_endpoints(cfg, ROOT))
+    unpriced = cfg
     panel = _panels(build_dashboards(unpriced, specs)[SERVING_UID])["Cost per 1K tokens"]
     assert panel.get("targets") in (None, [])
     assert specs[0].name in panel["description"]

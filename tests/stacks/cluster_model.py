@@ -256,10 +256,12 @@ def _tolerates(pod: Pod, taint: tuple[str, str, str]) -> bool:
 def _expression(labels: Mapping[str, str], e: Mapping[str, Any]) -> bool:
     key, op, values = e["key"], e["operator"], [str(v) for v in e.get("values", [])]
     have = labels.get(key)
+    if op in ("Gt", "Lt"):   # integers, as the scheduler reads them; only for these operators
+        if have is None or not have.lstrip("-").isdigit():
+            return False
+        return int(have) > int(values[0]) if op == "Gt" else int(have) < int(values[0])
     return {"In": have in values, "NotIn": have not in values, "Exists": have is not None,
-            "DoesNotExist": have is None,
-            "Gt": have is not None and float(have) > float(values[0]),
-            "Lt": have is not None and float(have) < float(values[0])}[op]
+            "DoesNotExist": have is None}[op]
 
 
 def may_land_on(pod: Pod, group: NodeGroup) -> bool:

@@ -10,6 +10,7 @@ import yaml
 
 from config import ConfigError, resolve_environment
 from config.endpoint_spec import parse_endpoint
+from config.instances import gpu_shape, pod_share
 from config.notices import CHANGED, kind_of
 from config.prices import EKS_CLUSTER, NLB, region_currency
 from k8s.serving import fit_endpoint, in_cluster_node, l2_plan, load_endpoints
@@ -60,8 +61,7 @@ def test_the_plan_lists_every_node_group_and_endpoint_of_the_app(synths, name):
 
 
 def test_china_costs_are_in_cny_from_the_environments_own_prices():
-    name = next(n for n in ENVIRONMENTS
-                if resolve_environment(_context(n)).region.startswith("cn-"))
+    name = _a_china_environment()
     cfg = resolve_environment(_context(name))
     endpoints = load_endpoints(cfg, ROOT)
     unpriced = plan_text(cfg, endpoints)
@@ -87,22 +87,36 @@ def test_china_costs_are_in_cny_from_the_environments_own_prices():
     ({"currency": "CNY", "hourly": {}, "sauce": "x"}, "instancePrices.sauce"),
 ])
 def test_instance_prices_are_the_regions_currency_and_positive(prices, field):
-    name = next(n for n in ENVIRONMENTS
-                if resolve_environment(_context(n)).region.startswith("cn-"))
+    name = _a_china_environment()
     with pytest.raises(ConfigError) as err:
         resolve_environment(_context(name, instancePrices=prices))
     assert err.value.field == field and "\n" not in str(err.value)
 
 
+def _a_china_environment() -> str:
+    """A declared China environment (the China sample at least), whatever --environment
+    narrows the per-environment gates to: these tests are about CNY, not one environment."""
+    return next(n for n in sorted(DECLARED)
+                if resolve_environment(_context(n)).region.startswith("cn-"))
+
+
 def _asking_l2(model: str, instance_type: str, force: bool, cache_kind: str) -> dict:
     """The seed asking for an L2 the environment can serve: its shared cache (redis), or,
-    where `cache.kind` is none (which refuses redis), the in-cluster Valkey."""
+    where `cache.kind` is none (which refuses redis), the in-cluster Valkey; on as many of
+    the type's GPUs as the seed's 4 or fewer, with a share of its CPU and memory."""
     raw = copy.deepcopy(SEED)
     raw["spec"].update(modelName=model, instanceType=f"ml.{instance_type}")
     raw["spec"]["kvCacheSpec"].update(enableL2Cache=True, forceL2Cache=force)
     if cache_kind == "none":
         raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = "valkey"
-    raw["spec"]["worker"]["resources"]["requests"].update(cpu="40", memory="160Gi")
+    shape = gpu_shape(instance_type)
+    gpus = max(g for g in (1, 2, 4) if g <= shape.gpus and shape.gpus % g == 0)
+    cpu, memory = pod_share(instance_type, shape.gpus // gpus)
+    worker = raw["spec"]["worker"]
+    worker["args"] = [a for a in worker["args"] if not a.startswith("--tensor-parallel-size")]
+    worker["args"].append(f"--tensor-parallel-size={gpus}")
+    worker["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {
+        "cpu": str(min(cpu, 40)), "memory": f"{min(memory, 160)}Gi", "nvidia.com/gpu": gpus}}
     return raw
 
 

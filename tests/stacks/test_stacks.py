@@ -342,8 +342,8 @@ def test_keda_and_cluster_autoscaler_are_pinned_and_pull_what_the_region_can_rea
     keda, ca = charts["keda"], charts["cluster-autoscaler"]
     assert keda["Version"] == "2.20.2" and ca["Version"] == "9.54.0"
     values = dumps(keda["Values"]) + dumps(ca["Values"])
-    if synth.cfg.facts.china:
-        registry = f"{synth.cfg.account}.dkr.ecr.{synth.cfg.region}.amazonaws.com.cn"
+    if synth.cfg.use_ecr_images:   # China always; a global region where the file says so
+        registry = f"{synth.cfg.account}.{synth.cfg.facts.ecr_host_suffix}"
         assert dumps(keda["Repository"]).startswith(f'"oci://{registry}/kvcache/charts/keda')
         for upstream in ("ghcr.io", "registry.k8s.io", "docker.io"):
             assert upstream not in values
@@ -395,9 +395,10 @@ def test_every_image_is_pinned_by_digest_but_the_documented_one(dev):
 def test_alb_controller_chart_comes_from_where_the_region_can_reach(synth):
     alb = _helm(synth.template("Cluster"))["aws-load-balancer-controller"]
     assert alb["Version"] == CHARTS["aws-load-balancer-controller"].version
-    if synth.cfg.facts.china:
-        assert alb["Repository"] == (f"oci://{synth.cfg.account}.dkr.ecr.{synth.cfg.region}."
-                                     "amazonaws.com.cn/kvcache/charts/aws-load-balancer-controller")
+    if synth.cfg.use_ecr_images:   # China always; a global region where the file says so
+        registry = f"{synth.cfg.account}.{synth.cfg.facts.ecr_host_suffix}"
+        assert alb["Repository"] == (f"oci://{registry}/kvcache/charts/"
+                                     "aws-load-balancer-controller")
     else:
         assert alb["Repository"] == "https://aws.github.io/eks-charts"
 

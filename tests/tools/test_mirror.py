@@ -305,3 +305,21 @@ def test_the_endpoint_picker_is_mirrored_where_an_endpoint_joins_a_gateway():
     assert epp.source_ref.startswith("registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0")
     assert epp.mirror_repository == "kvcache/gateway-api-inference-extension/epp"
     assert "epp" not in images["china"]
+
+
+def test_digest_only_images_mirror_under_a_tag_of_their_digest():
+    """Two images of one repository a file names by digest alone: each goes to its own ECR
+    tag, `sha256-<hex>` (a `latest` for both would collide under immutable tags), pulled by
+    its digest; an image with a tag keeps it."""
+    from config.images import ImageResolver, image_for
+    from config.regions import region_facts
+
+    a, b = ("registry.example.com/team/vllm@sha256:" + c * 64 for c in "ab")
+    images = [image_for(a), image_for(b)]
+    assert [i.tag for i in images] == ["sha256-" + "a" * 64, "sha256-" + "b" * 64]
+    resolver = ImageResolver(True, "222222222222", region_facts("cn-northwest-1"))
+    ecr = [resolver.resolve(i) for i in images]
+    assert len(set(ecr)) == 2 and not any(":latest" in r for r in ecr)
+    assert all(r.endswith(f":{i.tag}@{i.digest}") for r, i in zip(ecr, images))
+    tagged = image_for("registry.example.com/team/vllm:1.2@sha256:" + "c" * 64)
+    assert tagged.tag == "1.2"

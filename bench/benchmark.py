@@ -130,6 +130,9 @@ class BenchConfig:
     overhead_prompt_words: int = 2000
     hourly_usd: float | None = None
     instances: float = 1.0
+    # wall seconds per served second: an emulated fleet (bench/loopback_bench.py) runs at
+    # `time_scale`; the cost counts the fleet's hours over the served (modelled) time
+    time_scale: float = 1.0
     ignore_eos: bool = True
     api_key: str | None = field(default=None, repr=False)
     ca_file: str | None = None      # the front's own certificate (k8s/certificate.py)
@@ -406,8 +409,10 @@ def summarise(phase: Phase, samples: list[Sample], wall_s: float, skipped: int,
             if s.ttft_s is not None and s.output_tokens > 1]
     fleet_usd_per_s = (c.hourly_usd * c.instances / 3600) if c.hourly_usd else None
 
+    served_s = wall_s / c.time_scale
+
     def per_1k(tokens: int) -> float | None:
-        return fleet_usd_per_s * wall_s / tokens * 1000 if fleet_usd_per_s and tokens else None
+        return fleet_usd_per_s * served_s / tokens * 1000 if fleet_usd_per_s and tokens else None
 
     errors: dict[str, int] = {}
     for s in samples:

@@ -309,6 +309,7 @@ def bench_config(a: argparse.Namespace) -> BenchConfig:
         concurrency=a.concurrency, requests=a.requests, sessions=a.sessions, turns=a.turns,
         documents=a.documents, questions=a.questions, max_tokens=a.max_tokens,
         direct_url="auto", hourly_usd=a.hourly_usd, instances=a.workers, timeout_s=600,
+        time_scale=a.time_scale,
         repeats=a.repeats, seed=a.seed, warmup=a.warmup, request_rate=a.request_rate,
         session_header=not a.no_session_header, overhead_requests=10)
 

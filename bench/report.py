@@ -96,8 +96,12 @@ def summary_markdown(r: Result) -> str:
              "`vllm:prefix_cache_queries_total` on every worker during the scenario; "
              "cached (usage): `usage.prompt_tokens_details.cached_tokens` over prompt tokens."]
     if cfg.get("hourly_usd"):
+        scale = cfg.get("time_scale", 1.0)
+        over = ("each scenario's wall time" if scale == 1 else
+                f"each scenario's modelled time (wall time / time_scale {scale:g}: an emulated "
+                "fleet)")
         notes.append(f"- cost: {cfg['instances']:g} instance(s) x ${cfg['hourly_usd']}/h over "
-                     "each scenario's wall time; meaningful when the endpoint is saturated.")
+                     f"{over}; meaningful when the endpoint is saturated.")
     for name, s in r["scenarios"].items():
         if s["errors"]:
             kinds = "; ".join(f"{n} x {k}" for k, n in s["error_kinds"].items())

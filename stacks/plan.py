@@ -138,7 +138,8 @@ def plan_text(cfg: EnvironmentConfig, endpoints: tuple[EndpointSpec, ...]) -> st
                 f"desired sizes, {least}{high:,.2f} at their max ({counted})")
     if prices.unpriced:
         cost += (f"; no {cur} price for {', '.join(prices.unpriced)}: state them in the "
-                 f"environment file's instancePrices (currency {cur})")
+                 f"environment file's instancePrices (currency {cur}), or let `python -m "
+                 "tools prices` write them from the AWS Price List Query API")
     lines.append(cost)
     lines.append("  prices: " + ("; ".join(prices.sources) if prices.sources
                                  else prices.table_source))

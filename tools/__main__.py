@@ -5,6 +5,7 @@
                  or carry them as files: --export DIR abroad, --import DIR in China
   router-lock    re-resolve the router image's pinned wheels and Debian packages (maintainers)
   preflight      check an account and region before `cdk deploy`
+  prices         write the environment's own prices (AWS Price List Query API) into its file
   smoke          send one request through an endpoint's router and say what is wrong
   fill           fill the GitOps YAML's placeholders (dist/<env>/) from the stacks' outputs
   bench          measure TTFT, throughput, cache hits and cost of an OpenAI-compatible endpoint
@@ -19,7 +20,7 @@ from typing import Sequence
 
 from bench import benchmark, calibrate
 from config.arguments import OneLineParser
-from tools import fill, mirror, preflight, router_image, smoke, upload_model
+from tools import fill, mirror, preflight, prices, router_image, smoke, upload_model
 from tools.cli import run_command
 
 
@@ -27,8 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m tools", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (upload_model, mirror, preflight, router_image, smoke, fill, benchmark,
-                   calibrate):
+    for module in (upload_model, mirror, preflight, prices, router_image, smoke, fill,
+                   benchmark, calibrate):
         module.register(sub)
     return p
 

@@ -75,10 +75,13 @@ class Aws:
         self._clients: dict[str, Any] = {}
         self._session = None
 
-    def client(self, service: str) -> Any:
-        if service not in self._clients:
+    def client(self, service: str, region: str | None = None) -> Any:
+        """`service`'s client in the environment's region, or `region` (an API that answers
+        in one region of the partition only: the Price List Query API)."""
+        key = f"{service}@{region}" if region else service
+        if key not in self._clients:
             if self.factory is not None:
-                self._clients[service] = self.factory(service)
+                self._clients[key] = self.factory(service)
             else:
                 import boto3
                 from botocore.config import Config
@@ -86,10 +89,11 @@ class Aws:
                 if self._session is None:
                     self._session = boto3.Session(profile_name=self.profile,
                                                   region_name=self.cfg.region)
-                self._clients[service] = self._session.client(service, config=Config(
-                    retries={"mode": "standard", "max_attempts": 5},
-                    max_pool_connections=32))
-        return self._clients[service]
+                config = Config(retries={"mode": "standard", "max_attempts": 5},
+                                max_pool_connections=32)
+                self._clients[key] = self._session.client(service, region_name=region,
+                                                          config=config)
+        return self._clients[key]
 
     def stack_output(self, suffix: str, key: str) -> str:
         """An output of `KvCache-<env>-<suffix>`; a clear error when the stack is not there."""

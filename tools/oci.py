@@ -218,9 +218,16 @@ def fetch_https_chart(chart: ChartRef, timeout: float = 60.0) -> tuple[bytes, st
 
 
 def _get(url: str, timeout: float):
+    """GET `url`; one line (a SkopeoError, the row's note) where it cannot be reached, as
+    behind a proxy or air-gapped, never a traceback."""
     import requests
 
-    resp = requests.get(url, timeout=timeout)
+    try:
+        resp = requests.get(url, timeout=timeout)
+    except requests.RequestException as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SkopeoError(f"GET {url}: unreachable ({type(err).__name__}: "
+                          f"{reason[:160]})") from None
     if resp.status_code != 200:
         raise SkopeoError(f"GET {url}: HTTP {resp.status_code}")
     return resp

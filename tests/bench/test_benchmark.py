@@ -417,3 +417,18 @@ def test_an_unreachable_url_says_so_not_that_a_model_is_missing(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: cannot reach http://127.0.0.1:{port}") and "\n" not in err
     assert "--model" not in err
+
+
+def test_an_emulated_fleets_cost_is_counted_over_modelled_time():
+    """At time_scale 0.25 a wall second is four served seconds: the cost per 1K tokens is
+    four times what the wall clock alone would say (issue 42: the loopback benchmark's was
+    4x too low)."""
+    from bench.benchmark import BenchConfig, Phase, Sample, summarise
+
+    samples = [Sample("s", "a", 0, ok=True, status=200, ttft_s=0.1, e2e_s=1.0,
+                      output_tokens=100, prompt_tokens=10)]
+    cost = {scale: summarise(Phase("s", (), 10), samples, 10.0, 0, {}, BenchConfig(
+        "u", hourly_usd=8.0, instances=2, time_scale=scale))["cost_per_1k_output_tokens_usd"]
+        for scale in (1.0, 0.25)}
+    assert cost[0.25] == pytest.approx(4 * cost[1.0])
+    assert cost[1.0] == pytest.approx(8.0 * 2 / 3600 * 10.0 / 100 * 1000)

@@ -18,7 +18,7 @@ from config.regions import instance_types_in
 from k8s.l2 import GIB, break_even_gbs
 from k8s.serving import fit_endpoint, l2_plan, weights_fit_notice
 from tests.config.test_models import config_json
-from tests.conftest import DECLARED, ROOT, context_for
+from tests.conftest import DECLARED, ENVIRONMENTS, ROOT, context_for
 from tools.upload_model import record_model_config
 
 SEED = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
@@ -62,7 +62,7 @@ def _raw(model: str, l2: bool = True, **kv) -> dict:
     return raw
 
 
-@pytest.mark.parametrize("name", sorted(DECLARED))
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_qwen25_32b_on_g5_12xlarge_is_judged_with_its_own_shape(name):
     cfg = _env(name)
     parsed = parse_endpoint(cfg.name, "endpoints/qwen.yaml", _raw("Qwen/Qwen2.5-32B-Instruct"))
@@ -75,7 +75,7 @@ def test_qwen25_32b_on_g5_12xlarge_is_judged_with_its_own_shape(name):
     assert len(said) == 1 and "Llama-3.2-3B" not in " ".join(spec.warnings)
 
 
-@pytest.mark.parametrize("name", sorted(DECLARED))
+@pytest.mark.parametrize("name", ENVIRONMENTS)
 def test_a_model_we_do_not_know_is_one_line_naming_what_to_provide(name):
     cfg = _env(name)
     spec = parse_endpoint(cfg.name, "endpoints/own.yaml", _raw("acme/Own-Model-13B"))

@@ -74,3 +74,33 @@ def test_preflight_offline_lists_every_check_without_credentials(no_credentials,
         assert {f"image: {i.key}" for i in environment_images(cfg, endpoints)} <= checks
     assert main(["preflight", *_selects(name), "--offline"]) == 0
     assert "preflight: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("export", [False, True])
+def test_a_dry_run_where_no_chart_repository_answers_says_so_in_one_line_each(
+        no_credentials, monkeypatch, capsys, tmp_path, export):
+    """Behind a proxy or air-gapped: the HTTPS chart repositories do not answer (requests
+    raises, as it does there). The dry run still lists every artifact; each unreachable chart
+    is one line naming its URL, and no traceback (issue 42: 103 lines)."""
+    import requests
+
+    def unreachable(url, **kw):
+        raise requests.ConnectionError(f"HTTPSConnectionPool(host='{url.split('/')[2]}', "
+                                       "port=443): Max retries exceeded\nwith url")
+    monkeypatch.setattr(requests, "get", unreachable)
+    monkeypatch.setattr(mirror_module, "Skopeo", lambda **kw: RecordedRegistries())
+    monkeypatch.setattr(mirror_module.shutil, "which", lambda tool: "/usr/bin/" + tool)
+    name = next(n for n in ENVIRONMENTS if _cfg(n).use_ecr_images)
+    extra = ["--export", str(tmp_path / "out")] if export else []
+    code = main(["mirror", *_selects(name), "--dry-run", *extra])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "Traceback" not in out
+    https = [c for c in mirror_module.catalogue_charts()
+             if c.repository.startswith("https://")]
+    assert https
+    for chart in https:
+        (line,) = [ln for ln in out.splitlines() if ln.startswith("chart ")
+                   and f" {chart.key} " in ln and "unreachable" in ln]
+        assert f"{chart.repository}/index.yaml" in line
+    assert code in (0, 1)

@@ -51,6 +51,10 @@ CACHE_PORT = 6379             # Valkey/Redis, managed or self-hosted
 # router pod's drain and a worker's drain (vLLM --shutdown-timeout) must both cover, so a
 # rollout or a scale-down ends no request that was accepted (docs/runbook.md, "Rollouts").
 LONGEST_REQUEST_S = 600
+# How long a router pod's front keeps serving after its NLB target starts deregistering
+# (`listener.deregistrationWaitSeconds`, k8s/router_front.py): an NLB keeps sending new
+# connections for about two minutes (measured; docs/runbook.md), so at least that.
+DEREGISTER_S_DEFAULT, DEREGISTER_S_MIN, DEREGISTER_S_MAX = 150, 120, 900
 # The in-cluster L2 (Valkey): its StatefulSet and Service; the cache-down alert selects it
 SHARED_CACHE_NAME = "kvcache-valkey"
 REDIS_EXPORTER_PORT = 9121    # redis_exporter beside the self-hosted Valkey (its metrics port)

@@ -12,7 +12,9 @@ import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .contracts import ROUTER_STRATEGIES, default_router
+from .contracts import (
+    DEREGISTER_S_DEFAULT, DEREGISTER_S_MAX, DEREGISTER_S_MIN, ROUTER_STRATEGIES, default_router,
+)
 from .errors import ConfigError, allowed_for, type_name
 from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
 from .images import (
@@ -118,6 +120,8 @@ class ListenerConfig:
     # Without an ACM certificate, the router's front serves HTTPS with a certificate made in
     # the cluster (k8s/certificate.py), as HyperPod does; false: plain HTTP inside the VPC.
     generated_certificate: bool = True
+    # what a router pod's front waits for its NLB to stop sending before it drains
+    deregistration_wait_s: int = DEREGISTER_S_DEFAULT
 
 
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"   # GEP-1762: on a Gateway's pods
@@ -377,13 +381,15 @@ def _listener(r: _Reader, facts: RegionFacts, account: str, public: bool) -> Lis
                      "certificate/<uuid>)")
     ranges = _cidrs(r, "sourceRanges", public)
     generated = r.get("generatedCertificate", bool, True)
+    wait = r.integer("deregistrationWaitSeconds", DEREGISTER_S_MIN, DEREGISTER_S_MAX,
+                     DEREGISTER_S_DEFAULT)
     if public and (arn is None or not ranges):
         missing = "certificateArn" if arn is None else "sourceRanges"
         raise r.fail(missing, None, "a value when publicListener is true: an internet-facing "
                      "listener needs TLS (listener.certificateArn) and client CIDRs "
                      "(listener.sourceRanges)")
     r.done()
-    return ListenerConfig(arn, ranges, generated)
+    return ListenerConfig(arn, ranges, generated, wait)
 
 
 _DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"

@@ -13,19 +13,25 @@ from aws_cdk import CfnJson, Duration, Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
 from config.contracts import (
-    HELM_TIMEOUT_MINUTES, KEDA_NAMESPACE, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
+    DEREGISTER_S_DEFAULT, HELM_TIMEOUT_MINUTES, KEDA_NAMESPACE, NODE_ROLE_LABEL, NODE_ROLE_SYSTEM,
 )
 from config.images import CHARTS, IMAGES, ImageResolver, autoscaler_key
 from constructs.nag import acknowledge, wildcard
 from constructs.pod_identity import PodIdentityRole, PodIdentityRoleProps
-from k8s.router_front import TERMINATION_GRACE_S as ROUTER_GRACE_S
+from k8s.router_front import termination_grace_s
 from k8s.workers import WORKER_DRAIN_S, WORKER_EXIT_S, WORKER_PRE_STOP_S
 
-# A scale-down evicts pods with their own grace period capped at --max-graceful-termination-sec
-# (default 600 s): below the router pod's drain and a worker's (k8s/router_front.py,
-# k8s/workers.py), which would be cut short. Raised to the longest we render.
-MAX_GRACEFUL_TERMINATION_S = max(ROUTER_GRACE_S,
-                                 WORKER_PRE_STOP_S + WORKER_DRAIN_S + WORKER_EXIT_S)
+
+def max_graceful_termination_s(deregister_s: int = DEREGISTER_S_DEFAULT) -> int:
+    """A scale-down evicts pods with their own grace period capped at
+    --max-graceful-termination-sec (default 600 s): below the router pod's drain (which grows
+    with the environment's deregistration wait) and a worker's (k8s/router_front.py,
+    k8s/workers.py), which would be cut short. Raised to the longest we render."""
+    return max(termination_grace_s(deregister_s),
+               WORKER_PRE_STOP_S + WORKER_DRAIN_S + WORKER_EXIT_S)
+
+
+MAX_GRACEFUL_TERMINATION_S = max_graceful_termination_s()   # at the default wait
 KEDA_OPERATOR_SA = "keda-operator"
 AUTOSCALER_SA = "cluster-autoscaler"
 
@@ -38,6 +44,7 @@ class ClusterScalingProps:
     kubernetes_version: str           # Cluster Autoscaler runs the same minor
     region: str
     amp_workspace_arn: str | None     # KEDA queries AMP with SigV4 where there is one
+    deregister_s: int = DEREGISTER_S_DEFAULT   # listener.deregistrationWaitSeconds
 
 
 class ClusterScaling(Construct):
@@ -123,7 +130,8 @@ class ClusterScaling(Construct):
                               "skip-nodes-with-local-storage": False,
                               "expander": "least-waste",
                               "scale-down-unneeded-time": "10m",
-                              "max-graceful-termination-sec": MAX_GRACEFUL_TERMINATION_S},
+                              "max-graceful-termination-sec": max_graceful_termination_s(
+                                  p.deregister_s)},
             })
         # The kubectl barrier does not wait for nodes: without these the releases' pods stay
         # Pending, Helm's wait runs out and the stack rolls back; and a pod started before its

@@ -25,8 +25,8 @@ from k8s.objects import (
     zone_spread,
 )
 from k8s.router_front import (
-    DEREGISTER_S, DRAIN_MOUNT, DRAIN_S, DRAIN_VOLUME, FRONT_CONFIG, ROUTER_PRE_STOP,
-    TERMINATION_GRACE_S, front_config, front_config_hash, front_container, router_slots,
+    DEREGISTER_S, DRAIN_MOUNT, DRAIN_S, DRAIN_VOLUME, FRONT_CONFIG, front_config,
+    front_config_hash, front_container, router_pre_stop, router_slots, termination_grace_s,
 )
 from k8s.secret_fetch import (
     API_KEY_DIGEST_FILE, API_KEY_FILE, API_KEY_VOLUMES, SECRETS_DIR, ApiKey,
@@ -58,7 +58,12 @@ STARTUP_PROBE_FAILURES = -(-(WORKER_STARTUP_TIMEOUT_S + WORKER_STARTUP_CHECK_S) 
 # The NLB itself keeps a deregistering target's connections for the target group's
 # deregistration delay (default 300 s): set to the whole drain, so it never cuts one first.
 POD_READINESS_GATE_LABEL = "elbv2.k8s.aws/pod-readiness-gate-inject"
-DEREGISTRATION_DELAY_S = DEREGISTER_S + DRAIN_S
+
+
+def deregistration_delay_s(deregister_s: int = DEREGISTER_S) -> int:
+    return deregister_s + DRAIN_S
+
+
 # TLS 1.3/1.2 only (the controller's default policy still offers TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 _LB = "service.beta.kubernetes.io/aws-load-balancer-"
@@ -124,6 +129,8 @@ class RouterProps:
     # to the client port, and the only ones the front takes (and requires) the NLB's PROXY
     # protocol header from. Required by the chart.
     load_balancer_cidrs: tuple[str, ...] = ()
+    # the front's wait for its NLB to stop sending (listener.deregistrationWaitSeconds)
+    deregister_s: int = DEREGISTER_S
     # A private-only VPC: the internal NLB's fixed addresses, one per subnet, and the VPC's
     # range, which its security group admits when the listener names no sourceRanges.
     load_balancer_addresses: tuple[str, ...] = ()
@@ -409,7 +416,8 @@ class RouterChart(Chart):
                                "nodeSelector": {NODE_ROLE_LABEL: NODE_ROLE_SYSTEM},
                                "topologySpreadConstraints": zone_spread(sel),
                                "securityContext": pod_security(),
-                               "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+                               "terminationGracePeriodSeconds": termination_grace_s(
+                                   props.deregister_s),
                                **key_pod,
                                "containers": [{
                                    "name": "router", "image": props.image,
@@ -433,14 +441,15 @@ class RouterChart(Chart):
                                    "resources": {
                                        "requests": {"cpu": props.cpu, "memory": props.memory},
                                        "limits": {"cpu": props.cpu, "memory": props.memory}},
-                                   "lifecycle": {"preStop": {
-                                       "exec": {"command": ROUTER_PRE_STOP}}},
+                                   "lifecycle": {"preStop": {"exec": {
+                                       "command": router_pre_stop(props.deregister_s)}}},
                                    "securityContext": hardened(),
                                }, *decode_router_container(props, key_container),
                                front_container(
                                    props.image, front_volume["name"], props.load_balancer_cidrs,
                                    API_KEY_DIGEST_FILE if props.api_key else None, "api-key",
-                                   decode_router=decode_router(props), tls_volume=tls_volume),
+                                   decode_router=decode_router(props), tls_volume=tls_volume,
+                                   deregister_s=props.deregister_s),
                                    *sidecars],
                            }}}})
         pdb(self, name=name, namespace=ns, labels=labels, selector=sel)
@@ -448,7 +457,8 @@ class RouterChart(Chart):
             self._scaled_object(name, labels, props)
         scheme = "internet-facing" if props.public_listener else "internal"
         annotations = {}
-        target_group = [f"deregistration_delay.timeout_seconds={DEREGISTRATION_DELAY_S}"]
+        target_group = ["deregistration_delay.timeout_seconds="
+                        f"{deregistration_delay_s(props.deregister_s)}"]
         if props.policy in ("cache_aware", "kv_aware"):
             # cache_aware replicas learn prefixes only from the requests they see, so two
             # replicas disagree about a conversation; a kv_aware replica that starts late
@@ -588,7 +598,7 @@ def decode_router_container(p: RouterProps, key_container: dict) -> list[dict]:
                                "failureThreshold": 6},
              "resources": {"requests": {"cpu": p.cpu, "memory": p.memory},
                            "limits": {"cpu": p.cpu, "memory": p.memory}},
-             "lifecycle": {"preStop": {"exec": {"command": ROUTER_PRE_STOP}}},
+             "lifecycle": {"preStop": {"exec": {"command": router_pre_stop(p.deregister_s)}}},
              "securityContext": hardened()}]
 
 

@@ -36,7 +36,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from config.contracts import LONGEST_REQUEST_S, ROUTER_BACKEND_PORT, ROUTER_PORT
+from config.contracts import (
+    DEREGISTER_S_DEFAULT, LONGEST_REQUEST_S, ROUTER_BACKEND_PORT, ROUTER_PORT,
+)
 from config.endpoint_spec import MODEL_NAME
 from k8s.objects import hardened
 
@@ -103,23 +105,34 @@ KEEPALIVE_IDLE_S = 60
 # sends, would make HAProxy drop every open stream at once. The router container waits for the
 # front to be done (ROUTER_PRE_STOP: the front's hook leaves FRONT_DONE on a volume both mount),
 # so nothing in flight loses its router, and a pod with nothing in flight goes at DEREGISTER_S.
-DEREGISTER_S = 150
+DEREGISTER_S = DEREGISTER_S_DEFAULT     # `listener.deregistrationWaitSeconds` sets it
 DRAIN_S = LONGEST_REQUEST_S + 30
 DRAIN_DIR = "/run/kvcache-drain"
 FRONT_DONE = f"{DRAIN_DIR}/front-done"
 # The front's preStop hook: $1 seconds of grace for the NLB, then the soft stop of HAProxy (PID 1
 # in its container; FRONT_PID only where a test runs it beside other processes), then wait until
 # it has finished, then tell the router ($2).
-PRE_STOP = ["/bin/sh", "-c", 'sleep "$1"; pid="${FRONT_PID:-1}"; kill -USR1 "$pid"; '
+def front_pre_stop(deregister_s: int = DEREGISTER_S) -> list[str]:
+    return ["/bin/sh", "-c", 'sleep "$1"; pid="${FRONT_PID:-1}"; kill -USR1 "$pid"; '
             'while kill -0 "$pid" 2>/dev/null; do sleep 1; done; touch "$2"', "pre-stop",
-            str(DEREGISTER_S), FRONT_DONE]
+            str(deregister_s), FRONT_DONE]
+
+
 # The router's preStop hook: wait until the front is done ($1 exists), at most $2 seconds; the
 # kubelet's SIGTERM follows (both routers then finish what they still hold and exit).
-ROUTER_PRE_STOP = ["/bin/sh", "-c", 'i=0; while [ ! -e "$1" ] && [ "$i" -lt "$2" ]; do '
-                   'sleep 1; i=$((i+1)); done', "router-pre-stop", FRONT_DONE,
-                   str(DEREGISTER_S + DRAIN_S)]
-# terminationGracePeriodSeconds: both hooks, and the processes' exit after them.
-TERMINATION_GRACE_S = DEREGISTER_S + DRAIN_S + 30
+def router_pre_stop(deregister_s: int = DEREGISTER_S) -> list[str]:
+    return ["/bin/sh", "-c", 'i=0; while [ ! -e "$1" ] && [ "$i" -lt "$2" ]; do '
+            'sleep 1; i=$((i+1)); done', "router-pre-stop", FRONT_DONE,
+            str(deregister_s + DRAIN_S)]
+
+
+def termination_grace_s(deregister_s: int = DEREGISTER_S) -> int:
+    """terminationGracePeriodSeconds: both hooks, and the processes' exit after them."""
+    return deregister_s + DRAIN_S + 30
+
+
+PRE_STOP, ROUTER_PRE_STOP = front_pre_stop(), router_pre_stop()   # at the default wait
+TERMINATION_GRACE_S = termination_grace_s()
 DRAIN_VOLUME = {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
 DRAIN_MOUNT = {"name": "drain", "mountPath": DRAIN_DIR}
 # HAProxy's `option httplog` line with the request's method, path (no query string: a key
@@ -269,7 +282,8 @@ def front_config_hash(text: str) -> str:
 
 def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[str, ...],
                     key_digest_file: str | None, key_volume: str | None,
-                    decode_router: str | None = None, tls_volume: str | None = None) -> dict:
+                    decode_router: str | None = None, tls_volume: str | None = None,
+                    deregister_s: int = DEREGISTER_S) -> dict:
     """The front's container: the router image's haproxy in the foreground (`-db`), the
     Service's port, the config from ``config_volume``; the NLB's addresses and, where the
     endpoint has a key, its digest (on ``key_volume``); with ``tls_volume`` (the Secret
@@ -296,7 +310,7 @@ def front_container(image: str, config_volume: str, load_balancer_cidrs: tuple[s
         # its own liveness: it accepts connections (the router's probes go through it)
         "livenessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
         "readinessProbe": {"tcpSocket": {"port": ROUTER_PORT}, "periodSeconds": 10},
-        "lifecycle": {"preStop": {"exec": {"command": PRE_STOP}}},
+        "lifecycle": {"preStop": {"exec": {"command": front_pre_stop(deregister_s)}}},
         "volumeMounts": mounts,
         "resources": {"requests": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY},
                       "limits": {"cpu": FRONT_CPU, "memory": FRONT_MEMORY}},

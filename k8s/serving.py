@@ -791,6 +791,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             source_ranges=cfg.listener.source_ranges,
             load_balancer_subnets=facts.load_balancer_subnets,
             load_balancer_cidrs=router_load_balancer_cidrs(cfg.network, s.name),
+            deregister_s=cfg.listener.deregistration_wait_s,
             load_balancer_addresses=load_balancer_addresses(cfg.network, s.name),
             vpc_cidr=cfg.network.vpc_cidr), **_pd_routing(s)))
         gateway = []

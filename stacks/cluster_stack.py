@@ -46,5 +46,6 @@ class ClusterStack(Stack):
         self.scaling = ClusterScaling(self, "Scaling", props=ClusterScalingProps(
             cluster=self.cluster, system_nodes=built.system_nodegroup, images=cfg.images,
             kubernetes_version=cfg.kubernetes_version, region=cfg.region,
-            amp_workspace_arn=amp_workspace_arn))
+            amp_workspace_arn=amp_workspace_arn,
+            deregister_s=cfg.listener.deregistration_wait_s))
         CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)

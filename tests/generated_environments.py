@@ -29,13 +29,14 @@ from pathlib import Path
 
 import yaml
 
-from config.contracts import NODE_GROUP_LABEL
+from config.contracts import DEREGISTER_S_MAX, DEREGISTER_S_MIN, NODE_GROUP_LABEL
 from config.endpoint_spec import L2_BACKENDS, ROUTING_POLICIES
 from config.environment import CACHE_KINDS, GATEWAY_IMPLEMENTATIONS
 from k8s.gateway import STRATEGY_PROFILES as GATEWAY_STRATEGIES
 from config.images import IMAGES, KUBERNETES_VERSIONS
 from config.instances import GPU_SHAPES, gpu_direct_efa_in, pod_share
 from config.models import KNOWN_MODELS
+from config.prices import region_currency
 from config.network import lb_slot
 from config.regions import (
     AMP_TYPE, CHINA_REGIONS, GRAFANA_TYPE, instance_types_in, known_regions, resource_types_in,
@@ -207,6 +208,15 @@ def draw(seed: int) -> tuple[str, dict, dict[str, str]]:
         env["useEcrImages"] = True
     if rng.random() < 0.3:
         env["listener"] = {"sourceRanges": ["10.0.0.0/8"]}
+    if rng.random() < 0.3:
+        env.setdefault("listener", {})["deregistrationWaitSeconds"] = rng.randint(
+            DEREGISTER_S_MIN, DEREGISTER_S_MAX)
+    if rng.random() < 0.4:      # the team's own prices, in the region's currency
+        types = sorted({g["instanceTypes"][0] for g in groups} | {system})
+        env["instancePrices"] = {
+            "currency": region_currency(region), "source": "the team's bill",
+            "hourly": {t: round(rng.uniform(0.1, 120.0), 3)
+                       for t in rng.sample(types, rng.randint(1, len(types)))}}
     bucket_uri = f"s3://{_name(rng, 5, 12)}-certs"
     endpoints: dict[str, str] = {}
     used: set[str] = set()

@@ -43,6 +43,13 @@ ROUTER_METRICS_PORT = 29000   # vllm-router --prometheus-port
 KV_EVENTS_PORT = 5557         # vLLM's ZMQ KV event publisher
 # A worker's request-limit sidecar (HyperPod `worker.requestLimits`): the router's way in
 WORKER_LIMITS_PORT = 8090
+# The request-limit sidecar's second port, for the team's inference gateway: it answers a full
+# worker with the file's overflowStatusCode itself (nothing of ours sits between).
+WORKER_LIMITS_GATEWAY_PORT = 8091
+# What the sidecar answers a router for a full worker: a status neither pinned router retries
+# (measured: 429 and 503 are retried after 2.5 s, 420 passes at once), which the router pod's
+# front turns into the file's overflowStatusCode with Retry-After (k8s/router_front.py).
+ROUTER_OVERFLOW_STATUS = 420
 LMCACHE_SERVER_PORT = 5555    # `lmcache server` in the worker pod (lmcache.mode MultiProcess)
 LMCACHE_SERVER_HTTP_PORT = 8091
 KV_EVENTS_REPLAY_PORT = 5558

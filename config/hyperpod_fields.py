@@ -256,8 +256,9 @@ _ROWS = (
           "healthCheckPath are rendered"),
     Field("spec.worker.requestLimits", USED, "a sidecar (HAProxy) in each worker pod lets "
           "maxConcurrentRequests inference requests run and maxQueueSize wait; the next gets "
-          "overflowStatusCode (default 429) at once. The routers try once more, pass the status "
-          "on and keep the worker in rotation"),
+          "overflowStatusCode (default 429) at once, through the routers (no retry) and through "
+          "the gateway, and the worker stays in rotation; one client address holds at most "
+          "half the slots"),
     Field("spec.lmcache", USED, "mode InProcess (default): LMCache inside vLLM; MultiProcess: "
           "an LMCache server (`lmcache server`, LMCache >= 0.5.0, refused for older images) "
           "beside vLLM in the worker pod holds L1; the L2 is the same"),

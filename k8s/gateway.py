@@ -10,11 +10,12 @@ Pinned to one upstream release, GAIE v1.5.0: the CRD installed here (k8s/crds/),
 (tests/fixtures/gateway/epp-v1.5.0.json, read from that release's source). v1.6.0 moved the
 EPP to llm-d (`llm-d.ai`), whose config kinds differ.
 
-- The pool targets the port the router reaches the workers on (WorkerProps.router_port): the
-  request-limit sidecar where `worker.requestLimits` is set, since vLLM then listens on loopback
-  only and the limit is HyperPod's per-worker figure whichever path a request takes; vLLM's
-  port otherwise. The EPP scrapes /metrics on the same port (the sidecar passes /metrics
-  without a slot, k8s/request_limits.py).
+- The pool targets WorkerProps.gateway_port: the request-limit sidecar's gateway port where
+  `worker.requestLimits` is set (it answers a full worker with the file's overflowStatusCode
+  itself, where the routers' port answers what the router pod's front translates), since vLLM
+  then listens on loopback only and the limit is HyperPod's per-worker figure whichever path a
+  request takes; vLLM's port otherwise. The EPP scrapes /metrics on the same port (the sidecar
+  passes /metrics without a slot, k8s/request_limits.py).
 - Strategy -> EPP scheduling (STRATEGY_PROFILES): prefixaware and kvaware get the release's
   default profile (queue 2, KV-cache utilization 2, prefix-cache 3, max-score picker). kvaware's
   precise prefix (KV events) is llm-d's `precise-prefix-cache-scorer`, not in this release: the

@@ -131,6 +131,10 @@ class RouterProps:
     load_balancer_cidrs: tuple[str, ...] = ()
     # the front's wait for its NLB to stop sending (listener.deregistrationWaitSeconds)
     deregister_s: int = DEREGISTER_S
+    # worker.requestLimits.overflowStatusCode: what the front answers for a full worker, and
+    # a client address's share of the slots (router_front.fair_share)
+    overflow_status: int | None = None
+    per_source_requests: int | None = None
     # A private-only VPC: the internal NLB's fixed addresses, one per subnet, and the VPC's
     # range, which its security group admits when the listener names no sourceRanges.
     load_balancer_addresses: tuple[str, ...] = ()
@@ -376,7 +380,9 @@ class RouterChart(Chart):
                                   key_check=props.api_key is not None,
                                   models=front_models(props),
                                   short_body_bytes=(props.pd.short_body_bytes
-                                                    if props.pd else None))
+                                                    if props.pd else None),
+                                  overflow_status=props.overflow_status,
+                                  per_source_requests=props.per_source_requests)
         k8s_object(self, "FrontConfig", api_version="v1", kind="ConfigMap", name=f"{name}-front",
                    namespace=ns, labels=labels, body={"data": {FRONT_CONFIG: front_text}})
         front_volume = {"name": "front-config", "configMap": {"name": f"{name}-front"}}

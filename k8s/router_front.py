@@ -34,10 +34,12 @@ rendered text unchanged on their own ports.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 
 from config.contracts import (
-    DEREGISTER_S_DEFAULT, LONGEST_REQUEST_S, ROUTER_BACKEND_PORT, ROUTER_PORT,
+    DEREGISTER_S_DEFAULT, LONGEST_REQUEST_S, ROUTER_BACKEND_PORT, ROUTER_OVERFLOW_STATUS,
+    ROUTER_PORT,
 )
 from config.endpoint_spec import MODEL_NAME
 from k8s.objects import hardened
@@ -87,6 +89,7 @@ PARKED_RSS_PER_BODY_BYTE = 1.5
 ROUTER_MEMORY_SHARE = 0.25
 ROUTER_SMALL_CONNECTIONS = 1024
 QUEUE_S = 10                        # a request waits this long for a router slot, then 503
+RETRY_AFTER_S = 1                   # what a full worker's refusal tells the client to wait
 # TCP keepalives on idle client connections: an NLB drops a flow idle for 350 s on a TLS
 # listener (fixed), keepalive packets reset its timer; on TCP listeners the idle timeout is set
 # above the router's request timeout as well (k8s/router.py).
@@ -190,7 +193,9 @@ def models_answer(models: tuple[str, ...]) -> str:
 
 def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots, *,
                  key_check: bool, models: tuple[str, ...] = (),
-                 short_body_bytes: int | None = None) -> str:
+                 short_body_bytes: int | None = None,
+                 overflow_status: int | None = None,
+                 per_source_requests: int | None = None) -> str:
     """HAProxy's config. Its server timeout outlasts the router's request timeout, so the
     router (not the front) decides when a slow generation has taken too long. A body declared
     larger than the router's payload limit gets 413 here, before any of it is read
@@ -202,7 +207,12 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
     ``short_body_bytes`` (a disaggregated endpoint's pdSpec.routingThreshold x k8s/pd.py
     BODY_BYTES_PER_TOKEN): bodies shorter than that go to the decode-only router (named by
     DECODE_ROUTER_ENV), the rest to the P/D router; requests without a body (GET) go to the
-    P/D router."""
+    P/D router. ``overflow_status`` (worker.requestLimits): a full worker's sidecar answers the
+    router ROUTER_OVERFLOW_STATUS, which no router retries; the front gives the client the
+    file's status and Retry-After instead. ``per_source_requests``: with request limits, the
+    inference requests one client address may have in flight at once (its share of the
+    endpoint's slots, fair_share): the next is answered the file's status at once, so one
+    client cannot take every worker's slots from the others."""
     methods: dict[str, list[str]] = {}
     for method, path in CLIENT_ROUTES:
         methods.setdefault(method, []).append(path)
@@ -249,6 +259,8 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f"    http-request deny deny_status 403 unless {allowed}",
         *key,
         *([models_answer(models)] if models else []),
+        *(per_source_rules(overflow_status, per_source_requests)
+          if per_source_requests and overflow_status else []),
         # (411 is not among HAProxy's built-in error pages, so `return`, not `deny`)
         '    http-request return status 411 content-type text/plain string '
         '"a request body needs a Content-Length" if { req.hdr(transfer-encoding) -m found }',
@@ -262,6 +274,13 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f"    use_backend router_large if {{ req.hdr_val(content-length) gt "
         f"{SMALL_BODY_BYTES} }}",
         "    default_backend router",
+        *([f"    http-response set-header Retry-After {RETRY_AFTER_S} if "
+           f"{{ status {ROUTER_OVERFLOW_STATUS} }}",
+           f"    http-response set-status {overflow_status} if "
+           f"{{ status {ROUTER_OVERFLOW_STATUS} }}"] if overflow_status else []),
+        *(["backend per_source",   # a table of its own: client address -> requests in flight
+           "    stick-table type ipv6 size 100k expire 60s store http_req_cnt"]
+          if per_source_requests and overflow_status else []),
         "backend router",
         f'    server router "${{{ROUTER_ENV}}}" maxconn {slots.small}',
         "backend router_large",
@@ -273,6 +292,26 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
           if short_body_bytes else []),
         "",
     ])
+
+
+def per_source_rules(status: int, most: int) -> list[str]:
+    """Each client address's inference requests in flight counted (the `per_source` table;
+    the address is the PROXY header's, the client's own), and the one over `most` answered
+    `status` at once."""
+    body = json.dumps({"error": {
+        "message": f"this client has {most} requests in flight, its share of the endpoint; "
+                   "try again", "type": "overloaded", "code": status}}, separators=(",", ":"))
+    return ["    http-request track-sc1 src table per_source if { method POST } route_post",
+            f"    http-request return status {status} content-type application/json "
+            f"hdr Retry-After {RETRY_AFTER_S} string '{body}' "
+            f"if {{ method POST }} route_post {{ sc_trackers(1) gt {most} }}"]
+
+
+def fair_share(slots: int) -> int:
+    """What one client address may hold of an endpoint's `slots` (its workers' requestLimits,
+    running and queued, at the fewest workers it runs): half, so a second client always finds
+    room while the first holds its share."""
+    return max(1, slots // 2)
 
 
 def front_config_hash(text: str) -> str:

@@ -47,6 +47,7 @@ from k8s.gateway import (
 )
 from k8s.pd import BODY_BYTES_PER_TOKEN, pd_verdict, refusal as pd_refusal
 from k8s.certificate import dns_names
+from k8s.router_front import fair_share
 from k8s.lmcache_server import mp_refusal
 from k8s.network_policies import NetworkPoliciesChart, NetworkPoliciesProps
 from k8s.objects import pod_security_labels, standard_labels
@@ -638,6 +639,17 @@ def effective_scaling(cfg: EnvironmentConfig, s: EndpointSpec) -> AutoScaling | 
     return spec
 
 
+def per_source_requests(cfg: EnvironmentConfig, s: EndpointSpec) -> int | None:
+    """With request limits: what one client address may have in flight through the router pod
+    (router_front.fair_share of the slots at the fewest workers the endpoint runs)."""
+    limits = s.request_limits
+    if limits is None:
+        return None
+    scaling = effective_scaling(cfg, s)
+    fewest = scaling.min_replicas if scaling else s.replicas
+    return fair_share((limits.max_concurrent + limits.max_queue) * max(1, fewest))
+
+
 def fleet_replicas(cfg: EnvironmentConfig, s: EndpointSpec) -> tuple[int, str]:
     """The workers the L2 and the cost are computed for, and why that many: the file's
     `replicas` where they are all that will run, autoScalingSpec's maximum where it scales."""
@@ -792,6 +804,8 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             load_balancer_subnets=facts.load_balancer_subnets,
             load_balancer_cidrs=router_load_balancer_cidrs(cfg.network, s.name),
             deregister_s=cfg.listener.deregistration_wait_s,
+            overflow_status=s.request_limits.status if s.request_limits else None,
+            per_source_requests=per_source_requests(cfg, s),
             load_balancer_addresses=load_balancer_addresses(cfg.network, s.name),
             vpc_cidr=cfg.network.vpc_cidr), **_pd_routing(s)))
         gateway = []
@@ -799,7 +813,7 @@ def build_charts(app: App, cfg: EnvironmentConfig, specs: tuple[EndpointSpec, ..
             assert cfg.inference_gateway is not None
             gateway = [InferenceGatewayChart(app, f"{s.name}-gateway", props=GatewayProps(
                 endpoint=s.name, namespace=SERVING_NAMESPACE, strategy=s.routing_strategy,
-                worker_selector=workers.selector, worker_port=wp.router_port,
+                worker_selector=workers.selector, worker_port=wp.gateway_port,
                 image=images.uri("epp"), gateway=cfg.inference_gateway,
                 longest_request_s=LONGEST_REQUEST_S, model=s.model_name))]
         for chart in (*roles, router, *gateway):

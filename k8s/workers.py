@@ -20,7 +20,7 @@ from config.images import IMAGES, IMAGES_LOCK, ImageFamily, catalogue_release, i
 from config.contracts import (
     EFA_RESOURCE, NIXL_SIDE_CHANNEL_PORT, PD_ROLE_LABEL, GPU_RESOURCE, GPU_TAINT_KEY,
     KV_EVENTS_PORT, LONGEST_REQUEST_S, NODE_GROUP_LABEL, NODE_ROLE_GPU, NODE_ROLE_LABEL,
-    WORKER_LIMITS_PORT, WORKER_PORT,
+    WORKER_LIMITS_GATEWAY_PORT, WORKER_LIMITS_PORT, WORKER_PORT,
 )
 from config.endpoint_spec import AutoScaling, HubModel, RequestLimits, arg_value, named_model
 from k8s.flows import PROMETHEUS, Flow, Peer
@@ -143,6 +143,12 @@ class WorkerProps:
     def router_port(self) -> int:
         """Where the router reaches the worker: the request-limit sidecar, or vLLM itself."""
         return WORKER_LIMITS_PORT if self.request_limits else self.port
+
+    @property
+    def gateway_port(self) -> int:
+        """Where the team's inference gateway reaches it: the sidecar's own port for it (a full
+        worker answered with the file's status), or vLLM itself."""
+        return WORKER_LIMITS_GATEWAY_PORT if self.request_limits else self.port
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from config import ConfigError
-from config.contracts import SERVING_NAMESPACE, WORKER_LIMITS_PORT
+from config.contracts import SERVING_NAMESPACE, WORKER_LIMITS_GATEWAY_PORT, WORKER_LIMITS_PORT
 from config.endpoint_spec import parse_endpoint
 from config.environment import GATEWAY_IMPLEMENTATIONS
 from k8s.gateway import (
@@ -120,15 +120,19 @@ def test_the_pool_selects_exactly_the_workers_on_the_port_the_router_uses(case):
     assert selected == {f"{spec.name}-workers"}
     (port,) = [p["number"] for p in pool["spec"]["targetPorts"]]
     # with request limits vLLM listens on loopback: the sidecar is the only way in, and the
-    # per-worker limit holds on both paths
-    assert port == (WORKER_LIMITS_PORT if spec.request_limits else spec.port)
+    # per-worker limit holds on both paths; the gateway has a port of the sidecar's own, where
+    # a full worker is answered with the file's status (the routers' port answers what the
+    # router pod's front translates)
+    assert port == (WORKER_LIMITS_GATEWAY_PORT if spec.request_limits else spec.port)
     worker = _pods(docs)[f"{spec.name}-workers"]["spec"]
-    listening = {p["containerPort"] for c in worker["containers"] + worker.get(
-        "initContainers", []) for p in c.get("ports", [])}
+    sidecar = [c for c in worker.get("initContainers", []) if c["name"] == "request-limits"]
+    listening = {p["containerPort"] for c in (sidecar or worker["containers"])
+                 for p in c.get("ports", [])}
     assert port in listening
     router = [c for c in _pods(docs)[f"{spec.name}-router"]["spec"]["containers"]
               if c["name"] == "router"][0]
-    assert str(port) in json.dumps(router)       # the router's workers: the same port
+    router_port = WORKER_LIMITS_PORT if spec.request_limits else spec.port
+    assert str(router_port) in json.dumps(router) and router_port in listening
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

@@ -25,34 +25,38 @@ import pytest
 import requests
 
 from bench.loopback import (
-    RouterProcess, RouterStartError, container_env, localize_router_args, port_clash,
-    router_launch,
+    FrontProcess, RouterProcess, RouterStartError, container_env, localize_router_args,
+    nlb_connection, port_clash, router_launch,
 )
 
-from config.contracts import WORKER_LIMITS_PORT
+from config.contracts import (
+    ROUTER_OVERFLOW_STATUS, WORKER_LIMITS_GATEWAY_PORT, WORKER_LIMITS_PORT,
+)
 from config.errors import ConfigError
 from config.endpoint_spec import parse_endpoint
-from k8s.request_limits import BIND_ENV, LIMITS_CONFIG, VLLM_ENV
-from k8s.router import RETRY_ATTEMPTS, RETRY_BACKOFF_MS
+from k8s.router_front import FRONT_CONFIG
+from k8s.request_limits import BIND_ENV, GATEWAY_BIND_ENV, LIMITS_CONFIG, VLLM_ENV
 from k8s.serving import build_charts
 from tests.k8s.test_charts import SEED, _env, _facts
 
 LIMITS = {"maxConcurrentRequests": 3, "maxQueueSize": 2}
 DEADLINE_S = 20   # bounds every wait; nothing asserts on time
-TEST_BACKOFF_MS = "100"
 
 
-def _render(limits: dict, strategy: str = "prefixaware") -> list[dict]:
-    return _rendered(json.dumps(limits, sort_keys=True), strategy)
+def _render(limits: dict, strategy: str = "prefixaware", replicas: int | None = None
+            ) -> list[dict]:
+    return _rendered(json.dumps(limits, sort_keys=True), strategy, replicas)
 
 
 @functools.lru_cache(maxsize=None)
-def _rendered(limits_json: str, strategy: str) -> list[dict]:
+def _rendered(limits_json: str, strategy: str, replicas: int | None = None) -> list[dict]:
     """Rendered once per limits and strategy (jsii renders take most of this file's time)."""
     limits = json.loads(limits_json)
     cfg = _env("dev")
     raw = copy.deepcopy(SEED)
     raw["spec"]["worker"]["requestLimits"] = limits
+    if replicas:
+        raw["spec"]["replicas"] = replicas
     raw["spec"]["intelligentRoutingSpec"]["routingStrategy"] = strategy
     spec = parse_endpoint(cfg.name, "endpoints/test.yaml", raw)
     return [d for chart in build_charts(cdk8s.App(), cfg, (spec,), _facts(cfg, spec))
@@ -176,8 +180,9 @@ def _worker(config: str):
         # is loaded unchanged)
         (Path(tmp) / "stats.cfg").write_text(f"global\n    stats socket {stats} level user\n")
         for _ in range(3):   # again on a fresh port if another process took this one first
-            port = _free_port()
+            port, gateway_port = _free_port(), _free_port()
             env = {**os.environ, BIND_ENV: f"127.0.0.1:{port}",
+                   GATEWAY_BIND_ENV: f"127.0.0.1:{gateway_port}",
                    VLLM_ENV: f"127.0.0.1:{vllm.server_address[1]}"}
             proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg), "-f",
                                      str(Path(tmp) / "stats.cfg")], env=env,
@@ -189,6 +194,7 @@ def _worker(config: str):
             stats.unlink(missing_ok=True)
         try:
             assert proc.poll() is None, "the sidecar did not start"
+            handler.gateway_port = gateway_port
             yield port, stats, handler
         finally:
             handler.release.set()
@@ -211,9 +217,12 @@ def test_the_request_after_the_limit_and_the_queue_gets_the_status_and_none_befo
                        and _queued(stats) == max(0, i - running),
                        f"request {i} running or queued")
             assert not any(_answered(s) for s in held)       # none refused before the limit
-            over = _send(port)
-            assert _status(over) == status                   # request N + Q + 1
-            over.close()
+            # request N + Q + 1: on the gateway's port the file's status, on the routers' the
+            # one no router retries (the router pod's front answers the file's for it)
+            for ask, answer in ((vllm.gateway_port, status), (port, ROUTER_OVERFLOW_STATUS)):
+                over = _send(ask)
+                assert _status(over) == answer, ask
+                over.close()
             for path in ("/health", "/metrics"):             # a full worker is not a dead one
                 with socket.create_connection(("127.0.0.1", port)) as s:
                     s.sendall(f"GET {path} HTTP/1.1\r\nHost: w\r\n\r\n".encode())
@@ -239,25 +248,27 @@ def _sidecar_refusals(stats: Path) -> int:
     """4xx answers the sidecar gave (health checks pass through it too: not req_tot)."""
     lines = _stat_lines(stats)
     header = lines[0].lstrip("# ").split(",")
-    row = next(line.split(",") for line in lines[1:] if line.startswith("worker,FRONTEND"))
+    row = next(line.split(",") for line in lines[1:] if line.startswith("routers,FRONTEND"))
     return int(row[header.index("hrsp_4xx")])
 
 
 def _busy_worker_through_router(implementation: str, docs: list[dict]) -> dict:
-    """One worker whose only slot is taken; a client asks the real router (rendered args)."""
-    router = next(d for d in docs if d["kind"] == "Deployment"
-                  and d["metadata"]["name"].endswith("-router"))["spec"]["template"]["spec"]
-    container = router["containers"][0]
-    # the wait before the second attempt shortened for the loopback (RETRY_BACKOFF_MS is sized
-    # for a dead worker's exit from the list); how many attempts, and what they get, are not
-    args = [TEST_BACKOFF_MS if a == str(RETRY_BACKOFF_MS) else a for a in container["args"]]
+    """One worker whose only slot is taken; a client asks the router pod as rendered: the real
+    front (its config and key check) in front of the real router (its args)."""
+    pod = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"].endswith("-router"))["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    front_text = next(d["data"][FRONT_CONFIG] for d in docs if d["kind"] == "ConfigMap"
+                      and d["metadata"]["name"].endswith("-router-front"))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     with _worker(_limits_text(docs)) as (port, stats, vllm), contextlib.ExitStack() as stack:
         for attempt in range(3):   # again on fresh ports if another process took one first
             binary, argv = router_launch(implementation, localize_router_args(
-                args, [f"http://127.0.0.1:{port}"], _free_port(), _free_port()))
+                container["args"], [f"http://127.0.0.1:{port}"], _free_port(), _free_port()))
             try:
                 process = stack.enter_context(RouterProcess(argv, binary=binary,
                                                             env=container_env(container)))
+                front = stack.enter_context(FrontProcess(front_text, process.port))
                 break
             except RouterStartError as exc:
                 if not port_clash(exc) or attempt == 2:
@@ -265,32 +276,38 @@ def _busy_worker_through_router(implementation: str, docs: list[dict]) -> dict:
         first = _send(process.port)                     # takes the worker's one slot
         _until(lambda: len(vllm.arrived) == 1, "the first request runs")
         before = _sidecar_refusals(stats)
-        busy = requests.post(f"{process.url}/v1/chat/completions", timeout=DEADLINE_S,
-                             json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        started = time.monotonic()
+        busy = requests.post(f"{front.url}/v1/chat/completions", timeout=DEADLINE_S, json=body)
+        busy_s = time.monotonic() - started
         calls = _sidecar_refusals(stats) - before
         vllm.release.set()
         first_status = _status(first)
         first.close()
         healthy = [w for w in process.workers() if w.get("is_healthy", True)]
-        after = requests.post(f"{process.url}/v1/chat/completions", timeout=DEADLINE_S,
-                              json={"model": "m", "messages": [{"role": "user", "content": "y"}]})
-        return {"busy": busy.status_code, "calls": calls, "first": first_status,
-                "healthy": len(healthy), "after": after.status_code}
+        after = requests.post(f"{front.url}/v1/chat/completions", timeout=DEADLINE_S, json=body)
+        return {"busy": busy.status_code, "retry_after": busy.headers.get("Retry-After"),
+                "calls": calls, "first": first_status, "healthy": len(healthy),
+                "after": after.status_code, "busy_s": busy_s}
 
 
-def test_the_routers_answer_busy_and_keep_the_worker():
-    """Both routers, as rendered (circuit breaker off, RETRY_ATTEMPTS): the client of a full
-    worker gets the worker's 429, the sidecar saw at most RETRY_ATTEMPTS calls for it (no
-    storm), and the worker stays listed and serves the next request."""
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_full_worker_fails_fast_through_the_router_pod_with_the_files_status(status):
+    """Both routers, as rendered, behind the rendered front: the client of a full worker gets
+    the file's overflowStatusCode with Retry-After at once (the sidecar answers the router a
+    status neither router retries, which the front turns into the file's: a 429 there waited
+    2.5 s for the routers' retry), the sidecar saw one call, and the worker stays listed and
+    serves the next request."""
     cases = [("sglang-router", "prefixaware"), ("vllm-router", "roundrobin")]
-    rendered = [_render({"maxConcurrentRequests": 1}, s) for _, s in cases]   # jsii: one thread
+    limits = {"maxConcurrentRequests": 1, "overflowStatusCode": status}
+    rendered = [_render(limits, s) for _, s in cases]   # jsii: one thread
     with ThreadPoolExecutor(len(cases)) as pool:
         results = dict(zip(cases, pool.map(_busy_worker_through_router,
                                            [r for r, _ in cases], rendered)))
     for case, r in results.items():
-        assert r == {"busy": 429, "calls": r["calls"], "first": 200, "healthy": 1,
-                     "after": 200}, case
-        assert 1 <= r["calls"] <= RETRY_ATTEMPTS, case
+        busy_s = r.pop("busy_s")
+        assert r == {"busy": status, "retry_after": "1", "calls": 1, "first": 200,
+                     "healthy": 1, "after": 200}, case
+        assert busy_s < 1.0, (case, busy_s)   # nothing waits for the routers' 2.5 s retry
 
 
 def _millicores(quantity: str) -> int:
@@ -342,3 +359,45 @@ def test_the_routers_reach_the_workers_only_through_the_sidecar(strategy):
 def test_bad_limits_are_one_line_naming_the_field(limits, field):
     with pytest.raises(ConfigError, match=field):
         _render(limits)
+
+
+def _post_as(front_port: int, client: str) -> socket.socket:
+    """An inference request as the NLB hands it on for `client` (its PROXY header)."""
+    sock = nlb_connection(front_port, client)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": client}]})
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: f\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    return sock
+
+
+def test_one_client_cannot_take_every_slot_from_the_others():
+    """A hog and a polite client through the rendered front, router and sidecar: one worker
+    of 4 slots, so each address may hold 2 (fair_share). The hog's third and fourth are
+    refused at the front at once with the file's status; the polite client's two run."""
+    limits = {"maxConcurrentRequests": 4}
+    docs = _render(limits, "roundrobin", replicas=1)
+    pod = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"].endswith("-router"))["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    front_text = next(d["data"][FRONT_CONFIG] for d in docs if d["kind"] == "ConfigMap"
+                      and d["metadata"]["name"].endswith("-router-front"))
+    assert "sc_trackers(1) gt 2" in front_text
+    with _worker(_limits_text(docs)) as (port, stats, vllm), contextlib.ExitStack() as stack:
+        binary, argv = router_launch("vllm-router", localize_router_args(
+            container["args"], [f"http://127.0.0.1:{port}"], _free_port(), _free_port()))
+        process = stack.enter_context(RouterProcess(argv, binary=binary,
+                                                    env=container_env(container)))
+        front = stack.enter_context(FrontProcess(front_text, process.port))
+        hog = [_post_as(front.port, "198.51.100.7") for _ in range(2)]
+        _until(lambda: len(vllm.arrived) == 2, "the hog's share runs")
+        started = time.monotonic()
+        refused = [_post_as(front.port, "198.51.100.7") for _ in range(2)]
+        assert [_status(s) for s in refused] == [429, 429]
+        refused_s = time.monotonic() - started
+        polite = [_post_as(front.port, "198.51.100.8") for _ in range(2)]
+        _until(lambda: len(vllm.arrived) == 4, "the polite client's run beside the hog's")
+        vllm.release.set()
+        assert [_status(s) for s in hog + polite] == [200] * 4
+        for s in hog + refused + polite:
+            s.close()
+        assert refused_s < 1.0, refused_s

@@ -808,7 +808,10 @@ def vllm_args(p: WorkerProps) -> list[str]:
     if p.multi_process:
         transfer = {**mp_kv_transfer_config(), **{k: v for k, v in transfer.items()
                                                   if k == "kv_load_failure_policy"}}
-    own = {"--served-model-name": p.model_name, "--host": "0.0.0.0", "--port": str(p.port),
+    # with request limits vLLM listens on loopback: the sidecar is the pod's only way in
+    # (routers, the gateway, Prometheus and the kubelet's startup probe all come through it)
+    host = "127.0.0.1" if p.request_limits else "0.0.0.0"
+    own = {"--served-model-name": p.model_name, "--host": host, "--port": str(p.port),
            "--kv-transfer-config": json.dumps(transfer, separators=(",", ":"))}
     for flag, value in own.items():
         if flag not in given:
@@ -867,7 +870,7 @@ class WorkersChart(Chart):
                                                                                p.endpoint)
         labels = {**standard_labels(COMPONENT, p.endpoint), **sel}
         self.selector = sel
-        self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), p.port,
+        self.flows = (Flow(PROMETHEUS, Peer(name, p.namespace, sel), p.router_port,
                            "vLLM and LMCache metrics"),)
         if p.owns_service_account:
             k8s_object(self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
@@ -979,7 +982,8 @@ class WorkersChart(Chart):
                                   "configMap": {"name": f"{name}-limits"}})
             pod_annotations["kvcache.io/limits-config"] = hashlib.sha256(
                 text.encode()).hexdigest()[:16]
-        health = {"httpGet": {"path": p.health_check_path, "port": "http"},
+        health = {"httpGet": {"path": p.health_check_path,
+                              "port": WORKER_LIMITS_PORT if p.request_limits else "http"},
                   "periodSeconds": 10, "timeoutSeconds": 5}
         env = [{"name": "HF_HUB_OFFLINE", "value": "1"},
                {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
@@ -1094,7 +1098,10 @@ class WorkersChart(Chart):
         k8s_object(self, "Workload", api_version="apps/v1", kind=kind, name=name,
                    namespace=p.namespace, labels=labels, body={"spec": spec})
         pdb(self, name=name, namespace=p.namespace, labels=labels, selector=sel)
-        svc_ports = [{"name": "http", "port": p.port, "targetPort": "http"}]
+        # Prometheus scrapes the `http` port: vLLM, or with request limits the sidecar (its
+        # open backend passes /metrics without a slot) where vLLM listens on loopback
+        svc_ports = [{"name": "http", "port": p.port,
+                      "targetPort": "limited" if p.request_limits else "http"}]
         if p.request_limits:
             svc_ports.append({"name": "limited", "port": WORKER_LIMITS_PORT,
                               "targetPort": "limited"})

@@ -283,6 +283,8 @@ def _busy_worker_through_router(implementation: str, docs: list[dict]) -> dict:
         vllm.release.set()
         first_status = _status(first)
         first.close()
+        # the slot frees when HAProxy has seen the response end, maybe after the status line
+        _until(lambda: _backend(stats, "scur") == 0, "the worker's slot is free again")
         healthy = [w for w in process.workers() if w.get("is_healthy", True)]
         after = requests.post(f"{front.url}/v1/chat/completions", timeout=DEADLINE_S, json=body)
         return {"busy": busy.status_code, "retry_after": busy.headers.get("Retry-After"),
@@ -322,7 +324,9 @@ def _can_connect(port: int) -> bool:
 @pytest.mark.parametrize("strategy", ["prefixaware", "kvaware"])
 def test_the_routers_reach_the_workers_only_through_the_sidecar(strategy):
     """Discovery's port, the static lists (kvaware) and the router's network policy all name
-    the sidecar; Prometheus still scrapes vLLM itself; the sidecar is a native sidecar."""
+    the sidecar; vLLM listens on loopback only, so Prometheus (the Service's `http` port) and
+    the kubelet's startup probe come through the sidecar too, and no policy admits vLLM's own
+    port; the sidecar is a native sidecar."""
     docs = _render(LIMITS, strategy)
     router = next(d for d in docs if d["kind"] == "Deployment"
                   and d["metadata"]["name"].endswith("-router"))
@@ -342,6 +346,15 @@ def test_the_routers_reach_the_workers_only_through_the_sidecar(strategy):
     sidecar = next(c for c in worker["spec"]["template"]["spec"]["initContainers"]
                    if c["name"] == "request-limits")
     assert sidecar["restartPolicy"] == "Always"
+    vllm_c = worker["spec"]["template"]["spec"]["containers"][0]
+    assert vllm_c["args"][vllm_c["args"].index("--host") + 1] == "127.0.0.1"
+    assert vllm_c["startupProbe"]["httpGet"]["port"] == WORKER_LIMITS_PORT
+    service = next(d for d in docs if d["kind"] == "Service"
+                   and d["metadata"]["name"] == worker["metadata"]["name"])
+    (http,) = [p for p in service["spec"]["ports"] if p["name"] == "http"]
+    assert http["targetPort"] == "limited"
+    vllm_port = next(p["containerPort"] for p in vllm_c["ports"] if p["name"] == "http")
+    assert vllm_port not in ports
     assert sidecar["image"] == router["spec"]["template"]["spec"]["containers"][0]["image"]
     # the sidecar comes out of the worker's share: the pod still fits its node
     vllm = worker["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]

@@ -60,7 +60,8 @@ from k8s.secret_fetch import ApiKey
 from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
-    l1_budget, l2_refusal, parallel_ranks, served_model_names, worker_urls, LIMITS_MEMORY,
+    l1_budget, l2_refusal, limits_share_refusal, parallel_ranks, served_model_names,
+    worker_urls, LIMITS_MEMORY,
     COMPONENT as WORKER_COMPONENT, PDWorker, pd_selector,
 )
 from config.instances import efa
@@ -371,6 +372,11 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
                               + (f" and the request-limit sidecar ({LIMITS_MEMORY})"
                                  if sidecar else "")
                               + " (or a smaller kvCacheSpec.l1CacheSizeGiB)")
+    # after the L1's floor, which counts the sidecar too: the larger figure is said first
+    if s.request_limits and (short := limits_share_refusal(s.cpu, s.memory)):
+        field, allowed = short
+        raise ConfigError(cfg.name, f"{where}.worker.resources.requests.{field}",
+                          s.cpu if field == "cpu" else s.memory, allowed)
     if s.l2_enabled and s.l2_backend == "lmcache-server" and s.l2_url is None:
         warnings.append(changed(
             f"{where}.kvCacheSpec.l2CacheSpec.l2CacheBackend: lmcache-server is served by the "

@@ -1020,8 +1020,8 @@ class WorkersChart(Chart):
             ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT})
         vllm_cpu = p.cpu if vllm_cpu_m == _millicores(p.cpu) else f"{vllm_cpu_m}m"
         vllm_memory = p.memory if vllm_mib == _memory_gib(p.memory) * 1024 else f"{vllm_mib}Mi"
-        if (vllm_cpu, vllm_memory) != (p.cpu, p.memory) and (vllm_cpu_m < 1000
-                                                            or vllm_mib < 8 * 1024):
+        if (vllm_cpu, vllm_memory) != (p.cpu, p.memory) and (vllm_cpu_m < VLLM_MIN_CPU_M
+                                                            or vllm_mib < VLLM_MIN_MIB):
             raise ValueError(f"endpoint {p.endpoint}: worker resources cpu {p.cpu}, memory "
                              f"{p.memory} leave vLLM {vllm_cpu_m}m, {vllm_mib}Mi beside its "
                              "sidecars; allowed: more (spec.worker.resources.requests)")
@@ -1195,6 +1195,25 @@ def zone_affinity(p: WorkerProps) -> dict:
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": pd_selector(p.endpoint, p.pd.same_zone_as)},
         "topologyKey": "topology.kubernetes.io/zone"}]}}}
+
+
+# What vLLM keeps at least where sidecars come out of the worker's request (fit_endpoint says
+# so in one line before the render would refuse)
+VLLM_MIN_CPU_M, VLLM_MIN_MIB = 1000, 8 * 1024
+
+
+def limits_share_refusal(cpu: str, memory: str) -> tuple[str, str] | None:
+    """(the field, what it must be) where the request-limit sidecar's share of the worker's
+    `cpu` and `memory` leaves vLLM less than VLLM_MIN_CPU_M / VLLM_MIN_MIB; None where not."""
+    sidecar_m, sidecar_mib = _millicores(LIMITS_CPU), int(LIMITS_MEMORY.removesuffix("Mi"))
+    why = (f": the request-limit sidecar takes {LIMITS_CPU} CPU and {LIMITS_MEMORY} of the "
+           f"worker's request, and vLLM keeps at least {VLLM_MIN_CPU_M}m and "
+           f"{VLLM_MIN_MIB // 1024}Gi")
+    if _millicores(cpu) - sidecar_m < VLLM_MIN_CPU_M:
+        return "cpu", f"at least {VLLM_MIN_CPU_M + sidecar_m}m" + why
+    if _memory_gib(memory) * 1024 - sidecar_mib < VLLM_MIN_MIB:
+        return "memory", f"at least {-(-(VLLM_MIN_MIB + sidecar_mib) // 1024)}Gi" + why
+    return None
 
 
 def _millicores(quantity: str) -> int:

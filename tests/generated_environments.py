@@ -156,6 +156,8 @@ def _endpoint(rng: random.Random, name: str, group: dict, groups: list[dict], ac
     if rng.random() < 0.3:
         worker["requestLimits"] = {"maxConcurrentRequests": rng.choice((8, 32, 64)),
                                    "overflowStatusCode": 429}
+        # its sidecar takes 250m of the worker's request: vLLM keeps at least a CPU
+        worker["resources"]["requests"]["cpu"] = str(max(2, cpu))
     if rng.random() < 0.3:
         spec["tlsConfig"] = {"tlsCertificateOutputS3Uri": f"{bucket_uri}/{name}"}
     capacity = group["maxSize"] * per_node          # what the group can hold

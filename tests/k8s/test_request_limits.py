@@ -414,3 +414,27 @@ def test_one_client_cannot_take_every_slot_from_the_others():
         for s in hog + refused + polite:
             s.close()
         assert refused_s < 1.0, refused_s
+
+
+@pytest.mark.parametrize("resources,field", [({"cpu": "1"}, "cpu"),
+                                             ({"memory": "8Gi"}, "memory")])
+def test_a_worker_the_sidecar_leaves_too_little_is_one_line(resources, field):
+    """A worker of 1 CPU (a drawn environment's) with request limits: the sidecar's 250m would
+    leave vLLM 750m. One line naming the field at synth, not the render's ValueError; the
+    figure it names passes."""
+    import re
+
+    from k8s.serving import fit_endpoint
+
+    cfg = _env("dev")
+    raw = copy.deepcopy(SEED)
+    raw["spec"]["worker"]["requestLimits"] = {"maxConcurrentRequests": 4}
+    raw["spec"]["kvCacheSpec"] = {"enableL1Cache": False, "enableL2Cache": False}
+    raw["spec"]["worker"]["resources"]["requests"].update(resources)
+    with pytest.raises(ConfigError) as err:
+        fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", raw))
+    assert err.value.field.endswith(f"worker.resources.requests.{field}")
+    assert "\n" not in str(err.value) and "sidecar" in err.value.allowed
+    floor = re.search(r"at least (\S+?)( CPU)?:", err.value.allowed)[1]
+    raw["spec"]["worker"]["resources"]["requests"][field] = floor
+    fit_endpoint(cfg, parse_endpoint(cfg.name, "endpoints/test.yaml", raw))

@@ -22,7 +22,7 @@ from .images import (
 )
 from .instances import (
     DAEMONSET_ROOM_M, DAEMONSET_ROOM_MIB, EFA, GPU_SHAPES, accelerator_label, allocatable,
-    gpu_direct_efa_in, gpu_shape,
+    architecture, gpu_direct_efa_in, gpu_shape,
 )
 from .notices import ACK_PATTERN
 from .prices import PSEUDO_TYPES, Prices, PriceTable, region_currency
@@ -455,6 +455,25 @@ def _inference_gateway(r: _Reader, system: NodeGroupConfig) -> InferenceGatewayC
     return cfg
 
 
+def _ami_type(r: "_Reader", types: tuple[str, ...], ami_types: tuple[str, ...]) -> str:
+    """The group's AMI type, of its instance types' architecture (EKS, and CDK at synth, refuse
+    a mismatch): by default the first of that architecture; Graviton and x86 types never mix."""
+    arches = {architecture(t) for t in types}
+    if len(arches) > 1:
+        raise r.fail("instanceTypes", list(types), "types of one architecture (Graviton, e.g. "
+                     "m7g, or x86): one AMI type serves the group")
+    arch = arches.pop()
+    fits = [a for a in ami_types if ("ARM_64" in a) == (arch == "arm64")]
+    if not fits:
+        raise r.fail("instanceTypes", list(types), f"x86_64 types: no {arch} AMI type here "
+                     f"({', '.join(ami_types)})")
+    ami = r.choice("amiType", ami_types, fits[0])
+    if ami not in fits:
+        raise r.fail("amiType", ami, f"an AMI type of the group's {arch} instance types: "
+                     + ", ".join(fits))
+    return ami
+
+
 def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) -> NodeGroupConfig:
     name = r.get("name", str, default_name)
     if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", name):
@@ -494,7 +513,7 @@ def _node_group(r: _Reader, facts: RegionFacts, gpu: bool, default_name: str) ->
     ng = NodeGroupConfig(
         name=name, instance_types=types, min_size=min_size, max_size=max_size,
         desired_size=desired, disk_size_gib=r.integer("diskSizeGiB", 20, 16384, 200 if gpu else 50),
-        ami_type=r.choice("amiType", ami_types, ami_types[0]),
+        ami_type=_ami_type(r, types, ami_types),
         capacity_type=r.choice("capacityType", CAPACITY_TYPES, "ON_DEMAND"), gpu=gpu,
         efa=efa,
     )

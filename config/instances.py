@@ -11,6 +11,8 @@ each in every partition that offers it.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 
@@ -145,6 +147,17 @@ class Allocatable:
     cpu_m: float
     memory_mib: float
     gpus: int
+
+
+_TYPE_PARTS = re.compile(r"^([a-z]+)(\d{1,2})([a-z\-]*)\.([a-z0-9\-]+)$")
+
+
+def architecture(instance_type: str) -> str:
+    """`arm64` or `x86_64`, by the rule CDK's InstanceType.architecture applies (aws-cdk-lib
+    aws-ec2 instance-types.ts): the `a` family (first Graviton) or a `g` among the capability
+    letters after the generation (m7g, c6gn, r7gd, x2gd, t4g) is Graviton; the rest x86."""
+    m = _TYPE_PARTS.match(instance_type)
+    return "arm64" if m and (m[1] == "a" or "g" in m[3]) else "x86_64"
 
 
 def instance_shape(instance_type: str) -> tuple[int, float, int]:

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED_FILE = ROOT / "tests" / "fixtures" / "endpoint-seed.yaml"
 GENERATED = int(os.environ.get("KVCACHE_GENERATED", "1"))
 FIRST_SEED = int(os.environ.get("KVCACHE_GENERATED_SEED", "0"))
-SYSTEM_FAMILIES = ("m5", "m6i", "m7i", "m6a", "c6i", "r6i")
+SYSTEM_FAMILIES = ("m5", "m6i", "m7i", "m6a", "c6i", "r6i", "m7g", "c7g")   # x86 and Graviton
 SYSTEM_SIZES = ("xlarge", "2xlarge", "4xlarge")
 
 

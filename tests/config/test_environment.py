@@ -254,3 +254,38 @@ def test_managed_observability_only_where_the_region_offers_it():
     with pytest.raises(ConfigError) as err:
         resolve_environment(ctx(grafana="managed"))
     assert err.value.field == "grafana" and "\n" not in str(err.value)
+
+
+def test_a_groups_ami_type_follows_its_types_architecture():
+    """Graviton system nodes get an ARM AMI type by default; an AMI type of the other
+    architecture, or types of both, is one line (CDK refused it at synth with a traceback,
+    EKS at deploy). The rule is held to CDK's own InstanceType.architecture."""
+    import aws_cdk.aws_ec2 as ec2
+
+    from config import ConfigError, resolve_environment
+    from config.instances import architecture
+    from config.regions import instance_types_in
+    from tests.conftest import context_for
+
+    offered = sorted(instance_types_in("us-east-1"))
+    for itype in offered[::7]:    # a seventh of what us-east-1 offers
+        try:
+            cdk_arch = ec2.InstanceType(itype).architecture
+        except RuntimeError:      # a name CDK's pattern cannot parse (p6e-gb200, u7i-12tb)
+            continue
+        assert architecture(itype) == ("arm64" if cdk_arch == ec2.InstanceArchitecture.ARM_64
+                                       else "x86_64"), itype
+
+    def resolved(system):
+        ctx = context_for(env="dev")
+        ctx["environments"]["dev"]["nodeGroups"]["system"] = {"minSize": 2, "maxSize": 3,
+                                                              **system}
+        return resolve_environment(ctx)
+    assert resolved({"instanceTypes": ["m7g.xlarge"]}).system_nodes.ami_type == \
+        "AL2023_ARM_64_STANDARD"
+    for system, field in (({"instanceTypes": ["m6i.xlarge"], "amiType":
+                            "AL2023_ARM_64_STANDARD"}, "amiType"),
+                          ({"instanceTypes": ["m6i.xlarge", "m7g.xlarge"]}, "instanceTypes")):
+        with pytest.raises(ConfigError) as err:
+            resolved(system)
+        assert err.value.field == f"nodeGroups.system.{field}" and "\n" not in str(err.value)

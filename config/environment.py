@@ -18,7 +18,8 @@ from .contracts import (
 from .errors import ConfigError, allowed_for, type_name
 from .bandwidth import CACHE_NODES, IN_CLUSTER_NODE_TYPES
 from .images import (
-    IMAGES, KUBERNETES_VERSIONS, ImageResolver, catalogue_key_for, image_family, parse_reference,
+    IMAGES, KUBERNETES_VERSIONS, ImageResolver, catalogue_key_for, image_family, image_for,
+    lock_key,
 )
 from .instances import (
     DAEMONSET_ROOM_M, DAEMONSET_ROOM_MIB, EFA, GPU_SHAPES, accelerator_label, allocatable,
@@ -767,12 +768,6 @@ def parse_environment(name: str, raw: Mapping[str, Any]) -> EnvironmentConfig:
     return cfg
 
 
-def image_key(reference: str) -> str:
-    """registry/repository:tag, as Docker reads a reference (a digest dropped)."""
-    registry, path, tag, _ = parse_reference(reference)
-    return f"{registry}/{path}:{tag}"
-
-
 def _image_bases(env: str, bases: Mapping) -> dict[str, str]:
     """`imageBases`: each of the team's worker images and the catalogue worker image it is
     built FROM, so its layout and releases (the drain, the stall probe, layerwise, the L2's
@@ -782,7 +777,7 @@ def _image_bases(env: str, bases: Mapping) -> dict[str, str]:
     out = {}
     for written, base in bases.items():
         try:
-            key = image_key(written)
+            key = lock_key(image_for(written))     # as the endpoint file's image is keyed
         except ValueError as err:
             raise ConfigError(env, f"imageBases.{written}", written,
                               f"an image reference ({err})") from None

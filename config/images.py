@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from .context import ROOT
 from .errors import ConfigError, excerpt
@@ -306,6 +306,13 @@ def lock_key(image: Image) -> str:
     (the router, built here as `kvcache-eks/router`, is `docker.io/kvcache-eks/router`)."""
     registry, path, tag, _ = parse_reference(f"{image.source}:{image.tag}")
     return f"{registry}/{path}:{tag}"
+
+
+def built_from_stated(image: Image, bases: Mapping[str, str]) -> Image:
+    """`image`, built FROM the catalogue image the environment's `imageBases` states for it
+    (keyed as lock_key names images), where it states one."""
+    base = bases.get(lock_key(image))
+    return replace(image, based_on=base) if base else image
 
 
 def record_for(image: Image) -> ImageRecord | None:

@@ -14,7 +14,7 @@ from cdk8s import ApiObject, App, Chart
 
 from config import ConfigError, EnvironmentConfig, pod_fields
 from config.bandwidth import IN_CLUSTER_NODE_TYPES
-from config.environment import NodeGroupConfig, image_key
+from config.environment import NodeGroupConfig
 from config.contracts import (
     CACHE_PORT, IN_CLUSTER_PROMETHEUS_URL, LONGEST_REQUEST_S, SERVING_NAMESPACE,
 )
@@ -24,8 +24,8 @@ from config.endpoint_spec import (
 )
 from config.instances import gpu_shape
 from config.images import (
-    IMAGES, KV_EVENTS_SINCE, Image, carries_glide, deployed_images, image_family,
-    image_for, image_release, lmcache_version, lock_records, vllm_version,
+    IMAGES, KV_EVENTS_SINCE, Image, built_from_stated, carries_glide, deployed_images,
+    image_family, image_for, image_release, lmcache_version, lock_records, vllm_version,
 )
 from config.models import FAMILIES, RECORDED, ModelShape
 from config.network import (
@@ -214,10 +214,8 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
     """What can only be judged with the environment; returns the spec with its warnings."""
     where = f"{s.source_file}: spec"
     warnings = list(s.warnings)
-    base = s.image and cfg.image_bases.get(image_key(s.image.written or
-                                                     f"{s.image.source}:{s.image.tag}"))
-    if base:     # the team's image, built FROM a catalogue one (imageBases)
-        s = replace(s, image=replace(s.image, based_on=base))
+    if s.image:     # the team's image, built FROM a catalogue one (imageBases)
+        s = replace(s, image=built_from_stated(s.image, cfg.image_bases))
     if endpoint_group(cfg, s) is None:
         raise ConfigError(cfg.name, f"{where}.instanceType", s.instance_type,
                           "an instance type of one of the environment's GPU node groups: "

@@ -21,15 +21,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
 import yaml
 
-from config.environment import image_key
 from config.images import (
-    IMAGE_FAMILIES, Image, ImageFamily, image_family, image_for, image_release,
+    IMAGE_FAMILIES, Image, ImageFamily, built_from_stated, image_family, image_for, image_release,
 )
 from config.endpoint_spec import _gib
 from k8s.secret_fetch import API_KEY_FILE
@@ -134,10 +132,8 @@ def assert_reaches_vllm(seen: dict, root: Path, family: ImageFamily, container: 
 
 def stated_image(image_ref: str, bases: Mapping[str, str] | None = None) -> Image:
     """The catalogue's or the file's image, built FROM the base the environment's
-    `imageBases` states for it (k8s/serving.py fit_endpoint does the same)."""
-    image = image_for(image_ref)
-    base = (bases or {}).get(image_key(image_ref.partition("@")[0]))
-    return replace(image, based_on=base) if base else image
+    `imageBases` states for it (as k8s/serving.py fit_endpoint reads it)."""
+    return built_from_stated(image_for(image_ref), bases or {})
 
 
 def families_for(image_ref: str, bases: Mapping[str, str] | None = None

@@ -42,16 +42,23 @@ def on_its_gpus(cfg, raw: dict) -> dict:
     served = cfg.instance_type_map.get(itype, itype.removeprefix("ml."))
     if cfg.gpu_group_for(served) is not None:
         return raw
-    served = cfg.gpu_node_groups[0].instance_types[0]
-    shape = gpu_shape(served)
+    return worker_on(raw, cfg.gpu_node_groups[0].instance_types[0], cpu=16, memory_gib=96)
+
+
+def worker_on(raw: dict, instance_type: str, *, cpu: int, memory_gib: int) -> dict:
+    """`raw` served on `instance_type`: as many of its GPUs as 4 or fewer per worker (TP as
+    many), and that worker's share of the node's CPU and memory, at most `cpu` and
+    `memory_gib`."""
+    shape = gpu_shape(instance_type)
     gpus = max(g for g in (1, 2, 4) if g <= shape.gpus and shape.gpus % g == 0)
-    cpu, memory = pod_share(served, shape.gpus // gpus)
-    raw["spec"]["instanceType"] = f"ml.{served}"
+    share_cpu, share_gib = pod_share(instance_type, shape.gpus // gpus)
+    raw["spec"]["instanceType"] = f"ml.{instance_type}"
     worker = raw["spec"]["worker"]
     worker["args"] = [a for a in worker["args"] if not a.startswith("--tensor-parallel-size")]
     worker["args"].append(f"--tensor-parallel-size={gpus}")
     worker["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {
-        "cpu": str(min(cpu, 16)), "memory": f"{min(memory, 96)}Gi", "nvidia.com/gpu": gpus}}
+        "cpu": str(min(share_cpu, cpu)), "memory": f"{min(share_gib, memory_gib)}Gi",
+        "nvidia.com/gpu": gpus}}
     return raw
 
 

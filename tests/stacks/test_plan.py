@@ -10,11 +10,11 @@ import yaml
 
 from config import ConfigError, resolve_environment
 from config.endpoint_spec import parse_endpoint
-from config.instances import gpu_shape, pod_share
 from config.notices import CHANGED, kind_of
 from config.prices import EKS_CLUSTER, NLB, region_currency
 from k8s.serving import fit_endpoint, in_cluster_node, l2_plan, load_endpoints
 from stacks.plan import plan_text
+from tests.k8s.test_charts import worker_on
 from tests.conftest import DECLARED, ENVIRONMENTS, ROOT, context_for, resources
 
 SEED = yaml.safe_load((ROOT / "tests" / "fixtures" / "endpoint-seed.yaml").read_text())
@@ -105,19 +105,11 @@ def _asking_l2(model: str, instance_type: str, force: bool, cache_kind: str) -> 
     where `cache.kind` is none (which refuses redis), the in-cluster Valkey; on as many of
     the type's GPUs as the seed's 4 or fewer, with a share of its CPU and memory."""
     raw = copy.deepcopy(SEED)
-    raw["spec"].update(modelName=model, instanceType=f"ml.{instance_type}")
+    raw["spec"].update(modelName=model)
     raw["spec"]["kvCacheSpec"].update(enableL2Cache=True, forceL2Cache=force)
     if cache_kind == "none":
         raw["spec"]["kvCacheSpec"]["l2CacheSpec"]["l2CacheBackend"] = "valkey"
-    shape = gpu_shape(instance_type)
-    gpus = max(g for g in (1, 2, 4) if g <= shape.gpus and shape.gpus % g == 0)
-    cpu, memory = pod_share(instance_type, shape.gpus // gpus)
-    worker = raw["spec"]["worker"]
-    worker["args"] = [a for a in worker["args"] if not a.startswith("--tensor-parallel-size")]
-    worker["args"].append(f"--tensor-parallel-size={gpus}")
-    worker["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {
-        "cpu": str(min(cpu, 40)), "memory": f"{min(memory, 160)}Gi", "nvidia.com/gpu": gpus}}
-    return raw
+    return worker_on(raw, instance_type, cpu=40, memory_gib=160)
 
 
 @pytest.mark.parametrize("name", ENVIRONMENTS)

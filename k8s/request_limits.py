@@ -41,7 +41,8 @@ LIMITS_CONFIG = "haproxy.cfg"
 BIND_ENV, GATEWAY_BIND_ENV, VLLM_ENV = "LIMITS_BIND", "LIMITS_GATEWAY_BIND", "VLLM_ADDR"
 # Beside the limited requests: the routers' health checks, Prometheus, render/tokenize calls.
 OPEN_CONNECTIONS = 256
-LIMITS_CPU, LIMITS_MEMORY = "250m", "128Mi"
+LIMITS_CPU, LIMITS_MEMORY_MIB = "250m", 128
+LIMITS_MEMORY = f"{LIMITS_MEMORY_MIB}Mi"
 # The limited inference routes: what the front passes on as POST.
 LIMITED_PATHS = tuple(path for method, path in CLIENT_ROUTES if method == "POST")
 

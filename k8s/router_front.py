@@ -226,6 +226,7 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f'"${{{KEY_DIGEST_ENV}}}"',
         "    http-request deny deny_status 401 unless probe or one_key key_ok",
     ] if key_check else []
+    shared = bool(per_source_requests and overflow_status)   # each address's share counted
     return "\n".join([
         "global",
         f"    maxconn {MAX_CONNECTIONS}",
@@ -259,8 +260,7 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
         f"    http-request deny deny_status 403 unless {allowed}",
         *key,
         *([models_answer(models)] if models else []),
-        *(per_source_rules(overflow_status, per_source_requests)
-          if per_source_requests and overflow_status else []),
+        *(per_source_rules(overflow_status, per_source_requests) if shared else []),
         # (411 is not among HAProxy's built-in error pages, so `return`, not `deny`)
         '    http-request return status 411 content-type text/plain string '
         '"a request body needs a Content-Length" if { req.hdr(transfer-encoding) -m found }',
@@ -280,7 +280,7 @@ def front_config(request_timeout_s: int, max_body_bytes: int, slots: RouterSlots
            f"{{ status {ROUTER_OVERFLOW_STATUS} }}"] if overflow_status else []),
         *(["backend per_source",   # a table of its own: client address -> requests in flight
            "    stick-table type ipv6 size 100k expire 60s store http_req_cnt"]
-          if per_source_requests and overflow_status else []),
+          if shared else []),
         "backend router",
         f'    server router "${{{ROUTER_ENV}}}" maxconn {slots.small}',
         "backend router_large",

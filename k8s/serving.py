@@ -61,7 +61,7 @@ from k8s.workers import (
     CHUNK_TOKENS, KV_BLOCK_SIZE, LMCACHE_QUIET, L2_SCHEMES, L2Connection,
     L2_IMAGES, MetricsSource, WorkerScaling, WorkerProps, WorkersChart, kv_event_endpoints,
     l1_budget, l2_refusal, limits_share_refusal, parallel_ranks, served_model_names,
-    worker_urls, LIMITS_MEMORY,
+    worker_urls, LIMITS_MEMORY, LIMITS_MEMORY_MIB,
     COMPONENT as WORKER_COMPONENT, PDWorker, pd_selector,
 )
 from config.instances import efa
@@ -154,8 +154,7 @@ def node_groups(cfg: EnvironmentConfig) -> tuple[pod_fields.NodeGroupFacts, ...]
 def vllm_memory_gib(s: EndpointSpec) -> float:
     """What vLLM's container keeps of the worker's memory, which its L1 is sized from: the
     request-limit sidecar's share comes out of it (k8s/workers.py), so the pod still fits."""
-    sidecar = int(LIMITS_MEMORY.removesuffix("Mi")) / 1024 if s.request_limits else 0.0
-    return _gib(s.memory) - sidecar
+    return _gib(s.memory) - (LIMITS_MEMORY_MIB / 1024 if s.request_limits else 0.0)
 
 
 def endpoint_group(cfg: EnvironmentConfig, s: EndpointSpec) -> NodeGroupConfig | None:
@@ -360,15 +359,14 @@ def fit_endpoint(cfg: EnvironmentConfig, s: EndpointSpec) -> EndpointSpec:
         budget = l1_budget(vllm_memory_gib(s), parallel_ranks(s.worker_args), s.l1_size_gib)
         if budget.l1_per_rank_gib < 1 or not budget.fits:
             need = replace(budget, l1_per_rank_gib=max(budget.l1_per_rank_gib, 1)).total_gib
-            sidecar = _gib(s.memory) - vllm_memory_gib(s)   # the request-limit sidecar's
-            need = math.ceil(need + sidecar)
+            need = math.ceil(need + _gib(s.memory) - vllm_memory_gib(s))   # the sidecar's too
             raise ConfigError(cfg.name, f"{where}.worker.resources.requests.memory", s.memory,
                               f"at least {need:g}Gi: "
                               f"{budget.ranks} GPU processes each pin their own L1 "
                               f"({max(budget.l1_per_rank_gib, 1)} GiB), beside vLLM "
                               f"({budget.vllm_host_gib} GiB) and /dev/shm ({budget.shm_gib} GiB)"
                               + (f" and the request-limit sidecar ({LIMITS_MEMORY})"
-                                 if sidecar else "")
+                                 if s.request_limits else "")
                               + " (or a smaller kvCacheSpec.l1CacheSizeGiB)")
     # after the L1's floor, which counts the sidecar too: the larger figure is said first
     if s.request_limits and (short := limits_share_refusal(s.cpu, s.memory)):

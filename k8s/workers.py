@@ -29,7 +29,8 @@ from k8s.lmcache_server import (
     server_args, server_container,
 )
 from k8s.request_limits import (
-    LIMITS_CONFIG, LIMITS_CPU, LIMITS_MEMORY, limits_config, limits_container,
+    LIMITS_CONFIG, LIMITS_CPU, LIMITS_MEMORY, LIMITS_MEMORY_MIB, limits_config,
+    limits_container,
 )
 from k8s.objects import (
     hardened, k8s_object, pdb, pod_security, selector_labels, standard_labels, zone_spread,
@@ -977,7 +978,7 @@ class WorkersChart(Chart):
                        body={"data": {LIMITS_CONFIG: text}})
             init.append(limits_container(p.sidecar_image, "limits-config", p.port))
             vllm_cpu_m -= _millicores(LIMITS_CPU)
-            vllm_mib -= int(LIMITS_MEMORY.removesuffix("Mi"))
+            vllm_mib -= LIMITS_MEMORY_MIB
             extra_volumes.append({"name": "limits-config",
                                   "configMap": {"name": f"{name}-limits"}})
             pod_annotations["kvcache.io/limits-config"] = hashlib.sha256(
@@ -1205,7 +1206,7 @@ VLLM_MIN_CPU_M, VLLM_MIN_MIB = 1000, 8 * 1024
 def limits_share_refusal(cpu: str, memory: str) -> tuple[str, str] | None:
     """(the field, what it must be) where the request-limit sidecar's share of the worker's
     `cpu` and `memory` leaves vLLM less than VLLM_MIN_CPU_M / VLLM_MIN_MIB; None where not."""
-    sidecar_m, sidecar_mib = _millicores(LIMITS_CPU), int(LIMITS_MEMORY.removesuffix("Mi"))
+    sidecar_m, sidecar_mib = _millicores(LIMITS_CPU), LIMITS_MEMORY_MIB
     why = (f": the request-limit sidecar takes {LIMITS_CPU} CPU and {LIMITS_MEMORY} of the "
            f"worker's request, and vLLM keeps at least {VLLM_MIN_CPU_M}m and "
            f"{VLLM_MIN_MIB // 1024}Gi")

@@ -522,7 +522,6 @@ SHUTDOWN_TIMEOUT_SINCE: tuple[int, int, int] = (0, 18, 0)
 WORKER_DRAIN_S = LONGEST_REQUEST_S
 # After the drain: the engine's own exit (vLLM gives its engine core 5 s) and the kubelet's slack.
 WORKER_EXIT_S = 30
-NO_DRAIN_GRACE_S = 120     # the grace period of an image we cannot drain, as before
 # The worker's own counters as the drain hook and the stall probe (below) both read them from its
 # /metrics (standard library only), so the two share one rule for progress: either token
 # counter, each moved every engine step, has grown.
@@ -619,10 +618,8 @@ def termination_grace_s(p: "WorkerProps") -> int:
     except ValueError:
         raise ValueError(f"endpoint {p.endpoint}: worker args --shutdown-timeout {value!r}: "
                          "whole seconds") from None
-    drain = max(drain, WORKER_DRAIN_S)   # the hook's drain, whatever the image
-    if not drain:
-        return NO_DRAIN_GRACE_S
-    return max(NO_DRAIN_GRACE_S, WORKER_PRE_STOP_S + drain + WORKER_EXIT_S)
+    # the hook's drain, whatever the image (FIND_PYTHON runs it in one of no family we know)
+    return WORKER_PRE_STOP_S + max(drain, WORKER_DRAIN_S) + WORKER_EXIT_S
 
 
 # Liveness. vLLM's /health asks only whether the engine process is alive: an engine that stops
